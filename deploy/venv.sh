@@ -1,0 +1,24 @@
+# Sourced by the quick-start scripts: make ./.venv hold sevendb and the extras named
+# in SEVENDB_EXTRAS (default "dev"), reinstalling only when pyproject.toml changes.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="$root/.venv"
+extras="${SEVENDB_EXTRAS:-dev}"
+py="${PYTHON:-python3}"
+if ! "$py" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null; then
+    echo "sevendb needs Python 3.11 or newer; $py is $("$py" --version 2>&1)" >&2
+    exit 1
+fi
+if [ ! -x "$venv/bin/python" ]; then
+    echo "creating virtualenv $venv" >&2
+    "$py" -m venv "$venv"
+fi
+stamp="$venv/.sevendb-installed"
+want="$(cat "$root/pyproject.toml" | sha256sum | cut -d' ' -f1) $extras"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    echo "installing sevendb[$extras] into $venv" >&2
+    "$venv/bin/python" -m pip install --quiet --upgrade pip
+    "$venv/bin/python" -m pip install --quiet -e "$root[$extras]"
+    echo "$want" > "$stamp"
+fi
+export PATH="$venv/bin:$PATH"

@@ -1,0 +1,1 @@
+"""sevendb.outbox"""

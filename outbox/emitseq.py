@@ -1,0 +1,37 @@
+"""`emit_seq`: the total order of one bucket's emissions (seed 000 §3)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class EpochId:
+    """A bucket's log lineage: bumped only by a committed EPOCH_CREATE."""
+
+    bucket_uuid: str
+    epoch_counter: int
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class EmitSeq:
+    """`(bucket_uuid, epoch_counter, commit_index)`, ordered lexicographically.
+
+    `commit_index` is the Raft index of the *source* entry; it keeps growing across
+    epochs, so the order is total and gapless per bucket.
+    """
+
+    bucket_uuid: str
+    epoch_counter: int
+    commit_index: int
+
+    @property
+    def epoch_id(self) -> EpochId:
+        return EpochId(self.bucket_uuid, self.epoch_counter)
+
+    def pack(self) -> list[object]:
+        """The canonical msgpack form."""
+        return [self.bucket_uuid, self.epoch_counter, self.commit_index]
+
+    def __str__(self) -> str:
+        return f"({self.bucket_uuid}, {self.epoch_counter}, {self.commit_index})"

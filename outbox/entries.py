@@ -1,0 +1,506 @@
+"""Log entries of one bucket and their versioned msgpack encoding.
+
+An entry is a msgpack array `[ENTRY_FORMAT_VERSION, type, field, ...]`: positional,
+so the bytes are canonical without sorting. Constructing an entry validates it and
+raises `InvalidArgument`/`LimitExceeded` (edges turn these into clear client
+errors before anything is proposed); decoding re-validates and raises
+`MalformedEntry`, so no entry that reaches the log can change state unless it is
+well-formed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Final
+
+import msgpack
+
+from . import limits
+from .emitseq import EmitSeq
+from .errors import (
+    InvalidArgument,
+    LimitExceeded,
+    MalformedEntry,
+    SevenDBError,
+    UnknownEntryType,
+    UnsupportedEntryVersion,
+)
+from .query import Query, QueryKind
+
+ENTRY_FORMAT_VERSION: Final = 1
+U64_MAX: Final = 2**64 - 1
+
+
+class EntryType(IntEnum):
+    WRITE = 1
+    SUBSCRIBE = 2
+    UNSUBSCRIBE = 3
+    OUTBOX_WRITE = 4
+    OUTBOX_PURGE = 5
+    EPOCH_CREATE = 6
+    LEASE = 7
+    INIT_PRODUCER = 8
+
+
+class OpKind(IntEnum):
+    SET = 0
+    DEL = 1
+
+
+class ExpectKind(IntEnum):
+    ANY = 0
+    NOT_EXISTS = 1
+    EXACT = 2
+
+
+def _check_int(value: object, name: str, lo: int = 0, hi: int = U64_MAX) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{name} must be an integer, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise InvalidArgument(f"{name} must be in [{lo}, {hi}], got {value}")
+    return value
+
+
+def _check_str(value: object, name: str, max_bytes: int, *, empty_ok: bool = False) -> str:
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{name} must be a string, got {type(value).__name__}")
+    if not value and not empty_ok:
+        raise InvalidArgument(f"{name} must not be empty")
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise LimitExceeded(f"{name} is {size} bytes; the limit is {max_bytes}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{name} is not valid UTF-8") from None
+    return value
+
+
+def _check_bytes(value: object, name: str, max_bytes: int) -> bytes:
+    if not isinstance(value, bytes):
+        raise InvalidArgument(f"{name} must be bytes, got {type(value).__name__}")
+    if len(value) > max_bytes:
+        raise LimitExceeded(f"{name} is {len(value)} bytes; the limit is {max_bytes}")
+    return value
+
+
+def check_key(key: object) -> str:
+    return _check_str(key, "key", limits.KEY_BYTES_MAX)
+
+
+@dataclass(frozen=True, slots=True)
+class Expected:
+    """A per-key precondition (seed 002): any, must-not-exist, or exactly version N."""
+
+    kind: ExpectKind = ExpectKind.ANY
+    version: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, ExpectKind):
+            raise InvalidArgument(f"unknown expected-version kind {self.kind!r}")
+        _check_int(self.version, "expected version")
+        if (self.kind is ExpectKind.EXACT) != (self.version > 0):
+            raise InvalidArgument("an exact expected version must be >= 1 (and only exact has one)")
+
+    @classmethod
+    def exact(cls, version: int) -> Expected:
+        return cls(ExpectKind.EXACT, version)
+
+    def __str__(self) -> str:
+        if self.kind is ExpectKind.EXACT:
+            return f"version {self.version}"
+        return "any" if self.kind is ExpectKind.ANY else "not-exists"
+
+
+ANY: Final = Expected()
+NOT_EXISTS: Final = Expected(ExpectKind.NOT_EXISTS)
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    kind: OpKind
+    key: str
+    value: bytes = b""
+    expected: Expected = ANY
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, OpKind):
+            raise InvalidArgument(f"unknown op kind {self.kind!r}")
+        check_key(self.key)
+        _check_bytes(self.value, f"value of {self.key!r}", limits.VALUE_BYTES_MAX)
+        if self.kind is OpKind.DEL and self.value:
+            raise InvalidArgument(f"DEL of {self.key!r} must not carry a value")
+        if not isinstance(self.expected, Expected):
+            raise InvalidArgument("expected must be an Expected")
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerRef:
+    """Idempotent producer coordinates (seed 003): id, epoch, per-bucket sequence."""
+
+    producer_id: int
+    epoch: int
+    sequence: int
+
+    def __post_init__(self) -> None:
+        _check_int(self.producer_id, "producer_id", lo=1)
+        _check_int(self.epoch, "producer_epoch", hi=2**32 - 1)
+        _check_int(self.sequence, "producer sequence")
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    ops: tuple[Op, ...]
+    producer: ProducerRef | None = None
+    now_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.ops, tuple) or not self.ops:
+            raise InvalidArgument("a write needs at least one op")
+        if len(self.ops) > limits.OPS_PER_WRITE_MAX:
+            raise LimitExceeded(
+                f"a write has {len(self.ops)} ops; the limit is {limits.OPS_PER_WRITE_MAX}"
+            )
+        keys = [op.key for op in self.ops]
+        if len(set(keys)) != len(keys):
+            raise InvalidArgument("a write may touch each key at most once")
+        total = sum(len(op.value) for op in self.ops)
+        if total > limits.WRITE_VALUE_BYTES_MAX:
+            raise LimitExceeded(
+                f"a write carries {total} value bytes; the limit is {limits.WRITE_VALUE_BYTES_MAX}"
+            )
+        _check_int(self.now_ms, "now_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    sub_id: str
+    principal: str
+    query: Query
+    plan_hash: int
+    now_ms: int = 0
+
+    def __post_init__(self) -> None:
+        _check_str(self.sub_id, "sub_id", limits.ID_BYTES_MAX)
+        _check_str(self.principal, "principal", limits.PRINCIPAL_BYTES_MAX)
+        if not isinstance(self.query, Query) or not isinstance(self.query.kind, QueryKind):
+            raise InvalidArgument("query must be KEY, PREFIX or ALL")
+        _check_str(self.query.arg, "query argument", limits.KEY_BYTES_MAX, empty_ok=True)
+        if self.query.kind is QueryKind.KEY and not self.query.arg:
+            raise InvalidArgument("a KEY query needs a key")
+        if self.query.kind is QueryKind.ALL and self.query.arg:
+            raise InvalidArgument("an ALL query takes no argument")
+        _check_int(self.plan_hash, "plan_hash")
+        _check_int(self.now_ms, "now_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribe:
+    sub_id: str
+    principal: str
+    now_ms: int = 0
+
+    def __post_init__(self) -> None:
+        _check_str(self.sub_id, "sub_id", limits.ID_BYTES_MAX)
+        _check_str(self.principal, "principal", limits.PRINCIPAL_BYTES_MAX)
+        _check_int(self.now_ms, "now_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxWrite:
+    """Makes the computed rows of source entries in (from_index, through_index] durable.
+
+    Carries a digest of the rows instead of the rows: every replica computed them
+    itself, and checks the digest against its own (mismatch: quarantine).
+    """
+
+    lease_index: int
+    from_index: int
+    through_index: int
+    row_count: int
+    digest: int
+    now_ms: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("lease_index", "from_index", "through_index", "row_count", "digest", "now_ms"):
+            _check_int(getattr(self, name), name)
+        if self.through_index <= self.from_index:
+            raise InvalidArgument("an OUTBOX_WRITE range must not be empty")
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """A cumulative acknowledgement: everything up to `up_to` was processed."""
+
+    sub_id: str
+    principal: str
+    up_to: EmitSeq
+
+    def __post_init__(self) -> None:
+        _check_str(self.sub_id, "sub_id", limits.ID_BYTES_MAX)
+        _check_str(self.principal, "principal", limits.PRINCIPAL_BYTES_MAX)
+        _check_emit_seq(self.up_to, "ack emit_seq")
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxPurge:
+    """A batch of acknowledgements (and stalled subscriptions to drop)."""
+
+    lease_index: int
+    acks: tuple[Ack, ...] = ()
+    expire: tuple[str, ...] = ()
+    stall_window_ms: int = limits.STALL_WINDOW_MS_DEFAULT
+    now_ms: int = 0
+
+    def __post_init__(self) -> None:
+        _check_int(self.lease_index, "lease_index")
+        if len(self.acks) > limits.ACKS_PER_PURGE_MAX:
+            raise LimitExceeded(f"{len(self.acks)} acks; the limit is {limits.ACKS_PER_PURGE_MAX}")
+        if len(self.expire) > limits.EXPIRES_PER_PURGE_MAX:
+            raise LimitExceeded(
+                f"{len(self.expire)} expiries; the limit is {limits.EXPIRES_PER_PURGE_MAX}"
+            )
+        for sub_id in self.expire:
+            _check_str(sub_id, "expired sub_id", limits.ID_BYTES_MAX)
+        _check_int(self.stall_window_ms, "stall_window_ms", lo=1)
+        _check_int(self.now_ms, "now_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class EpochCreate:
+    epoch_counter: int
+    now_ms: int = 0
+
+    def __post_init__(self) -> None:
+        _check_int(self.epoch_counter, "epoch_counter", lo=1)
+        _check_int(self.now_ms, "now_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Names the replica that emits for this bucket from this entry on (fencing)."""
+
+    holder: str
+    now_ms: int = 0
+
+    def __post_init__(self) -> None:
+        _check_str(self.holder, "lease holder", limits.ID_BYTES_MAX)
+        _check_int(self.now_ms, "now_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class InitProducer:
+    producer_id: int
+    now_ms: int = 0
+
+    def __post_init__(self) -> None:
+        _check_int(self.producer_id, "producer_id", lo=1)
+        _check_int(self.now_ms, "now_ms")
+
+
+Entry = (
+    Write | Subscribe | Unsubscribe | OutboxWrite | OutboxPurge | EpochCreate | Lease | InitProducer
+)
+
+_TYPE_OF: Final[dict[type, EntryType]] = {
+    Write: EntryType.WRITE,
+    Subscribe: EntryType.SUBSCRIBE,
+    Unsubscribe: EntryType.UNSUBSCRIBE,
+    OutboxWrite: EntryType.OUTBOX_WRITE,
+    OutboxPurge: EntryType.OUTBOX_PURGE,
+    EpochCreate: EntryType.EPOCH_CREATE,
+    Lease: EntryType.LEASE,
+    InitProducer: EntryType.INIT_PRODUCER,
+}
+
+
+def entry_type(entry: Entry) -> EntryType:
+    return _TYPE_OF[type(entry)]
+
+
+def _check_emit_seq(seq: object, name: str) -> EmitSeq:
+    if not isinstance(seq, EmitSeq):
+        raise InvalidArgument(f"{name} must be an EmitSeq")
+    _check_str(seq.bucket_uuid, f"{name} bucket_uuid", limits.ID_BYTES_MAX)
+    _check_int(seq.epoch_counter, f"{name} epoch_counter")
+    _check_int(seq.commit_index, f"{name} commit_index")
+    return seq
+
+
+def _fields(entry: Entry) -> list[object]:
+    if isinstance(entry, Write):
+        ops = [
+            [int(op.kind), op.key, op.value, int(op.expected.kind), op.expected.version]
+            for op in entry.ops
+        ]
+        producer = (
+            None
+            if entry.producer is None
+            else [entry.producer.producer_id, entry.producer.epoch, entry.producer.sequence]
+        )
+        return [ops, producer, entry.now_ms]
+    if isinstance(entry, Subscribe):
+        query = entry.query
+        return [
+            entry.sub_id,
+            entry.principal,
+            int(query.kind),
+            query.arg,
+            entry.plan_hash,
+            entry.now_ms,
+        ]
+    if isinstance(entry, Unsubscribe):
+        return [entry.sub_id, entry.principal, entry.now_ms]
+    if isinstance(entry, OutboxWrite):
+        return [
+            entry.lease_index,
+            entry.from_index,
+            entry.through_index,
+            entry.row_count,
+            entry.digest,
+            entry.now_ms,
+        ]
+    if isinstance(entry, OutboxPurge):
+        acks = [[a.sub_id, a.principal, a.up_to.pack()] for a in entry.acks]
+        return [entry.lease_index, acks, list(entry.expire), entry.stall_window_ms, entry.now_ms]
+    if isinstance(entry, EpochCreate):
+        return [entry.epoch_counter, entry.now_ms]
+    if isinstance(entry, Lease):
+        return [entry.holder, entry.now_ms]
+    return [entry.producer_id, entry.now_ms]
+
+
+def encode_entry(entry: Entry) -> bytes:
+    """Canonical bytes for `entry` (what the replica adapter proposes to Raft)."""
+    packed = msgpack.packb(
+        [ENTRY_FORMAT_VERSION, int(entry_type(entry)), *_fields(entry)], use_bin_type=True
+    )
+    assert isinstance(packed, bytes)
+    return packed
+
+
+def _arity(items: Sequence[object], n: int, what: str) -> None:
+    if len(items) != n:
+        raise InvalidArgument(f"{what} has {len(items)} fields, expected {n}")
+
+
+def _as_list(value: object, what: str, max_len: int) -> list[object]:
+    if not isinstance(value, list):
+        raise InvalidArgument(f"{what} must be an array")
+    if len(value) > max_len:
+        raise LimitExceeded(f"{what} has {len(value)} items; the limit is {max_len}")
+    return value
+
+
+def _emit_seq(value: object) -> EmitSeq:
+    items = _as_list(value, "emit_seq", 3)
+    _arity(items, 3, "emit_seq")
+    uuid, epoch, index = items
+    return _check_emit_seq(EmitSeq(uuid, epoch, index), "emit_seq")  # type: ignore[arg-type]
+
+
+def _decode_fields(kind: EntryType, f: list[object]) -> Entry:
+    if kind is EntryType.WRITE:
+        _arity(f, 3, "WRITE")
+        ops = []
+        for raw in _as_list(f[0], "ops", limits.OPS_PER_WRITE_MAX):
+            item = _as_list(raw, "op", 5)
+            _arity(item, 5, "op")
+            op_kind, key, value, exp_kind, exp_version = item
+            ops.append(
+                Op(
+                    OpKind(_check_int(op_kind, "op kind", hi=1)),
+                    key,  # type: ignore[arg-type]
+                    value,  # type: ignore[arg-type]
+                    Expected(ExpectKind(_check_int(exp_kind, "expected kind", hi=2)), exp_version),  # type: ignore[arg-type]
+                )
+            )
+        producer = None
+        if f[1] is not None:
+            p = _as_list(f[1], "producer", 3)
+            _arity(p, 3, "producer")
+            producer = ProducerRef(p[0], p[1], p[2])  # type: ignore[arg-type]
+        return Write(tuple(ops), producer, f[2])  # type: ignore[arg-type]
+    if kind is EntryType.SUBSCRIBE:
+        _arity(f, 6, "SUBSCRIBE")
+        query = Query(QueryKind(_check_int(f[2], "query kind", hi=2)), f[3])  # type: ignore[arg-type]
+        return Subscribe(f[0], f[1], query, f[4], f[5])  # type: ignore[arg-type]
+    if kind is EntryType.UNSUBSCRIBE:
+        _arity(f, 3, "UNSUBSCRIBE")
+        return Unsubscribe(f[0], f[1], f[2])  # type: ignore[arg-type]
+    if kind is EntryType.OUTBOX_WRITE:
+        _arity(f, 6, "OUTBOX_WRITE")
+        return OutboxWrite(*f)  # type: ignore[arg-type]
+    if kind is EntryType.OUTBOX_PURGE:
+        _arity(f, 5, "OUTBOX_PURGE")
+        acks = []
+        for raw in _as_list(f[1], "acks", limits.ACKS_PER_PURGE_MAX):
+            item = _as_list(raw, "ack", 3)
+            _arity(item, 3, "ack")
+            acks.append(Ack(item[0], item[1], _emit_seq(item[2])))  # type: ignore[arg-type]
+        expire = tuple(_as_list(f[2], "expire", limits.EXPIRES_PER_PURGE_MAX))
+        return OutboxPurge(f[0], tuple(acks), expire, f[3], f[4])  # type: ignore[arg-type]
+    if kind is EntryType.EPOCH_CREATE:
+        _arity(f, 2, "EPOCH_CREATE")
+        return EpochCreate(*f)  # type: ignore[arg-type]
+    if kind is EntryType.LEASE:
+        _arity(f, 2, "LEASE")
+        return Lease(*f)  # type: ignore[arg-type]
+    _arity(f, 2, "INIT_PRODUCER")
+    return InitProducer(*f)  # type: ignore[arg-type]
+
+
+def decode_entry(data: bytes) -> Entry:
+    """Decode and validate; raises an `EntryError` subclass for anything but a valid entry."""
+    if not isinstance(data, bytes):
+        raise MalformedEntry(f"an entry must be bytes, got {type(data).__name__}")
+    if len(data) > limits.ENTRY_BYTES_MAX:
+        raise MalformedEntry(f"entry is {len(data)} bytes; the limit is {limits.ENTRY_BYTES_MAX}")
+    try:
+        raw = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise MalformedEntry(f"entry is not valid msgpack: {exc}") from None
+    if not isinstance(raw, list) or len(raw) < 2:
+        raise MalformedEntry("entry must be an array [version, type, ...]")
+    version, kind = raw[0], raw[1]
+    if version != ENTRY_FORMAT_VERSION or isinstance(version, bool):
+        raise UnsupportedEntryVersion(
+            f"entry format version {version!r}; this build reads {ENTRY_FORMAT_VERSION}"
+        )
+    if isinstance(kind, bool) or kind not in EntryType._value2member_map_:
+        raise UnknownEntryType(f"unknown entry type {kind!r}")
+    try:
+        return _decode_fields(EntryType(kind), raw[2:])
+    except SevenDBError as exc:
+        raise MalformedEntry(f"{EntryType(kind).name}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise MalformedEntry(f"{EntryType(kind).name}: {exc}") from None
+
+
+__all__ = [
+    "ANY",
+    "ENTRY_FORMAT_VERSION",
+    "NOT_EXISTS",
+    "Ack",
+    "Entry",
+    "EntryType",
+    "EpochCreate",
+    "ExpectKind",
+    "Expected",
+    "InitProducer",
+    "Lease",
+    "Op",
+    "OpKind",
+    "OutboxPurge",
+    "OutboxWrite",
+    "ProducerRef",
+    "Subscribe",
+    "Unsubscribe",
+    "Write",
+    "check_key",
+    "decode_entry",
+    "encode_entry",
+    "entry_type",
+]

@@ -1,0 +1,218 @@
+"""The error tree.
+
+Two families, kept apart because callers must treat them differently:
+
+* `Rejection` values and the `SevenDBError` subclasses named by an `ErrorCode`:
+  operating errors (bad input, a failed precondition, a stale sequence). They are
+  deterministic: every replica reaches the same one for the same entry, so they are
+  results, never reasons to stop.
+* `EntryError`: the log entry itself cannot be decoded. Every replica rejects it
+  identically and nothing changes. `ReplicaDivergence`: *this* replica disagrees
+  with what the leader computed; it must quarantine itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    LIMIT_EXCEEDED = "LIMIT_EXCEEDED"
+    PRECONDITION_FAILED = "PRECONDITION_FAILED"
+    UNKNOWN_PRODUCER = "UNKNOWN_PRODUCER"
+    PRODUCER_FENCED = "PRODUCER_FENCED"
+    INVALID_PRODUCER_EPOCH = "INVALID_PRODUCER_EPOCH"
+    OUT_OF_ORDER_SEQUENCE = "OUT_OF_ORDER_SEQUENCE"
+    DUPLICATE_SEQUENCE = "DUPLICATE_SEQUENCE"
+    SUBSCRIPTION_NOT_FOUND = "SUBSCRIPTION_NOT_FOUND"
+    SUBSCRIPTION_EXISTS = "SUBSCRIPTION_EXISTS"
+    NOT_OWNER = "NOT_OWNER"
+    STALE_SUBSCRIPTION = "STALE_SUBSCRIPTION"
+    REGRESSIVE_ACK = "REGRESSIVE_ACK"
+    DUPLICATE_ACK = "DUPLICATE_ACK"
+    FUTURE_ACK = "FUTURE_ACK"
+    STALE_LEASE = "STALE_LEASE"
+    STALE_RANGE = "STALE_RANGE"
+    STALE_EPOCH = "STALE_EPOCH"
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A deterministic refusal, carried in results (never raised inside apply)."""
+
+    code: ErrorCode
+    message: str
+
+    def exception(self) -> SevenDBError:
+        """The typed exception an edge (SDK, gRPC, CLI) raises for this rejection."""
+        return ERROR_TYPES[self.code](self.message)
+
+
+class SevenDBError(Exception):
+    """Base of every error sevendb raises on purpose."""
+
+    code: ErrorCode = ErrorCode.INVALID_ARGUMENT
+
+
+class InvalidArgument(SevenDBError):
+    """The request is malformed; the caller must fix it. Nothing changed."""
+
+    code = ErrorCode.INVALID_ARGUMENT
+
+
+class LimitExceeded(InvalidArgument):
+    """The request is over a limit in `sevendb.outbox.limits`. Nothing changed."""
+
+    code = ErrorCode.LIMIT_EXCEEDED
+
+
+class PreconditionFailed(SevenDBError):
+    """An expected version did not hold (optimistic concurrency). Re-read and retry."""
+
+    code = ErrorCode.PRECONDITION_FAILED
+
+
+class UnknownProducer(SevenDBError):
+    """The producer id was never initialised in this bucket: call InitProducer."""
+
+    code = ErrorCode.UNKNOWN_PRODUCER
+
+
+class ProducerFenced(SevenDBError):
+    """A newer instance of this producer exists (its epoch is higher)."""
+
+    code = ErrorCode.PRODUCER_FENCED
+
+
+class InvalidProducerEpoch(SevenDBError):
+    """The producer epoch is ahead of anything this bucket granted."""
+
+    code = ErrorCode.INVALID_PRODUCER_EPOCH
+
+
+class OutOfOrderSequence(SevenDBError):
+    """A producer sequence skipped ahead: retry from the last acknowledged one."""
+
+    code = ErrorCode.OUT_OF_ORDER_SEQUENCE
+
+
+class DuplicateSequence(SevenDBError):
+    """A retried sequence too old for the result cache; it was committed before."""
+
+    code = ErrorCode.DUPLICATE_SEQUENCE
+
+
+class SubscriptionNotFound(SevenDBError):
+    code = ErrorCode.SUBSCRIPTION_NOT_FOUND
+
+
+class SubscriptionExists(SevenDBError):
+    """The sub_id is taken by a different query."""
+
+    code = ErrorCode.SUBSCRIPTION_EXISTS
+
+
+class NotOwner(SevenDBError):
+    """The subscription belongs to another principal."""
+
+    code = ErrorCode.NOT_OWNER
+
+
+class StaleSubscription(SevenDBError):
+    """The subscription was dropped for stalling past the window: resubscribe."""
+
+    code = ErrorCode.STALE_SUBSCRIPTION
+
+
+class RegressiveAck(SevenDBError):
+    code = ErrorCode.REGRESSIVE_ACK
+
+
+class DuplicateAck(SevenDBError):
+    code = ErrorCode.DUPLICATE_ACK
+
+
+class FutureAck(SevenDBError):
+    """An ack beyond anything emitted to this subscription."""
+
+    code = ErrorCode.FUTURE_ACK
+
+
+class StaleLease(SevenDBError):
+    """Proposed by a notifier whose lease was superseded (fencing)."""
+
+    code = ErrorCode.STALE_LEASE
+
+
+class StaleRange(SevenDBError):
+    """An OUTBOX_WRITE for a range another proposal already moved past."""
+
+    code = ErrorCode.STALE_RANGE
+
+
+class StaleEpoch(SevenDBError):
+    """An EPOCH_CREATE that is not exactly the next epoch."""
+
+    code = ErrorCode.STALE_EPOCH
+
+
+ERROR_TYPES: dict[ErrorCode, type[SevenDBError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgument,
+        LimitExceeded,
+        PreconditionFailed,
+        UnknownProducer,
+        ProducerFenced,
+        InvalidProducerEpoch,
+        OutOfOrderSequence,
+        DuplicateSequence,
+        SubscriptionNotFound,
+        SubscriptionExists,
+        NotOwner,
+        StaleSubscription,
+        RegressiveAck,
+        DuplicateAck,
+        FutureAck,
+        StaleLease,
+        StaleRange,
+        StaleEpoch,
+    )
+}
+
+
+class EntryError(Exception):
+    """A log entry that cannot be applied at all; state is unchanged."""
+
+
+class MalformedEntry(EntryError):
+    """The bytes are not a valid entry (bad msgpack, wrong shape, over a limit)."""
+
+
+class UnknownEntryType(EntryError):
+    """A well-formed entry of a type this version does not know."""
+
+
+class UnsupportedEntryVersion(EntryError):
+    """An entry written by a newer (or unknown) encoding version."""
+
+
+class ApplyOrderError(Exception):
+    """The adapter fed entries out of order: a programming error, not an input error."""
+
+
+class ReplicaDivergence(Exception):
+    """This replica's own computation disagrees with the committed entry.
+
+    The replica must stop serving and quarantine itself; the others go on.
+    """
+
+
+class PlanMismatch(ReplicaDivergence):
+    """A subscription's plan_hash or an OUTBOX_WRITE digest differs from ours."""
+
+
+class SnapshotError(Exception):
+    """Snapshot bytes that cannot be restored (corrupt or from another version)."""

@@ -1,0 +1,41 @@
+"""Every bound the core enforces, as named constants (units last in the name).
+
+Requests beyond these are refused with a clear error before they reach the log;
+the state machine checks them again when it decodes an entry, so a bad entry can
+never change state.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+KEY_BYTES_MAX: Final = 1024
+"""Longest key, in UTF-8 bytes."""
+VALUE_BYTES_MAX: Final = 64 * 1024
+"""Largest value: small domain facts, like an event store's 64 KiB record."""
+OPS_PER_WRITE_MAX: Final = 256
+"""Most SET/DEL operations in one atomic write."""
+WRITE_VALUE_BYTES_MAX: Final = 1024 * 1024
+"""Most value bytes in one atomic write (all ops together)."""
+ENTRY_BYTES_MAX: Final = 2 * 1024 * 1024
+"""Largest encoded log entry the core will decode."""
+SUBSCRIPTIONS_PER_BUCKET_MAX: Final = 65_536
+"""Most live subscriptions in one bucket (a prefix query counts in every bucket)."""
+PRODUCERS_PER_BUCKET_MAX: Final = 65_536
+"""Most idempotent producers one bucket remembers."""
+PRODUCER_RESULTS_CACHED: Final = 5
+"""Results remembered per producer, so a retried duplicate gets its original answer."""
+ID_BYTES_MAX: Final = 128
+"""Longest sub_id, node id or bucket uuid."""
+PRINCIPAL_BYTES_MAX: Final = 256
+"""Longest authenticated principal name."""
+ACKS_PER_PURGE_MAX: Final = 4096
+"""Most acknowledgements batched into one OUTBOX_PURGE entry."""
+EXPIRES_PER_PURGE_MAX: Final = 4096
+"""Most stalled subscriptions expired by one OUTBOX_PURGE entry."""
+SYNC_LIMIT_DEFAULT: Final = 100
+"""Items per Sync page when the client does not say."""
+SYNC_LIMIT_MAX: Final = 1000
+"""Sync limits are clamped to this."""
+STALL_WINDOW_MS_DEFAULT: Final = 24 * 3600 * 1000
+"""A subscriber silent this long with unacknowledged rows is dropped (seed 000 §8)."""

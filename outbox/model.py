@@ -1,0 +1,247 @@
+"""Values the bucket state machine hands out: changes, rows, results, effects.
+
+All frozen: callers (notifier, gRPC, archive, simulator) may keep them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum, StrEnum
+
+from .emitseq import EmitSeq, EpochId
+from .entries import OpKind
+from .errors import Rejection
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One key's change inside a delta; `version` is the key's version after it
+    (for DEL: the version that was deleted)."""
+
+    key: str
+    op: OpKind
+    value: bytes
+    version: int
+
+    def pack(self) -> list[object]:
+        return [self.key, int(self.op), self.value, self.version]
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """What one committed source entry changed for one subscription."""
+
+    changes: tuple[Change, ...]
+    commit_time_ms: int
+
+    def pack(self) -> list[object]:
+        return [[c.pack() for c in self.changes], self.commit_time_ms]
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """`(sub_id, emit_seq, prev_emit_seq, delta)`: one emission, chained per subscription."""
+
+    sub_id: str
+    emit_seq: EmitSeq
+    prev_emit_seq: EmitSeq
+    delta: Delta
+
+    def pack(self) -> list[object]:
+        return [self.sub_id, self.emit_seq.pack(), self.prev_emit_seq.pack(), self.delta.pack()]
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    value: bytes
+    version: int
+    mod_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class KeyValue:
+    key: str
+    value: bytes
+    version: int
+    mod_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class SyncPage:
+    """A page of current state ordered by (mod_index, key), after an exclusive cursor."""
+
+    items: tuple[KeyValue, ...]
+    has_more: bool
+    next_since_index: int
+    next_since_key: str
+    applied_index: int
+
+
+# ---- results: what the proposer of an entry is told -------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    commit: EmitSeq
+    versions: tuple[tuple[str, int], ...] = ()
+    duplicate: bool = False
+    error: Rejection | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InitProducerResult:
+    producer_id: int
+    epoch: int = 0
+    error: Rejection | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribeResult:
+    sub_id: str
+    start: EmitSeq | None = None
+    plan_hash: int = 0
+    existing: bool = False
+    error: Rejection | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UnsubscribeResult:
+    sub_id: str
+    error: Rejection | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxWriteResult:
+    rows: int = 0
+    already: bool = False
+    error: Rejection | None = None
+
+
+class AckStatus(StrEnum):
+    """Per-acknowledgement outcome (mirrors `AckResult.Status` on the wire)."""
+
+    ACCEPTED = "ACCEPTED"
+    REGRESSIVE = "REGRESSIVE"
+    DUPLICATE = "DUPLICATE"
+    FUTURE = "FUTURE"
+    NOT_OWNER = "NOT_OWNER"
+    SUBSCRIPTION_NOT_FOUND = "SUBSCRIPTION_NOT_FOUND"
+    STALE = "STALE"
+
+
+@dataclass(frozen=True, slots=True)
+class AckOutcome:
+    sub_id: str
+    status: AckStatus
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeResult:
+    acks: tuple[AckOutcome, ...] = ()
+    expired: tuple[str, ...] = ()
+    purged_rows: int = 0
+    error: Rejection | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EpochResult:
+    epoch: EpochId
+    error: Rejection | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseResult:
+    holder: str
+    lease_index: int
+    error: Rejection | None = None
+
+
+Result = (
+    WriteResult
+    | InitProducerResult
+    | SubscribeResult
+    | UnsubscribeResult
+    | OutboxWriteResult
+    | PurgeResult
+    | EpochResult
+    | LeaseResult
+)
+
+
+# ---- effects: what adapters must do after an entry applied ------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RowsPending:
+    """Rows computed from a source entry, waiting for an OUTBOX_WRITE (never send yet)."""
+
+    rows: tuple[OutboxRow, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RowsOutboxed:
+    """Rows now durable in the outbox: the lease holder may send them."""
+
+    rows: tuple[OutboxRow, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RowsPurged:
+    """Acknowledged rows removed from the outbox: the archive writer records them."""
+
+    rows: tuple[OutboxRow, ...]
+    ack_time_ms: int
+
+
+class CloseReason(StrEnum):
+    UNSUBSCRIBED = "UNSUBSCRIBED"
+    STALLED = "STALLED"
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionClosed:
+    sub_id: str
+    reason: CloseReason
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseChanged:
+    holder: str
+    lease_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class EpochChanged:
+    epoch: EpochId
+
+
+Effect = RowsPending | RowsOutboxed | RowsPurged | SubscriptionClosed | LeaseChanged | EpochChanged
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """The outcome of applying one entry: the proposer's result and the effects."""
+
+    commit_index: int
+    result: Result
+    effects: tuple[Effect, ...] = ()
+
+
+class ReconnectStatus(IntEnum):
+    """Mirrors `ReconnectAck.Status` (seed 000 §5.2)."""
+
+    OK = 0
+    STALE_SEQUENCE = 1
+    INVALID_SEQUENCE = 2
+    SUBSCRIPTION_NOT_FOUND = 3
+
+
+@dataclass(frozen=True, slots=True)
+class ReconnectDecision:
+    status: ReconnectStatus
+    current_epoch: EpochId
+    next_commit_index: int
+    resume: tuple[OutboxRow, ...] = ()
+    message: str = ""
+    not_owner: bool = False

@@ -1,0 +1,906 @@
+"""The bucket state machine: pure, deterministic, no I/O, no clock, no randomness.
+
+`apply(commit_index, entry_bytes)` is the only way state changes. Time and ids
+arrive inside entries (put there by the proposing adapter), so every replica and
+every replay computes byte-identical state (`digest()`), rows and results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import msgpack
+import xxhash
+
+from . import limits
+from .emitseq import EmitSeq, EpochId
+from .entries import (
+    Ack,
+    Entry,
+    EpochCreate,
+    ExpectKind,
+    InitProducer,
+    Lease,
+    OpKind,
+    OutboxPurge,
+    OutboxWrite,
+    Subscribe,
+    Unsubscribe,
+    Write,
+    decode_entry,
+)
+from .errors import ApplyOrderError, ErrorCode, PlanMismatch, Rejection, SnapshotError
+from .model import (
+    AckOutcome,
+    AckStatus,
+    Applied,
+    Change,
+    CloseReason,
+    Delta,
+    Effect,
+    EpochChanged,
+    EpochResult,
+    InitProducerResult,
+    KeyRecord,
+    KeyValue,
+    LeaseChanged,
+    LeaseResult,
+    OutboxRow,
+    OutboxWriteResult,
+    PurgeResult,
+    ReconnectDecision,
+    ReconnectStatus,
+    Result,
+    RowsOutboxed,
+    RowsPending,
+    RowsPurged,
+    SubscribeResult,
+    SubscriptionClosed,
+    SyncPage,
+    UnsubscribeResult,
+    WriteResult,
+)
+from .query import Plan, Planner, Query, QueryKind, plan_query
+
+SNAPSHOT_FORMAT_VERSION: Final = 1
+
+
+@dataclass(slots=True)
+class Subscription:
+    """A replicated query, its stream position and its outbox rows (emit_seq order)."""
+
+    sub_id: str
+    principal: str
+    query: Query
+    plan: Plan
+    start: EmitSeq
+    head: EmitSeq
+    """emit_seq of the last row computed for it (or `start`): the next row's prev."""
+    acked: EmitSeq
+    """Everything up to here was acknowledged and purged."""
+    last_active_ms: int
+    stale: bool = False
+    rows: deque[OutboxRow] = field(default_factory=deque)
+    """Outboxed rows not yet acknowledged."""
+
+    @property
+    def last_outboxed(self) -> EmitSeq:
+        return self.rows[-1].emit_seq if self.rows else self.acked
+
+
+@dataclass(slots=True)
+class _Producer:
+    epoch: int
+    last_seq: int = -1
+    results: deque[tuple[int, WriteResult]] = field(
+        default_factory=lambda: deque(maxlen=limits.PRODUCER_RESULTS_CACHED)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _PendingBatch:
+    commit_index: int
+    rows: tuple[OutboxRow, ...]
+
+
+def _reject(code: ErrorCode, message: str) -> Rejection:
+    return Rejection(code, message)
+
+
+def rows_digest(rows: Iterator[OutboxRow] | tuple[OutboxRow, ...]) -> tuple[int, int]:
+    """(row count, xxh64 over the canonical encoding of `rows`), as OUTBOX_WRITE carries."""
+    hasher = xxhash.xxh64()
+    count = 0
+    for row in rows:
+        hasher.update(msgpack.packb(row.pack(), use_bin_type=True))
+        count += 1
+    return count, hasher.intdigest()
+
+
+class BucketStateMachine:
+    """One bucket's replicated state: data, producers, subscriptions, outbox, epoch, lease."""
+
+    def __init__(
+        self, bucket_uuid: str, *, planner: Planner = plan_query, epoch_counter: int = 1
+    ) -> None:
+        self._bucket_uuid = bucket_uuid
+        self._planner = planner
+        self._epoch_counter = epoch_counter
+        self._applied_index = 0
+        self._outboxed_through = 0
+        self._lease_holder = ""
+        self._lease_index = 0
+        self._data: dict[str, KeyRecord] = {}
+        self._producers: dict[int, _Producer] = {}
+        self._subs: dict[str, Subscription] = {}
+        self._pending: deque[_PendingBatch] = deque()
+        # Query indexes (live, non-stale subscriptions only).
+        self._key_subs: dict[str, set[str]] = {}
+        self._prefix_subs: dict[str, set[str]] = {}
+        self._all_subs: set[str] = set()
+
+    # ---- identity and positions ------------------------------------------------
+
+    @property
+    def bucket_uuid(self) -> str:
+        return self._bucket_uuid
+
+    @property
+    def epoch(self) -> EpochId:
+        return EpochId(self._bucket_uuid, self._epoch_counter)
+
+    @property
+    def applied_index(self) -> int:
+        return self._applied_index
+
+    @property
+    def outboxed_through(self) -> int:
+        """Every source entry at or below this index has had its rows outboxed."""
+        return self._outboxed_through
+
+    @property
+    def lease_holder(self) -> str:
+        return self._lease_holder
+
+    @property
+    def lease_index(self) -> int:
+        """Commit index of the LEASE entry in force (0: none yet)."""
+        return self._lease_index
+
+    def emit_seq(self, commit_index: int) -> EmitSeq:
+        return EmitSeq(self._bucket_uuid, self._epoch_counter, commit_index)
+
+    # ---- apply -----------------------------------------------------------------
+
+    def apply(self, commit_index: int, data: bytes) -> Applied:
+        """Decode and apply one committed entry.
+
+        Raises `EntryError` (malformed/unknown: nothing changed), `PlanMismatch`
+        (this replica diverged: nothing changed, quarantine it) or
+        `ApplyOrderError` (the caller broke the apply order).
+        """
+        self._check_order(commit_index)
+        return self.apply_entry(commit_index, decode_entry(data))
+
+    def apply_entry(self, commit_index: int, entry: Entry) -> Applied:
+        self._check_order(commit_index)
+        effects: list[Effect] = []
+        result: Result
+        if isinstance(entry, Write):
+            result = self._apply_write(commit_index, entry, effects)
+        elif isinstance(entry, Subscribe):
+            result = self._apply_subscribe(commit_index, entry)
+        elif isinstance(entry, Unsubscribe):
+            result = self._apply_unsubscribe(entry, effects)
+        elif isinstance(entry, OutboxWrite):
+            result = self._apply_outbox_write(commit_index, entry, effects)
+        elif isinstance(entry, OutboxPurge):
+            result = self._apply_purge(entry, effects)
+        elif isinstance(entry, EpochCreate):
+            result = self._apply_epoch(entry, effects)
+        elif isinstance(entry, Lease):
+            self._lease_holder, self._lease_index = entry.holder, commit_index
+            effects.append(LeaseChanged(entry.holder, commit_index))
+            result = LeaseResult(entry.holder, commit_index)
+        else:
+            result = self._apply_init_producer(entry)
+        self._applied_index = commit_index
+        return Applied(commit_index, result, tuple(effects))
+
+    def _check_order(self, commit_index: int) -> None:
+        if isinstance(commit_index, bool) or not isinstance(commit_index, int):
+            raise ApplyOrderError(f"commit_index must be an int, got {commit_index!r}")
+        if commit_index <= self._applied_index:
+            raise ApplyOrderError(
+                f"commit_index {commit_index} not after applied index {self._applied_index}"
+            )
+
+    # ---- WRITE -----------------------------------------------------------------
+
+    def _apply_write(self, index: int, entry: Write, effects: list[Effect]) -> WriteResult:
+        commit = self.emit_seq(index)
+        producer = None
+        if entry.producer is not None:
+            ref = entry.producer
+            producer = self._producers.get(ref.producer_id)
+            if producer is None:
+                return WriteResult(
+                    commit,
+                    error=_reject(
+                        ErrorCode.UNKNOWN_PRODUCER,
+                        f"producer {ref.producer_id} is not initialised in this bucket",
+                    ),
+                )
+            if ref.epoch < producer.epoch:
+                return WriteResult(
+                    commit,
+                    error=_reject(
+                        ErrorCode.PRODUCER_FENCED,
+                        f"producer {ref.producer_id} epoch {ref.epoch} is fenced by epoch "
+                        f"{producer.epoch}",
+                    ),
+                )
+            if ref.epoch > producer.epoch:
+                return WriteResult(
+                    commit,
+                    error=_reject(
+                        ErrorCode.INVALID_PRODUCER_EPOCH,
+                        f"producer {ref.producer_id} epoch {ref.epoch} was never granted "
+                        f"(current {producer.epoch})",
+                    ),
+                )
+            if ref.sequence <= producer.last_seq:
+                for seq, cached in producer.results:
+                    if seq == ref.sequence:
+                        return dataclasses.replace(cached, duplicate=True)
+                return WriteResult(
+                    commit,
+                    error=_reject(
+                        ErrorCode.DUPLICATE_SEQUENCE,
+                        f"sequence {ref.sequence} was committed before and is older than the "
+                        f"last {limits.PRODUCER_RESULTS_CACHED} results kept",
+                    ),
+                )
+            if ref.sequence != producer.last_seq + 1:
+                return WriteResult(
+                    commit,
+                    error=_reject(
+                        ErrorCode.OUT_OF_ORDER_SEQUENCE,
+                        f"sequence {ref.sequence} skips ahead; expected {producer.last_seq + 1}",
+                    ),
+                )
+        result = self._write_ops(index, entry, effects)
+        if producer is not None and entry.producer is not None:
+            producer.last_seq = entry.producer.sequence
+            producer.results.append((entry.producer.sequence, result))
+        return result
+
+    def _write_ops(self, index: int, entry: Write, effects: list[Effect]) -> WriteResult:
+        commit = self.emit_seq(index)
+        for op in entry.ops:
+            current = self._data.get(op.key)
+            expected = op.expected
+            if expected.kind is ExpectKind.ANY:
+                continue
+            if expected.kind is ExpectKind.NOT_EXISTS and current is None:
+                continue
+            if (
+                expected.kind is ExpectKind.EXACT
+                and current is not None
+                and current.version == expected.version
+            ):
+                continue
+            actual = "absent" if current is None else f"at version {current.version}"
+            return WriteResult(
+                commit,
+                error=_reject(
+                    ErrorCode.PRECONDITION_FAILED,
+                    f"key {op.key!r} expected {expected} but is {actual}",
+                ),
+            )
+        changes: list[Change] = []
+        versions: list[tuple[str, int]] = []
+        for op in entry.ops:
+            current = self._data.get(op.key)
+            if op.kind is OpKind.SET:
+                version = 1 if current is None else current.version + 1
+                self._data[op.key] = KeyRecord(op.value, version, index)
+                changes.append(Change(op.key, OpKind.SET, op.value, version))
+                versions.append((op.key, version))
+            else:
+                versions.append((op.key, 0))
+                if current is not None:
+                    del self._data[op.key]
+                    changes.append(Change(op.key, OpKind.DEL, b"", current.version))
+        rows = self._rows_for(commit, tuple(changes), entry.now_ms)
+        if rows:
+            self._pending.append(_PendingBatch(index, rows))
+            effects.append(RowsPending(rows))
+        return WriteResult(commit, tuple(versions))
+
+    def _rows_for(
+        self, commit: EmitSeq, changes: tuple[Change, ...], now_ms: int
+    ) -> tuple[OutboxRow, ...]:
+        """One row per live subscription that any change matches, in sub_id order."""
+        if not changes or not self._subs:
+            return ()
+        matched: dict[str, list[int]] = {}
+        for i, change in enumerate(changes):
+            hits: set[str] = set(self._all_subs)
+            hits.update(self._key_subs.get(change.key, ()))
+            for prefix, sub_ids in self._prefix_subs.items():
+                if change.key.startswith(prefix):
+                    hits.update(sub_ids)
+            for sub_id in hits:
+                matched.setdefault(sub_id, []).append(i)
+        deltas: dict[tuple[int, ...], Delta] = {}
+        rows = []
+        for sub_id in sorted(matched):
+            picked = tuple(matched[sub_id])
+            delta = deltas.get(picked)
+            if delta is None:
+                delta = deltas[picked] = Delta(tuple(changes[i] for i in picked), now_ms)
+            sub = self._subs[sub_id]
+            rows.append(OutboxRow(sub_id, commit, sub.head, delta))
+            sub.head = commit
+        return tuple(rows)
+
+    # ---- producers -------------------------------------------------------------
+
+    def _apply_init_producer(self, entry: InitProducer) -> InitProducerResult:
+        producer = self._producers.get(entry.producer_id)
+        if producer is None:
+            if len(self._producers) >= limits.PRODUCERS_PER_BUCKET_MAX:
+                return InitProducerResult(
+                    entry.producer_id,
+                    error=_reject(
+                        ErrorCode.LIMIT_EXCEEDED,
+                        f"bucket already tracks {limits.PRODUCERS_PER_BUCKET_MAX} producers",
+                    ),
+                )
+            self._producers[entry.producer_id] = _Producer(epoch=0)
+            return InitProducerResult(entry.producer_id, 0)
+        self._producers[entry.producer_id] = _Producer(epoch=producer.epoch + 1)
+        return InitProducerResult(entry.producer_id, producer.epoch + 1)
+
+    # ---- subscriptions ---------------------------------------------------------
+
+    def _apply_subscribe(self, index: int, entry: Subscribe) -> SubscribeResult:
+        existing = self._subs.get(entry.sub_id)
+        if existing is not None:
+            if existing.principal != entry.principal:
+                return SubscribeResult(
+                    entry.sub_id,
+                    error=_reject(
+                        ErrorCode.NOT_OWNER,
+                        f"subscription {entry.sub_id} belongs to another principal",
+                    ),
+                )
+            if existing.query != entry.query:
+                return SubscribeResult(
+                    entry.sub_id,
+                    error=_reject(
+                        ErrorCode.SUBSCRIPTION_EXISTS,
+                        f"subscription {entry.sub_id} exists with query {existing.query}",
+                    ),
+                )
+            return SubscribeResult(
+                entry.sub_id, existing.start, existing.plan.plan_hash, existing=True
+            )
+        plan = self._planner(entry.query)
+        if plan.plan_hash != entry.plan_hash:
+            raise PlanMismatch(
+                f"SUBSCRIBE {entry.sub_id} at {index}: plan_hash {entry.plan_hash:#x} committed, "
+                f"this replica planned {plan.plan_hash:#x}"
+            )
+        if len(self._subs) >= limits.SUBSCRIPTIONS_PER_BUCKET_MAX:
+            return SubscribeResult(
+                entry.sub_id,
+                error=_reject(
+                    ErrorCode.LIMIT_EXCEEDED,
+                    f"bucket already has {limits.SUBSCRIPTIONS_PER_BUCKET_MAX} subscriptions",
+                ),
+            )
+        start = self.emit_seq(index)
+        sub = Subscription(
+            entry.sub_id, entry.principal, entry.query, plan, start, start, start, entry.now_ms
+        )
+        self._subs[entry.sub_id] = sub
+        self._index_sub(sub)
+        return SubscribeResult(entry.sub_id, start, plan.plan_hash)
+
+    def _index_sub(self, sub: Subscription) -> None:
+        if sub.plan.kind is QueryKind.KEY:
+            self._key_subs.setdefault(sub.plan.arg, set()).add(sub.sub_id)
+        elif sub.plan.kind is QueryKind.PREFIX:
+            self._prefix_subs.setdefault(sub.plan.arg, set()).add(sub.sub_id)
+        else:
+            self._all_subs.add(sub.sub_id)
+
+    def _unindex_sub(self, sub: Subscription) -> None:
+        if sub.plan.kind is QueryKind.ALL:
+            self._all_subs.discard(sub.sub_id)
+            return
+        index = self._key_subs if sub.plan.kind is QueryKind.KEY else self._prefix_subs
+        sub_ids = index.get(sub.plan.arg)
+        if sub_ids is not None:
+            sub_ids.discard(sub.sub_id)
+            if not sub_ids:
+                del index[sub.plan.arg]
+
+    def _apply_unsubscribe(self, entry: Unsubscribe, effects: list[Effect]) -> UnsubscribeResult:
+        sub = self._subs.get(entry.sub_id)
+        if sub is None:
+            return UnsubscribeResult(
+                entry.sub_id,
+                _reject(ErrorCode.SUBSCRIPTION_NOT_FOUND, f"no subscription {entry.sub_id}"),
+            )
+        if sub.principal != entry.principal:
+            return UnsubscribeResult(
+                entry.sub_id,
+                _reject(
+                    ErrorCode.NOT_OWNER, f"subscription {entry.sub_id} belongs to another principal"
+                ),
+            )
+        self._unindex_sub(sub)
+        del self._subs[entry.sub_id]
+        # Its pending rows stay in the pending batches (they are covered by digests
+        # already proposed) and are dropped when an OUTBOX_WRITE moves them.
+        effects.append(SubscriptionClosed(entry.sub_id, CloseReason.UNSUBSCRIBED))
+        return UnsubscribeResult(entry.sub_id)
+
+    # ---- outbox ----------------------------------------------------------------
+
+    def _lease_error(self, lease_index: int) -> Rejection | None:
+        if self._lease_index == 0 or lease_index != self._lease_index:
+            return _reject(
+                ErrorCode.STALE_LEASE,
+                f"proposed under lease {lease_index}; the lease in force is "
+                f"{self._lease_index} ({self._lease_holder or 'none'})",
+            )
+        return None
+
+    def pending_rows(self, through_index: int | None = None) -> tuple[OutboxRow, ...]:
+        """Rows computed but not yet outboxed (optionally only up to a source index)."""
+        return tuple(
+            row
+            for batch in self._pending
+            if through_index is None or batch.commit_index <= through_index
+            for row in batch.rows
+        )
+
+    def propose_outbox_write(self, lease_index: int, now_ms: int) -> OutboxWrite | None:
+        """The OUTBOX_WRITE a lease holder should propose now, or None if nothing waits."""
+        if not self._pending:
+            return None
+        through = self._applied_index
+        count, digest = rows_digest(self.pending_rows(through))
+        return OutboxWrite(lease_index, self._outboxed_through, through, count, digest, now_ms)
+
+    def _apply_outbox_write(
+        self, index: int, entry: OutboxWrite, effects: list[Effect]
+    ) -> OutboxWriteResult:
+        error = self._lease_error(entry.lease_index)
+        if error is not None:
+            return OutboxWriteResult(error=error)
+        if entry.through_index <= self._outboxed_through:
+            return OutboxWriteResult(already=True)
+        if entry.from_index != self._outboxed_through:
+            return OutboxWriteResult(
+                error=_reject(
+                    ErrorCode.STALE_RANGE,
+                    f"range starts after {entry.from_index}; outboxed through "
+                    f"{self._outboxed_through}",
+                )
+            )
+        if entry.through_index >= index:
+            return OutboxWriteResult(
+                error=_reject(
+                    ErrorCode.INVALID_ARGUMENT,
+                    f"range ends at {entry.through_index}, not before its own index {index}",
+                )
+            )
+        moving = self.pending_rows(entry.through_index)
+        count, digest = rows_digest(moving)
+        if (count, digest) != (entry.row_count, entry.digest):
+            raise PlanMismatch(
+                f"OUTBOX_WRITE at {index} for ({entry.from_index}, {entry.through_index}]: "
+                f"committed {entry.row_count} rows digest {entry.digest:#x}, this replica "
+                f"computed {count} rows digest {digest:#x}"
+            )
+        while self._pending and self._pending[0].commit_index <= entry.through_index:
+            self._pending.popleft()
+        self._outboxed_through = entry.through_index
+        kept = []
+        for row in moving:
+            sub = self._subs.get(row.sub_id)
+            if sub is not None and not sub.stale:
+                sub.rows.append(row)
+                kept.append(row)
+        if kept:
+            effects.append(RowsOutboxed(tuple(kept)))
+        return OutboxWriteResult(rows=len(kept))
+
+    def check_ack(self, sub_id: str, principal: str, up_to: EmitSeq) -> AckOutcome:
+        """Would this cumulative ack be accepted now? (The notifier asks before proposing.)"""
+        sub = self._subs.get(sub_id)
+        if sub is None:
+            return AckOutcome(sub_id, AckStatus.SUBSCRIPTION_NOT_FOUND, f"no subscription {sub_id}")
+        if sub.principal != principal:
+            return AckOutcome(
+                sub_id, AckStatus.NOT_OWNER, f"subscription {sub_id} belongs to another principal"
+            )
+        if sub.stale:
+            return AckOutcome(
+                sub_id,
+                AckStatus.STALE,
+                f"subscription {sub_id} was dropped for stalling; resubscribe",
+            )
+        if up_to.bucket_uuid != self._bucket_uuid:
+            return AckOutcome(
+                sub_id,
+                AckStatus.FUTURE,
+                f"ack names bucket {up_to.bucket_uuid}, not {self._bucket_uuid}",
+            )
+        if up_to < sub.acked:
+            return AckOutcome(
+                sub_id, AckStatus.REGRESSIVE, f"ack {up_to} is behind the acknowledged {sub.acked}"
+            )
+        if up_to == sub.acked:
+            return AckOutcome(sub_id, AckStatus.DUPLICATE, f"{up_to} was already acknowledged")
+        if up_to > sub.last_outboxed:
+            return AckOutcome(
+                sub_id,
+                AckStatus.FUTURE,
+                f"ack {up_to} is beyond the last emitted {sub.last_outboxed}",
+            )
+        return AckOutcome(sub_id, AckStatus.ACCEPTED)
+
+    def _apply_purge(self, entry: OutboxPurge, effects: list[Effect]) -> PurgeResult:
+        error = self._lease_error(entry.lease_index)
+        if error is not None:
+            return PurgeResult(error=error)
+        outcomes = []
+        purged: list[OutboxRow] = []
+        for ack in entry.acks:
+            outcome = self.check_ack(ack.sub_id, ack.principal, ack.up_to)
+            outcomes.append(outcome)
+            if outcome.status is AckStatus.ACCEPTED:
+                purged.extend(self._purge(ack, entry.now_ms))
+        expired = []
+        stalled = set(self.stalled_subscriptions(entry.now_ms, entry.stall_window_ms))
+        for sub_id in entry.expire:
+            if sub_id in stalled:
+                sub = self._subs[sub_id]
+                sub.stale = True
+                sub.rows.clear()
+                self._unindex_sub(sub)
+                stalled.discard(sub_id)
+                expired.append(sub_id)
+                effects.append(SubscriptionClosed(sub_id, CloseReason.STALLED))
+        if purged:
+            effects.insert(0, RowsPurged(tuple(purged), entry.now_ms))
+        return PurgeResult(tuple(outcomes), tuple(expired), len(purged))
+
+    def _purge(self, ack: Ack, now_ms: int) -> list[OutboxRow]:
+        sub = self._subs[ack.sub_id]
+        removed = []
+        while sub.rows and sub.rows[0].emit_seq <= ack.up_to:
+            removed.append(sub.rows.popleft())
+        sub.acked = ack.up_to
+        sub.last_active_ms = now_ms
+        return removed
+
+    # ---- epochs ----------------------------------------------------------------
+
+    def _apply_epoch(self, entry: EpochCreate, effects: list[Effect]) -> EpochResult:
+        if entry.epoch_counter != self._epoch_counter + 1:
+            return EpochResult(
+                self.epoch,
+                _reject(
+                    ErrorCode.STALE_EPOCH,
+                    f"EPOCH_CREATE {entry.epoch_counter}; the next epoch is "
+                    f"{self._epoch_counter + 1}",
+                ),
+            )
+        self._epoch_counter = entry.epoch_counter
+        effects.append(EpochChanged(self.epoch))
+        return EpochResult(self.epoch)
+
+    # ---- reads -----------------------------------------------------------------
+
+    def get(self, key: str) -> KeyRecord | None:
+        return self._data.get(key)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def sync_page(self, since_index: int = 0, since_key: str = "", limit: int = 0) -> SyncPage:
+        """Current state ordered by (mod_index, key), strictly after the cursor.
+
+        `limit` is clamped to [1, SYNC_LIMIT_MAX]; 0 means SYNC_LIMIT_DEFAULT.
+        """
+        if limit <= 0:
+            limit = limits.SYNC_LIMIT_DEFAULT
+        limit = min(limit, limits.SYNC_LIMIT_MAX)
+        cursor = (since_index, since_key)
+        after = sorted(
+            (rec.mod_index, key) for key, rec in self._data.items() if (rec.mod_index, key) > cursor
+        )
+        page = after[:limit]
+        items = tuple(
+            KeyValue(key, self._data[key].value, self._data[key].version, index)
+            for index, key in page
+        )
+        next_index, next_key = page[-1] if page else cursor
+        return SyncPage(items, len(after) > limit, next_index, next_key, self._applied_index)
+
+    def subscription(self, sub_id: str) -> Subscription | None:
+        return self._subs.get(sub_id)
+
+    def subscriptions(self) -> list[Subscription]:
+        return [self._subs[sub_id] for sub_id in sorted(self._subs)]
+
+    def outbox_rows(self, sub_id: str, after: EmitSeq | None = None) -> tuple[OutboxRow, ...]:
+        """Outboxed (sendable) rows of a subscription after `after`, in emit_seq order."""
+        sub = self._subs.get(sub_id)
+        if sub is None:
+            return ()
+        return tuple(row for row in sub.rows if after is None or row.emit_seq > after)
+
+    def outbox_size(self) -> int:
+        """Unpurged outboxed rows, all subscriptions."""
+        return sum(len(sub.rows) for sub in self._subs.values())
+
+    def ack_lag(self, sub_id: str) -> int:
+        """How many commit indexes the subscription's acks trail its stream head."""
+        sub = self._subs.get(sub_id)
+        return 0 if sub is None else sub.head.commit_index - sub.acked.commit_index
+
+    def decide_reconnect(
+        self, sub_id: str, principal: str, last_processed: EmitSeq
+    ) -> ReconnectDecision:
+        """Seed 000 §5.2: OK / STALE_SEQUENCE / INVALID_SEQUENCE / SUBSCRIPTION_NOT_FOUND."""
+        sub = self._subs.get(sub_id)
+        epoch, nxt = self.epoch, self._applied_index + 1
+        if sub is None or sub.principal != principal:
+            return ReconnectDecision(
+                ReconnectStatus.SUBSCRIPTION_NOT_FOUND,
+                epoch,
+                nxt,
+                message=f"no subscription {sub_id} for this principal",
+                not_owner=sub is not None,
+            )
+        if sub.stale:
+            return ReconnectDecision(
+                ReconnectStatus.STALE_SEQUENCE,
+                epoch,
+                nxt,
+                message="dropped for stalling past the window; resubscribe",
+            )
+        if last_processed.bucket_uuid != self._bucket_uuid or last_processed < sub.start:
+            return ReconnectDecision(
+                ReconnectStatus.INVALID_SEQUENCE,
+                epoch,
+                nxt,
+                message=f"{last_processed} is not in this stream",
+            )
+        if last_processed > sub.head:
+            return ReconnectDecision(
+                ReconnectStatus.INVALID_SEQUENCE,
+                epoch,
+                nxt,
+                message=f"{last_processed} is ahead of the stream head {sub.head}; reset",
+            )
+        if last_processed < sub.acked:
+            return ReconnectDecision(
+                ReconnectStatus.STALE_SEQUENCE,
+                epoch,
+                nxt,
+                message=f"{last_processed} is older than retained history "
+                f"(acknowledged through {sub.acked}); resubscribe",
+            )
+        on_chain = (
+            last_processed in (sub.acked, sub.start)
+            or any(row.emit_seq == last_processed for row in sub.rows)
+            or any(
+                row.emit_seq == last_processed and row.sub_id == sub_id
+                for row in self.pending_rows()
+            )
+        )
+        if not on_chain:
+            return ReconnectDecision(
+                ReconnectStatus.INVALID_SEQUENCE,
+                epoch,
+                nxt,
+                message=f"{last_processed} was never emitted to {sub_id}",
+            )
+        resume = self.outbox_rows(sub_id, last_processed)
+        return ReconnectDecision(ReconnectStatus.OK, epoch, last_processed.commit_index + 1, resume)
+
+    def stalled_subscriptions(self, now_ms: int, stall_window_ms: int) -> tuple[str, ...]:
+        """Live subscriptions with unacknowledged rows and no ack within the window."""
+        return tuple(
+            sub.sub_id
+            for sub in self.subscriptions()
+            if not sub.stale and sub.rows and now_ms - sub.last_active_ms > stall_window_ms
+        )
+
+    def safety_point(
+        self,
+        now_ms: int,
+        stall_window_ms: int = limits.STALL_WINDOW_MS_DEFAULT,
+        cold_replica_checkpoint: int | None = None,
+        migration_hold_point: int | None = None,
+    ) -> int:
+        """The highest log index compaction may reach (seed 000 §8).
+
+        min(oldest cold replica checkpoint, min active client ack, migration hold
+        point), never past what this replica applied. Subscriptions stalled past the
+        window no longer hold it back.
+        """
+        bounds = [self._applied_index]
+        if cold_replica_checkpoint is not None:
+            bounds.append(cold_replica_checkpoint)
+        if migration_hold_point is not None:
+            bounds.append(migration_hold_point)
+        stalled = set(self.stalled_subscriptions(now_ms, stall_window_ms))
+        bounds.extend(
+            sub.acked.commit_index
+            for sub in self._subs.values()
+            if sub.rows and not sub.stale and sub.sub_id not in stalled
+        )
+        return max(0, min(bounds))
+
+    # ---- snapshots -------------------------------------------------------------
+
+    def snapshot(self) -> bytes:
+        """Deterministic bytes of the whole state (sorted; no sets or hash order)."""
+        data = [[k, r.value, r.version, r.mod_index] for k, r in sorted(self._data.items())]
+        producers = [
+            [pid, p.epoch, p.last_seq, [[seq, _pack_write_result(r)] for seq, r in p.results]]
+            for pid, p in sorted(self._producers.items())
+        ]
+        subs = [
+            [
+                s.sub_id,
+                s.principal,
+                int(s.query.kind),
+                s.query.arg,
+                s.plan.plan_hash,
+                s.start.pack(),
+                s.head.pack(),
+                s.acked.pack(),
+                s.last_active_ms,
+                s.stale,
+                [row.pack() for row in s.rows],
+            ]
+            for s in self.subscriptions()
+        ]
+        pending = [[b.commit_index, [row.pack() for row in b.rows]] for b in self._pending]
+        packed = msgpack.packb(
+            [
+                SNAPSHOT_FORMAT_VERSION,
+                self._bucket_uuid,
+                self._epoch_counter,
+                self._applied_index,
+                self._outboxed_through,
+                self._lease_holder,
+                self._lease_index,
+                data,
+                producers,
+                subs,
+                pending,
+            ],
+            use_bin_type=True,
+        )
+        assert isinstance(packed, bytes)
+        return packed
+
+    def digest(self) -> str:
+        """xxh64 of the snapshot bytes: equal on every replica that applied the same log."""
+        return xxhash.xxh64_hexdigest(self.snapshot())
+
+    @classmethod
+    def restore(cls, data: bytes, *, planner: Planner = plan_query) -> BucketStateMachine:
+        try:
+            raw = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
+            (
+                version,
+                uuid,
+                epoch,
+                applied,
+                outboxed,
+                holder,
+                lease_index,
+                kv,
+                producers,
+                subs,
+                pending,
+            ) = raw
+        except Exception as exc:
+            raise SnapshotError(f"snapshot is not readable: {exc}") from None
+        if version != SNAPSHOT_FORMAT_VERSION:
+            raise SnapshotError(
+                f"snapshot format {version!r}; this build reads {SNAPSHOT_FORMAT_VERSION}"
+            )
+        try:
+            sm = cls(uuid, planner=planner, epoch_counter=epoch)
+            sm._applied_index, sm._outboxed_through = applied, outboxed
+            sm._lease_holder, sm._lease_index = holder, lease_index
+            sm._data = {k: KeyRecord(v, ver, mod) for k, v, ver, mod in kv}
+            for pid, p_epoch, last_seq, results in producers:
+                producer = _Producer(p_epoch, last_seq)
+                producer.results.extend((seq, _unpack_write_result(r)) for seq, r in results)
+                sm._producers[pid] = producer
+            for (
+                sub_id,
+                principal,
+                kind,
+                arg,
+                plan_hash,
+                start,
+                head,
+                acked,
+                active,
+                stale,
+                rows,
+            ) in subs:
+                query = Query(QueryKind(kind), arg)
+                plan = planner(query)
+                if plan.plan_hash != plan_hash:
+                    raise PlanMismatch(
+                        f"restored subscription {sub_id}: plan_hash "
+                        f"{plan_hash:#x}, this replica planned {plan.plan_hash:#x}"
+                    )
+                sub = Subscription(
+                    sub_id,
+                    principal,
+                    query,
+                    plan,
+                    EmitSeq(*start),
+                    EmitSeq(*head),
+                    EmitSeq(*acked),
+                    active,
+                    stale,
+                    deque(_unpack_row(r) for r in rows),
+                )
+                sm._subs[sub_id] = sub
+                if not stale:
+                    sm._index_sub(sub)
+            sm._pending = deque(
+                _PendingBatch(index, tuple(_unpack_row(r) for r in rows)) for index, rows in pending
+            )
+        except PlanMismatch:
+            raise
+        except Exception as exc:
+            raise SnapshotError(f"snapshot content is invalid: {exc}") from None
+        return sm
+
+
+def _pack_write_result(result: WriteResult) -> list[object]:
+    error = None if result.error is None else [str(result.error.code), result.error.message]
+    return [result.commit.pack(), [list(kv) for kv in result.versions], error]
+
+
+def _unpack_write_result(raw: Any) -> WriteResult:
+    commit, versions, error = raw
+    rejection = None
+    if error is not None:
+        code, message = error
+        rejection = Rejection(ErrorCode(code), message)
+    return WriteResult(EmitSeq(*commit), tuple((k, v) for k, v in versions), error=rejection)
+
+
+def _unpack_row(raw: Any) -> OutboxRow:
+    sub_id, emit, prev, (changes, commit_time) = raw
+    return OutboxRow(
+        sub_id,
+        EmitSeq(*emit),
+        EmitSeq(*prev),
+        Delta(tuple(Change(k, OpKind(op), v, ver) for k, op, v, ver in changes), commit_time),
+    )

@@ -1,0 +1,351 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class EmitSeq(_message.Message):
+    __slots__ = ("epoch_id", "commit_index")
+    class EpochId(_message.Message):
+        __slots__ = ("bucket_uuid", "epoch_counter")
+        BUCKET_UUID_FIELD_NUMBER: _ClassVar[int]
+        EPOCH_COUNTER_FIELD_NUMBER: _ClassVar[int]
+        bucket_uuid: str
+        epoch_counter: int
+        def __init__(self, bucket_uuid: _Optional[str] = ..., epoch_counter: _Optional[int] = ...) -> None: ...
+    EPOCH_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    epoch_id: EmitSeq.EpochId
+    commit_index: int
+    def __init__(self, epoch_id: _Optional[_Union[EmitSeq.EpochId, _Mapping]] = ..., commit_index: _Optional[int] = ...) -> None: ...
+
+class Query(_message.Message):
+    __slots__ = ("kind", "arg")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KEY: _ClassVar[Query.Kind]
+        PREFIX: _ClassVar[Query.Kind]
+        ALL: _ClassVar[Query.Kind]
+    KEY: Query.Kind
+    PREFIX: Query.Kind
+    ALL: Query.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ARG_FIELD_NUMBER: _ClassVar[int]
+    kind: Query.Kind
+    arg: str
+    def __init__(self, kind: _Optional[_Union[Query.Kind, str]] = ..., arg: _Optional[str] = ...) -> None: ...
+
+class SubscribeRequest(_message.Message):
+    __slots__ = ("bucket", "query", "sub_id")
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    SUB_ID_FIELD_NUMBER: _ClassVar[int]
+    bucket: int
+    query: Query
+    sub_id: str
+    def __init__(self, bucket: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., sub_id: _Optional[str] = ...) -> None: ...
+
+class SubAck(_message.Message):
+    __slots__ = ("sub_id", "start_emit_seq", "bucket", "plan_hash")
+    SUB_ID_FIELD_NUMBER: _ClassVar[int]
+    START_EMIT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    PLAN_HASH_FIELD_NUMBER: _ClassVar[int]
+    sub_id: str
+    start_emit_seq: EmitSeq
+    bucket: int
+    plan_hash: int
+    def __init__(self, sub_id: _Optional[str] = ..., start_emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ..., bucket: _Optional[int] = ..., plan_hash: _Optional[int] = ...) -> None: ...
+
+class Change(_message.Message):
+    __slots__ = ("key", "op", "value", "version")
+    class Op(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        SET: _ClassVar[Change.Op]
+        DEL: _ClassVar[Change.Op]
+    SET: Change.Op
+    DEL: Change.Op
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    op: Change.Op
+    value: bytes
+    version: int
+    def __init__(self, key: _Optional[str] = ..., op: _Optional[_Union[Change.Op, str]] = ..., value: _Optional[bytes] = ..., version: _Optional[int] = ...) -> None: ...
+
+class Delta(_message.Message):
+    __slots__ = ("changes", "commit_time_ms")
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    changes: _containers.RepeatedCompositeFieldContainer[Change]
+    commit_time_ms: int
+    def __init__(self, changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ..., commit_time_ms: _Optional[int] = ...) -> None: ...
+
+class DataEvent(_message.Message):
+    __slots__ = ("sub_id", "emit_seq", "prev_emit_seq", "delta")
+    SUB_ID_FIELD_NUMBER: _ClassVar[int]
+    EMIT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    PREV_EMIT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    sub_id: str
+    emit_seq: EmitSeq
+    prev_emit_seq: EmitSeq
+    delta: Delta
+    def __init__(self, sub_id: _Optional[str] = ..., emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ..., prev_emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ..., delta: _Optional[_Union[Delta, _Mapping]] = ...) -> None: ...
+
+class EventBatch(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[DataEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[DataEvent, _Mapping]]] = ...) -> None: ...
+
+class CaughtUp(_message.Message):
+    __slots__ = ("sub_id", "head_emit_seq")
+    SUB_ID_FIELD_NUMBER: _ClassVar[int]
+    HEAD_EMIT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    sub_id: str
+    head_emit_seq: EmitSeq
+    def __init__(self, sub_id: _Optional[str] = ..., head_emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ...) -> None: ...
+
+class ReconnectRequest(_message.Message):
+    __slots__ = ("sub_id", "last_processed_emit_seq")
+    SUB_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_PROCESSED_EMIT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    sub_id: str
+    last_processed_emit_seq: EmitSeq
+    def __init__(self, sub_id: _Optional[str] = ..., last_processed_emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ...) -> None: ...
+
+class ReconnectAck(_message.Message):
+    __slots__ = ("status", "current_epoch_id", "next_commit_index")
+    class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        OK: _ClassVar[ReconnectAck.Status]
+        STALE_SEQUENCE: _ClassVar[ReconnectAck.Status]
+        INVALID_SEQUENCE: _ClassVar[ReconnectAck.Status]
+        SUBSCRIPTION_NOT_FOUND: _ClassVar[ReconnectAck.Status]
+    OK: ReconnectAck.Status
+    STALE_SEQUENCE: ReconnectAck.Status
+    INVALID_SEQUENCE: ReconnectAck.Status
+    SUBSCRIPTION_NOT_FOUND: ReconnectAck.Status
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_EPOCH_ID_FIELD_NUMBER: _ClassVar[int]
+    NEXT_COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    status: ReconnectAck.Status
+    current_epoch_id: EmitSeq.EpochId
+    next_commit_index: int
+    def __init__(self, status: _Optional[_Union[ReconnectAck.Status, str]] = ..., current_epoch_id: _Optional[_Union[EmitSeq.EpochId, _Mapping]] = ..., next_commit_index: _Optional[int] = ...) -> None: ...
+
+class StreamMessage(_message.Message):
+    __slots__ = ("sub_ack", "reconnect_ack", "events", "caught_up")
+    SUB_ACK_FIELD_NUMBER: _ClassVar[int]
+    RECONNECT_ACK_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    CAUGHT_UP_FIELD_NUMBER: _ClassVar[int]
+    sub_ack: SubAck
+    reconnect_ack: ReconnectAck
+    events: EventBatch
+    caught_up: CaughtUp
+    def __init__(self, sub_ack: _Optional[_Union[SubAck, _Mapping]] = ..., reconnect_ack: _Optional[_Union[ReconnectAck, _Mapping]] = ..., events: _Optional[_Union[EventBatch, _Mapping]] = ..., caught_up: _Optional[_Union[CaughtUp, _Mapping]] = ...) -> None: ...
+
+class ClientAck(_message.Message):
+    __slots__ = ("sub_id", "up_to_emit_seq")
+    SUB_ID_FIELD_NUMBER: _ClassVar[int]
+    UP_TO_EMIT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    sub_id: str
+    up_to_emit_seq: EmitSeq
+    def __init__(self, sub_id: _Optional[str] = ..., up_to_emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ...) -> None: ...
+
+class AckBatch(_message.Message):
+    __slots__ = ("acks",)
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    acks: _containers.RepeatedCompositeFieldContainer[ClientAck]
+    def __init__(self, acks: _Optional[_Iterable[_Union[ClientAck, _Mapping]]] = ...) -> None: ...
+
+class AckResult(_message.Message):
+    __slots__ = ("sub_id", "status", "message")
+    class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        ACCEPTED: _ClassVar[AckResult.Status]
+        REGRESSIVE: _ClassVar[AckResult.Status]
+        DUPLICATE: _ClassVar[AckResult.Status]
+        FUTURE: _ClassVar[AckResult.Status]
+        NOT_OWNER: _ClassVar[AckResult.Status]
+        SUBSCRIPTION_NOT_FOUND: _ClassVar[AckResult.Status]
+        STALE: _ClassVar[AckResult.Status]
+    ACCEPTED: AckResult.Status
+    REGRESSIVE: AckResult.Status
+    DUPLICATE: AckResult.Status
+    FUTURE: AckResult.Status
+    NOT_OWNER: AckResult.Status
+    SUBSCRIPTION_NOT_FOUND: AckResult.Status
+    STALE: AckResult.Status
+    SUB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    sub_id: str
+    status: AckResult.Status
+    message: str
+    def __init__(self, sub_id: _Optional[str] = ..., status: _Optional[_Union[AckResult.Status, str]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class AckResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[AckResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[AckResult, _Mapping]]] = ...) -> None: ...
+
+class UnsubscribeRequest(_message.Message):
+    __slots__ = ("sub_id", "bucket")
+    SUB_ID_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    sub_id: str
+    bucket: int
+    def __init__(self, sub_id: _Optional[str] = ..., bucket: _Optional[int] = ...) -> None: ...
+
+class UnsubscribeResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ExpectedVersion(_message.Message):
+    __slots__ = ("any", "not_exists", "exact")
+    ANY_FIELD_NUMBER: _ClassVar[int]
+    NOT_EXISTS_FIELD_NUMBER: _ClassVar[int]
+    EXACT_FIELD_NUMBER: _ClassVar[int]
+    any: bool
+    not_exists: bool
+    exact: int
+    def __init__(self, any: _Optional[bool] = ..., not_exists: _Optional[bool] = ..., exact: _Optional[int] = ...) -> None: ...
+
+class Op(_message.Message):
+    __slots__ = ("kind", "key", "value", "expected")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        SET: _ClassVar[Op.Kind]
+        DEL: _ClassVar[Op.Kind]
+    SET: Op.Kind
+    DEL: Op.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    kind: Op.Kind
+    key: str
+    value: bytes
+    expected: ExpectedVersion
+    def __init__(self, kind: _Optional[_Union[Op.Kind, str]] = ..., key: _Optional[str] = ..., value: _Optional[bytes] = ..., expected: _Optional[_Union[ExpectedVersion, _Mapping]] = ...) -> None: ...
+
+class ProducerRef(_message.Message):
+    __slots__ = ("producer_id", "producer_epoch", "sequence")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    producer_epoch: int
+    sequence: int
+    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., sequence: _Optional[int] = ...) -> None: ...
+
+class WriteRequest(_message.Message):
+    __slots__ = ("ops", "producer")
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_FIELD_NUMBER: _ClassVar[int]
+    ops: _containers.RepeatedCompositeFieldContainer[Op]
+    producer: ProducerRef
+    def __init__(self, ops: _Optional[_Iterable[_Union[Op, _Mapping]]] = ..., producer: _Optional[_Union[ProducerRef, _Mapping]] = ...) -> None: ...
+
+class KeyVersion(_message.Message):
+    __slots__ = ("key", "version")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    version: int
+    def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class WriteResponse(_message.Message):
+    __slots__ = ("bucket", "committed", "versions", "duplicate")
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    bucket: int
+    committed: EmitSeq
+    versions: _containers.RepeatedCompositeFieldContainer[KeyVersion]
+    duplicate: bool
+    def __init__(self, bucket: _Optional[int] = ..., committed: _Optional[_Union[EmitSeq, _Mapping]] = ..., versions: _Optional[_Iterable[_Union[KeyVersion, _Mapping]]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class InitProducerRequest(_message.Message):
+    __slots__ = ("producer_id", "bucket")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    bucket: int
+    def __init__(self, producer_id: _Optional[int] = ..., bucket: _Optional[int] = ...) -> None: ...
+
+class InitProducerResponse(_message.Message):
+    __slots__ = ("producer_id", "producer_epoch", "bucket")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    producer_epoch: int
+    bucket: int
+    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., bucket: _Optional[int] = ...) -> None: ...
+
+class GetRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class GetResponse(_message.Message):
+    __slots__ = ("found", "value", "version", "mod_commit_index")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    MOD_COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    value: bytes
+    version: int
+    mod_commit_index: int
+    def __init__(self, found: _Optional[bool] = ..., value: _Optional[bytes] = ..., version: _Optional[int] = ..., mod_commit_index: _Optional[int] = ...) -> None: ...
+
+class SyncRequest(_message.Message):
+    __slots__ = ("bucket", "since_commit_index", "since_key", "limit")
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    SINCE_COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SINCE_KEY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    bucket: int
+    since_commit_index: int
+    since_key: str
+    limit: int
+    def __init__(self, bucket: _Optional[int] = ..., since_commit_index: _Optional[int] = ..., since_key: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class KeyValue(_message.Message):
+    __slots__ = ("key", "value", "version", "mod_commit_index")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    MOD_COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: bytes
+    version: int
+    mod_commit_index: int
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ..., version: _Optional[int] = ..., mod_commit_index: _Optional[int] = ...) -> None: ...
+
+class SyncResponse(_message.Message):
+    __slots__ = ("items", "has_more", "next_since_commit_index", "next_since_key", "applied_index")
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    HAS_MORE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_SINCE_COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NEXT_SINCE_KEY_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[KeyValue]
+    has_more: bool
+    next_since_commit_index: int
+    next_since_key: str
+    applied_index: int
+    def __init__(self, items: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., has_more: _Optional[bool] = ..., next_since_commit_index: _Optional[int] = ..., next_since_key: _Optional[str] = ..., applied_index: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,312 @@
+"""The wire contract: committed generated code is fresh, and the messages look as agreed."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from google.protobuf.descriptor import EnumDescriptor
+from google.protobuf.message import Message
+from sevendb.proto import sevendb_pb2 as pb
+
+ROOT = Path(__file__).resolve().parent.parent
+GEN_PROTO = ROOT / "deploy" / "gen_proto.py"
+PROTO_DIR = ROOT / "proto"
+GENERATED = ("sevendb_pb2.py", "sevendb_pb2.pyi", "sevendb_pb2_grpc.py")
+
+
+def run_gen_proto(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(GEN_PROTO), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def field_numbers(message_type: type[Message]) -> dict[str, int]:
+    return {field.name: field.number for field in message_type.DESCRIPTOR.fields}
+
+
+def enum_values(descriptor: EnumDescriptor) -> dict[str, int]:
+    return {value.name: value.number for value in descriptor.values}
+
+
+# -- generated code is committed and fresh ---------------------------------------------
+
+
+def test_generated_code_is_up_to_date() -> None:
+    result = run_gen_proto("--check")
+    assert result.returncode == 0, (
+        "proto/ generated code is stale; run `python deploy/gen_proto.py`\n"
+        + result.stdout
+        + result.stderr
+    )
+
+
+@pytest.mark.parametrize("victim", GENERATED)
+def test_check_fails_when_generated_code_differs(tmp_path: Path, victim: str) -> None:
+    copy = tmp_path / "proto"
+    shutil.copytree(PROTO_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    # The untouched copy passes, so the failure below is down to the edit alone.
+    assert run_gen_proto("--check", "--proto-dir", str(copy)).returncode == 0
+
+    target = copy / victim
+    target.write_text(target.read_text() + "# hand edit\n")
+    result = run_gen_proto("--check", "--proto-dir", str(copy))
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "+# hand edit" not in result.stdout  # the diff goes committed -> generated
+    assert "-# hand edit" in result.stdout
+    assert "gen_proto.py --proto-dir" in result.stderr
+    # --check never writes.
+    assert target.read_text().endswith("# hand edit\n")
+
+
+def test_check_fails_when_proto_changes_without_regenerating(tmp_path: Path) -> None:
+    copy = tmp_path / "proto"
+    shutil.copytree(PROTO_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    source = copy / "sevendb.proto"
+    source.write_text(source.read_text() + "\nmessage Extra { string x = 1; }\n")
+
+    assert run_gen_proto("--check", "--proto-dir", str(copy)).returncode == 1
+    # Regenerating the copy fixes it.
+    assert run_gen_proto("--proto-dir", str(copy)).returncode == 0
+    assert run_gen_proto("--check", "--proto-dir", str(copy)).returncode == 0
+
+
+# -- the contract's shape -----------------------------------------------------------------
+
+
+def test_package_name() -> None:
+    assert pb.DESCRIPTOR.package == "sevendb.v1"
+    assert pb.EmitSeq.DESCRIPTOR.full_name == "sevendb.v1.EmitSeq"
+    assert pb.EmitSeq.EpochId.DESCRIPTOR.full_name == "sevendb.v1.EmitSeq.EpochId"
+
+
+def test_emit_seq_fields() -> None:
+    assert field_numbers(pb.EmitSeq) == {"epoch_id": 1, "commit_index": 2}
+    assert field_numbers(pb.EmitSeq.EpochId) == {
+        "bucket_uuid": 1,
+        "epoch_counter": 2,
+    }
+    epoch_id = pb.EmitSeq.DESCRIPTOR.fields_by_name["epoch_id"]
+    assert epoch_id.message_type is pb.EmitSeq.EpochId.DESCRIPTOR
+
+
+def test_reconnect_ack_shape() -> None:
+    assert enum_values(pb.ReconnectAck.Status.DESCRIPTOR) == {
+        "OK": 0,
+        "STALE_SEQUENCE": 1,
+        "INVALID_SEQUENCE": 2,
+        "SUBSCRIPTION_NOT_FOUND": 3,
+    }
+    assert field_numbers(pb.ReconnectAck) == {
+        "status": 1,
+        "current_epoch_id": 2,
+        "next_commit_index": 3,
+    }
+    current = pb.ReconnectAck.DESCRIPTOR.fields_by_name["current_epoch_id"]
+    assert current.message_type is pb.EmitSeq.EpochId.DESCRIPTOR
+
+
+def test_sub_ack_seed_fields() -> None:
+    assert field_numbers(pb.SubAck) == {
+        "sub_id": 1,
+        "start_emit_seq": 2,
+        "bucket": 3,
+        "plan_hash": 4,
+    }
+
+
+def test_ack_result_statuses() -> None:
+    assert enum_values(pb.AckResult.Status.DESCRIPTOR) == {
+        "ACCEPTED": 0,
+        "REGRESSIVE": 1,
+        "DUPLICATE": 2,
+        "FUTURE": 3,
+        "NOT_OWNER": 4,
+        "SUBSCRIPTION_NOT_FOUND": 5,
+        "STALE": 6,
+    }
+
+
+def test_stream_message_oneof() -> None:
+    oneof = pb.StreamMessage.DESCRIPTOR.oneofs_by_name["kind"]
+    assert [field.name for field in oneof.fields] == [
+        "sub_ack",
+        "reconnect_ack",
+        "events",
+        "caught_up",
+    ]
+
+
+def test_service_methods() -> None:
+    service = pb.DESCRIPTOR.services_by_name["SevenDB"]
+    methods = {
+        method.name: (
+            method.input_type.name,
+            method.output_type.name,
+            method.server_streaming,
+        )
+        for method in service.methods
+    }
+    assert methods == {
+        "Write": ("WriteRequest", "WriteResponse", False),
+        "Get": ("GetRequest", "GetResponse", False),
+        "Sync": ("SyncRequest", "SyncResponse", False),
+        "InitProducer": ("InitProducerRequest", "InitProducerResponse", False),
+        "Subscribe": ("SubscribeRequest", "StreamMessage", True),
+        "Reconnect": ("ReconnectRequest", "StreamMessage", True),
+        "Ack": ("AckBatch", "AckResponse", False),
+        "Unsubscribe": ("UnsubscribeRequest", "UnsubscribeResponse", False),
+    }
+    assert not any(method.client_streaming for method in service.methods)
+
+
+def test_grpc_module_exports() -> None:
+    from sevendb.proto import sevendb_pb2_grpc
+
+    assert callable(sevendb_pb2_grpc.SevenDBStub)
+    assert callable(sevendb_pb2_grpc.SevenDBServicer)
+    assert callable(sevendb_pb2_grpc.add_SevenDBServicer_to_server)
+
+
+def test_generated_modules_use_installed_package_path() -> None:
+    grpc_source = (PROTO_DIR / "sevendb_pb2_grpc.py").read_text()
+    assert "from sevendb.proto import sevendb_pb2" in grpc_source
+    assert pb.__name__ == "sevendb.proto.sevendb_pb2"
+
+
+# -- round trips -------------------------------------------------------------------------
+
+
+def emit_seq(commit_index: int, epoch_counter: int = 3) -> pb.EmitSeq:
+    return pb.EmitSeq(
+        epoch_id=pb.EmitSeq.EpochId(bucket_uuid="b-7f3a", epoch_counter=epoch_counter),
+        commit_index=commit_index,
+    )
+
+
+def data_event(commit_index: int) -> pb.DataEvent:
+    return pb.DataEvent(
+        sub_id="sub-1",
+        emit_seq=emit_seq(commit_index),
+        prev_emit_seq=emit_seq(commit_index - 1),
+        delta=pb.Delta(
+            changes=[
+                pb.Change(key="user:1", op=pb.Change.SET, value=b"\x00\xffv", version=9),
+                pb.Change(key="user:2", op=pb.Change.DEL, version=4),
+            ],
+            commit_time_ms=1_732_000_000_123,
+        ),
+    )
+
+
+MESSAGES: dict[str, Message] = {
+    "EmitSeq": emit_seq(2**64 - 1, epoch_counter=2**64 - 1),
+    "Query": pb.Query(kind=pb.Query.PREFIX, arg="user:"),
+    "SubscribeRequest": pb.SubscribeRequest(
+        bucket=17, query=pb.Query(kind=pb.Query.ALL), sub_id="client-chosen"
+    ),
+    "SubAck": pb.SubAck(sub_id="sub-1", start_emit_seq=emit_seq(41), bucket=17, plan_hash=2**63),
+    "DataEvent": data_event(42),
+    "EventBatch": pb.EventBatch(events=[data_event(42), data_event(43)]),
+    "CaughtUp": pb.CaughtUp(sub_id="sub-1", head_emit_seq=emit_seq(43)),
+    "ReconnectRequest": pb.ReconnectRequest(sub_id="sub-1", last_processed_emit_seq=emit_seq(40)),
+    "ReconnectAck": pb.ReconnectAck(
+        status=pb.ReconnectAck.STALE_SEQUENCE,
+        current_epoch_id=pb.EmitSeq.EpochId(bucket_uuid="b-7f3a", epoch_counter=4),
+        next_commit_index=1,
+    ),
+    "StreamMessage(sub_ack)": pb.StreamMessage(sub_ack=pb.SubAck(sub_id="sub-1")),
+    "StreamMessage(reconnect_ack)": pb.StreamMessage(
+        reconnect_ack=pb.ReconnectAck(status=pb.ReconnectAck.OK, next_commit_index=41)
+    ),
+    "StreamMessage(events)": pb.StreamMessage(events=pb.EventBatch(events=[data_event(44)])),
+    "StreamMessage(caught_up)": pb.StreamMessage(caught_up=pb.CaughtUp(sub_id="sub-1")),
+    "AckBatch": pb.AckBatch(
+        acks=[
+            pb.ClientAck(sub_id="sub-1", up_to_emit_seq=emit_seq(43)),
+            pb.ClientAck(sub_id="sub-2", up_to_emit_seq=emit_seq(7)),
+        ]
+    ),
+    "AckResponse": pb.AckResponse(
+        results=[
+            pb.AckResult(sub_id="sub-1", status=pb.AckResult.ACCEPTED),
+            pb.AckResult(sub_id="sub-2", status=pb.AckResult.REGRESSIVE, message="behind 9"),
+        ]
+    ),
+    "UnsubscribeRequest": pb.UnsubscribeRequest(sub_id="sub-1", bucket=17),
+    "UnsubscribeResponse": pb.UnsubscribeResponse(),
+    "WriteRequest": pb.WriteRequest(
+        ops=[
+            pb.Op(
+                kind=pb.Op.SET,
+                key="user:1",
+                value=b"alice",
+                expected=pb.ExpectedVersion(exact=8),
+            ),
+            pb.Op(kind=pb.Op.SET, key="user:3", expected=pb.ExpectedVersion(not_exists=True)),
+            pb.Op(kind=pb.Op.DEL, key="user:2"),
+        ],
+        producer=pb.ProducerRef(producer_id=5, producer_epoch=2, sequence=99),
+    ),
+    "WriteResponse": pb.WriteResponse(
+        bucket=17,
+        committed=emit_seq(44),
+        versions=[pb.KeyVersion(key="user:1", version=9)],
+        duplicate=True,
+    ),
+    "InitProducerRequest": pb.InitProducerRequest(producer_id=0, bucket=17),
+    "InitProducerResponse": pb.InitProducerResponse(producer_id=5, producer_epoch=2, bucket=17),
+    "GetRequest": pb.GetRequest(key="user:1"),
+    "GetResponse": pb.GetResponse(found=True, value=b"alice", version=9, mod_commit_index=44),
+    "SyncRequest": pb.SyncRequest(bucket=17, since_commit_index=40, since_key="user:1", limit=500),
+    "SyncResponse": pb.SyncResponse(
+        items=[pb.KeyValue(key="user:1", value=b"alice", version=9, mod_commit_index=44)],
+        has_more=True,
+        next_since_commit_index=44,
+        next_since_key="user:1",
+        applied_index=45,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(MESSAGES))
+def test_round_trip(name: str) -> None:
+    message = MESSAGES[name]
+    wire = message.SerializeToString(deterministic=True)
+    parsed = type(message).FromString(wire)
+    assert parsed == message
+    assert parsed.SerializeToString(deterministic=True) == wire
+
+
+def test_every_top_level_message_is_round_tripped() -> None:
+    covered = {type(message).DESCRIPTOR.name for message in MESSAGES.values()}
+    nested = {
+        "ClientAck",
+        "AckResult",
+        "Change",
+        "Delta",
+        "ExpectedVersion",
+        "Op",
+        "ProducerRef",
+        "KeyVersion",
+        "KeyValue",
+    }
+    assert set(pb.DESCRIPTOR.message_types_by_name) <= covered | nested
+
+
+def test_oneofs_report_which_kind_is_set() -> None:
+    assert pb.StreamMessage(caught_up=pb.CaughtUp()).WhichOneof("kind") == "caught_up"
+    assert pb.StreamMessage().WhichOneof("kind") is None
+    assert pb.ExpectedVersion().WhichOneof("kind") is None  # unset means any
+    assert pb.ExpectedVersion(exact=0).WhichOneof("kind") == "exact"
+    parsed = pb.ExpectedVersion.FromString(pb.ExpectedVersion(exact=0).SerializeToString())
+    assert parsed.WhichOneof("kind") == "exact"

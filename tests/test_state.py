@@ -1,0 +1,535 @@
+"""Unit tests of the bucket state machine, one behaviour each."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import BUCKET, Driver
+from sevendb.outbox import limits
+from sevendb.outbox.emitseq import EmitSeq
+from sevendb.outbox.entries import (
+    NOT_EXISTS,
+    Expected,
+    Op,
+    OpKind,
+    OutboxPurge,
+    OutboxWrite,
+    ProducerRef,
+    Subscribe,
+    Write,
+    encode_entry,
+)
+from sevendb.outbox.errors import ApplyOrderError, ErrorCode, PlanMismatch
+from sevendb.outbox.model import (
+    AckStatus,
+    CloseReason,
+    InitProducerResult,
+    OutboxWriteResult,
+    PurgeResult,
+    ReconnectStatus,
+    RowsOutboxed,
+    RowsPending,
+    RowsPurged,
+    SubscribeResult,
+    SubscriptionClosed,
+    UnsubscribeResult,
+    WriteResult,
+)
+from sevendb.outbox.query import Plan, Query, QueryKind, plan_query
+from sevendb.outbox.state import BucketStateMachine
+
+
+def write_result(d: Driver, *args: object, **kw: object) -> WriteResult:
+    result = d.set(*args, **kw).result  # type: ignore[arg-type]
+    assert isinstance(result, WriteResult)
+    return result
+
+
+def seq(index: int, epoch: int = 1) -> EmitSeq:
+    return EmitSeq(BUCKET, epoch, index)
+
+
+# ---- data and preconditions ------------------------------------------------------------
+
+
+def test_set_creates_then_bumps_version_and_records_mod_index() -> None:
+    d = Driver()
+    first = write_result(d, "k", b"1")
+    second = write_result(d, "k", b"2")
+    assert first.versions == (("k", 1),) and second.versions == (("k", 2),)
+    record = d.sm.get("k")
+    assert record is not None and record.value == b"2" and record.mod_index == d.index
+
+
+def test_delete_removes_key_and_missing_delete_is_a_no_op() -> None:
+    d = Driver()
+    d.set("k")
+    d.delete("k")
+    assert d.sm.get("k") is None
+    assert d.delete("k").result.error is None  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("existing", "expected", "ok"),
+    [
+        (False, NOT_EXISTS, True),
+        (True, NOT_EXISTS, False),
+        (True, Expected.exact(1), True),
+        (True, Expected.exact(2), False),
+        (False, Expected.exact(1), False),
+    ],
+)
+def test_expected_version_semantics(existing: bool, expected: Expected, ok: bool) -> None:
+    d = Driver()
+    if existing:
+        d.set("k", b"old")
+    before = d.sm.get("k")
+    result = write_result(d, "k", b"new", expected)
+    if ok:
+        assert result.error is None
+    else:
+        assert result.error is not None and result.error.code is ErrorCode.PRECONDITION_FAILED
+        assert "'k'" in result.error.message
+        assert d.sm.get("k") == before
+
+
+def test_failed_precondition_applies_no_op_of_the_write() -> None:
+    d = Driver()
+    d.set("b", b"1")
+    ops = (Op(OpKind.SET, "a", b"x"), Op(OpKind.SET, "b", b"y", NOT_EXISTS))
+    result = d.apply(Write(ops, None, d.tick())).result
+    assert isinstance(result, WriteResult) and result.error is not None
+    assert d.sm.get("a") is None
+
+
+# ---- idempotent producers ---------------------------------------------------------------
+
+
+def test_producer_duplicate_returns_original_commit() -> None:
+    d = Driver()
+    d.init_producer(7)
+    first = write_result(d, "k", b"1", producer=ProducerRef(7, 0, 0))
+    again = write_result(d, "k", b"1", producer=ProducerRef(7, 0, 0))
+    assert again.duplicate and again.commit == first.commit and again.versions == first.versions
+    assert d.sm.get("k").version == 1  # type: ignore[union-attr]
+
+
+def test_producer_caches_last_five_results() -> None:
+    d = Driver()
+    d.init_producer(7)
+    commits = [write_result(d, f"k{i}", producer=ProducerRef(7, 0, i)).commit for i in range(7)]
+    for i in range(2, 7):
+        assert write_result(d, f"k{i}", producer=ProducerRef(7, 0, i)).commit == commits[i]
+    old = write_result(d, "k0", producer=ProducerRef(7, 0, 0))
+    assert old.error is not None and old.error.code is ErrorCode.DUPLICATE_SEQUENCE
+    assert limits.PRODUCER_RESULTS_CACHED >= 5
+
+
+@pytest.mark.parametrize(
+    ("ref", "code"),
+    [
+        (ProducerRef(7, 0, 5), ErrorCode.OUT_OF_ORDER_SEQUENCE),
+        (ProducerRef(8, 0, 0), ErrorCode.UNKNOWN_PRODUCER),
+        (ProducerRef(7, 3, 0), ErrorCode.INVALID_PRODUCER_EPOCH),
+    ],
+)
+def test_producer_rejections(ref: ProducerRef, code: ErrorCode) -> None:
+    d = Driver()
+    d.init_producer(7)
+    result = write_result(d, "k", producer=ref)
+    assert result.error is not None and result.error.code is code
+    assert d.sm.get("k") is None
+
+
+def test_reinit_bumps_epoch_and_fences_the_old_instance() -> None:
+    d = Driver()
+    assert d.init_producer(7).result == InitProducerResult(7, 0)
+    write_result(d, "k", producer=ProducerRef(7, 0, 0))
+    assert d.init_producer(7).result == InitProducerResult(7, 1)
+    fenced = write_result(d, "k", producer=ProducerRef(7, 0, 1))
+    assert fenced.error is not None and fenced.error.code is ErrorCode.PRODUCER_FENCED
+    assert write_result(d, "k", producer=ProducerRef(7, 1, 0)).error is None
+
+
+# ---- subscriptions and rows -------------------------------------------------------------
+
+
+def test_rows_chain_per_subscription_and_match_queries() -> None:
+    d = Driver()
+    d.lease()
+    start_key = d.subscribe("s-key", "key:a1").result
+    start_pre = d.subscribe("s-pre", "prefix:a").result
+    start_all = d.subscribe("s-all", "all").result
+    d.set("a1")
+    d.set("a2")
+    d.set("b1")
+    d.outbox()
+    chains = {
+        s: [(r.prev_emit_seq, r.emit_seq) for r in d.rows(s)] for s in ("s-key", "s-pre", "s-all")
+    }
+    w = [i for i, (_, data) in enumerate(d.log)]
+    assert len(chains["s-key"]) == 1 and len(chains["s-pre"]) == 2 and len(chains["s-all"]) == 3
+    for sub_id, start in (("s-key", start_key), ("s-pre", start_pre), ("s-all", start_all)):
+        assert isinstance(start, SubscribeResult)
+        chain = chains[sub_id]
+        assert chain[0][0] == start.start
+        assert all(chain[i][1] == chain[i + 1][0] for i in range(len(chain) - 1))
+    assert w  # the log recorded every entry
+
+
+def test_write_touching_several_matching_keys_gives_one_row_with_all_changes() -> None:
+    d = Driver()
+    d.lease()
+    d.subscribe("s", "prefix:a")
+    d.apply(
+        Write(
+            (Op(OpKind.SET, "a1", b"1"), Op(OpKind.SET, "b", b"2"), Op(OpKind.SET, "a2", b"3")),
+            None,
+            d.tick(),
+        )
+    )
+    d.outbox()
+    (row,) = d.rows("s")
+    assert [c.key for c in row.delta.changes] == ["a1", "a2"]
+
+
+def test_rows_are_pending_until_outbox_write_commits() -> None:
+    d = Driver()
+    d.lease()
+    d.subscribe("s", "all")
+    applied = d.set("k")
+    assert any(isinstance(e, RowsPending) for e in applied.effects)
+    assert d.rows("s") == () and len(d.sm.pending_rows()) == 1
+    outboxed = d.outbox()
+    assert outboxed is not None
+    assert any(isinstance(e, RowsOutboxed) for e in outboxed.effects)
+    assert len(d.rows("s")) == 1 and d.sm.pending_rows() == ()
+
+
+def test_subscribe_is_idempotent_for_the_same_principal_and_query() -> None:
+    d = Driver()
+    first = d.subscribe("s", "all").result
+    again = d.subscribe("s", "all").result
+    assert isinstance(again, SubscribeResult) and again.existing
+    assert isinstance(first, SubscribeResult) and again.start == first.start
+    other = d.subscribe("s", "prefix:x").result
+    assert other.error is not None and other.error.code is ErrorCode.SUBSCRIPTION_EXISTS  # type: ignore[union-attr]
+    foreign = d.subscribe("s", "all", principal="mallory").result
+    assert foreign.error is not None and foreign.error.code is ErrorCode.NOT_OWNER  # type: ignore[union-attr]
+
+
+def test_plan_mismatch_raises_and_changes_nothing() -> None:
+    d = Driver()
+    before = d.sm.digest()
+    q = Query(QueryKind.ALL)
+    with pytest.raises(PlanMismatch):
+        d.sm.apply(1, encode_entry(Subscribe("s", "alice", q, plan_query(q).plan_hash ^ 1, 0)))
+    assert d.sm.digest() == before and d.sm.subscription("s") is None
+
+
+def test_divergent_planner_is_detected_on_subscribe() -> None:
+    def broken(query: Query) -> Plan:
+        plan = plan_query(query)
+        return Plan(plan.kind, plan.arg, plan.plan_hash + 1)
+
+    honest, divergent = Driver(), Driver(BucketStateMachine(BUCKET, planner=broken))
+    q = Query.parse("prefix:a")
+    entry = encode_entry(Subscribe("s", "alice", q, plan_query(q).plan_hash, 0))
+    honest.sm.apply(1, entry)
+    with pytest.raises(PlanMismatch):
+        divergent.sm.apply(1, entry)
+
+
+def test_outbox_write_digest_mismatch_is_divergence() -> None:
+    d = Driver()
+    d.lease()
+    d.subscribe("s", "all")
+    d.set("k")
+    proposal = d.sm.propose_outbox_write(d.sm.lease_index, 0)
+    assert proposal is not None
+    bad = OutboxWrite(
+        proposal.lease_index,
+        proposal.from_index,
+        proposal.through_index,
+        proposal.row_count,
+        proposal.digest ^ 1,
+    )
+    before = d.sm.digest()
+    with pytest.raises(PlanMismatch):
+        d.sm.apply(d.index + 1, encode_entry(bad))
+    assert d.sm.digest() == before
+
+
+def test_outbox_write_is_idempotent_and_stale_ranges_are_refused() -> None:
+    d = Driver()
+    d.lease()
+    d.subscribe("s", "all")
+    d.set("k1")
+    first = d.sm.propose_outbox_write(d.sm.lease_index, 0)
+    d.set("k2")
+    second = d.sm.propose_outbox_write(d.sm.lease_index, 0)
+    assert first is not None and second is not None
+    assert d.apply(first).result == OutboxWriteResult(rows=1)
+    again = d.apply(first).result
+    assert again == OutboxWriteResult(already=True)
+    stale = d.apply(second).result  # starts where nothing starts any more
+    assert isinstance(stale, OutboxWriteResult) and stale.error is not None
+    assert stale.error.code is ErrorCode.STALE_RANGE
+    d.outbox()
+    assert [r.emit_seq.commit_index for r in d.rows("s")] == [3, 4]
+
+
+def test_outbox_entries_from_a_deposed_lease_holder_are_fenced() -> None:
+    d = Driver()
+    d.lease("node-a")
+    old_lease = d.sm.lease_index
+    d.subscribe("s", "all")
+    d.set("k")
+    proposal = d.sm.propose_outbox_write(old_lease, 0)
+    d.lease("node-b")
+    assert proposal is not None
+    result = d.apply(proposal).result
+    assert isinstance(result, OutboxWriteResult) and result.error is not None
+    assert result.error.code is ErrorCode.STALE_LEASE and d.rows("s") == ()
+    purge = d.apply(OutboxPurge(old_lease, (), now_ms=1)).result
+    assert isinstance(purge, PurgeResult) and purge.error is not None
+
+
+def test_unsubscribe_by_owner_only_and_drops_rows() -> None:
+    d = Driver()
+    d.lease()
+    d.subscribe("s", "all")
+    d.set("k")
+    d.outbox()
+    denied = d.unsubscribe("s", principal="mallory").result
+    assert denied == UnsubscribeResult("s", denied.error)  # type: ignore[union-attr]
+    assert denied.error is not None and denied.error.code is ErrorCode.NOT_OWNER  # type: ignore[union-attr]
+    applied = d.unsubscribe("s")
+    assert SubscriptionClosed("s", CloseReason.UNSUBSCRIBED) in applied.effects
+    assert d.sm.subscription("s") is None and d.sm.outbox_size() == 0
+
+
+def test_unsubscribe_between_proposal_and_commit_keeps_digest_valid() -> None:
+    d = Driver()
+    d.lease()
+    d.subscribe("s1", "all")
+    d.subscribe("s2", "all")
+    d.set("k")
+    proposal = d.sm.propose_outbox_write(d.sm.lease_index, 0)
+    d.unsubscribe("s1")
+    assert proposal is not None
+    result = d.apply(proposal).result
+    assert result == OutboxWriteResult(rows=1)
+    assert d.rows("s1") == () and len(d.rows("s2")) == 1
+
+
+# ---- acks and purge ---------------------------------------------------------------------
+
+
+def _one_row(d: Driver, sub: str = "s") -> EmitSeq:
+    d.lease()
+    d.subscribe(sub, "all")
+    d.set("k1")
+    d.set("k2")
+    d.outbox()
+    return d.rows(sub)[0].emit_seq
+
+
+def test_ack_purges_exactly_the_covered_rows() -> None:
+    d = Driver()
+    first = _one_row(d)
+    before = d.rows("s")
+    result = d.ack("s", first)
+    assert result.acks[0].status is AckStatus.ACCEPTED and result.purged_rows == 1
+    assert d.rows("s") == before[1:]
+
+
+def test_purge_effect_carries_rows_and_ack_time() -> None:
+    d = Driver()
+    first = _one_row(d)
+    applied = d.apply(
+        OutboxPurge(
+            d.sm.lease_index,
+            (__import__("sevendb.outbox.entries").outbox.entries.Ack("s", "alice", first),),
+            now_ms=5_000,
+        )
+    )
+    (purged,) = [e for e in applied.effects if isinstance(e, RowsPurged)]
+    assert purged.ack_time_ms == 5_000 and [r.emit_seq for r in purged.rows] == [first]
+
+
+@pytest.mark.parametrize(
+    ("who", "offset", "status"),
+    [
+        ("alice", 0, AckStatus.DUPLICATE),
+        ("alice", -1, AckStatus.REGRESSIVE),
+        ("alice", 1000, AckStatus.FUTURE),
+        ("mallory", 0, AckStatus.NOT_OWNER),
+    ],
+)
+def test_bad_acks_are_rejected_and_change_nothing(who: str, offset: int, status: AckStatus) -> None:
+    d = Driver()
+    first = _one_row(d)
+    d.ack("s", first)
+    before = d.sm.digest()
+    target = EmitSeq(BUCKET, 1, first.commit_index + offset)
+    result = d.ack("s", target, principal=who)
+    assert result.acks[0].status is status
+    sub = d.sm.subscription("s")
+    assert sub is not None and sub.acked == first and len(d.rows("s")) == 1
+    # Only the applied index moved.
+    assert BucketStateMachine.restore(d.sm.snapshot()).outbox_size() == 1
+    assert before != d.sm.digest()
+
+
+def test_ack_of_unknown_subscription() -> None:
+    d = Driver()
+    d.lease()
+    assert d.ack("nope", EmitSeq(BUCKET, 1, 1)).acks[0].status is AckStatus.SUBSCRIPTION_NOT_FOUND
+
+
+def test_ack_cannot_pass_pending_rows() -> None:
+    d = Driver()
+    d.lease()
+    d.subscribe("s", "all")
+    d.set("k")  # computed but not outboxed: never emitted
+    assert d.ack("s", EmitSeq(BUCKET, 1, d.index)).acks[0].status is AckStatus.FUTURE
+
+
+# ---- reconnect --------------------------------------------------------------------------
+
+
+def test_reconnect_decisions() -> None:
+    d = Driver()
+    first = _one_row(d)
+    sub = d.sm.subscription("s")
+    assert sub is not None
+    ok = d.sm.decide_reconnect("s", "alice", sub.start)
+    assert ok.status is ReconnectStatus.OK and len(ok.resume) == 2
+    assert ok.next_commit_index == sub.start.commit_index + 1
+    ok2 = d.sm.decide_reconnect("s", "alice", first)
+    assert ok2.status is ReconnectStatus.OK and [r.emit_seq for r in ok2.resume] == [
+        d.rows("s")[1].emit_seq
+    ]
+    ahead = d.sm.decide_reconnect("s", "alice", EmitSeq(BUCKET, 1, 10_000))
+    assert ahead.status is ReconnectStatus.INVALID_SEQUENCE
+    never = d.sm.decide_reconnect("s", "alice", EmitSeq(BUCKET, 1, sub.start.commit_index - 1))
+    assert never.status is ReconnectStatus.INVALID_SEQUENCE
+    missing = d.sm.decide_reconnect("zz", "alice", first)
+    assert missing.status is ReconnectStatus.SUBSCRIPTION_NOT_FOUND and not missing.not_owner
+    foreign = d.sm.decide_reconnect("s", "mallory", first)
+    assert foreign.status is ReconnectStatus.SUBSCRIPTION_NOT_FOUND and foreign.not_owner
+    d.ack("s", d.rows("s")[1].emit_seq)
+    stale = d.sm.decide_reconnect("s", "alice", first)
+    assert stale.status is ReconnectStatus.STALE_SEQUENCE
+
+
+# ---- stall window and safety point ------------------------------------------------------
+
+
+def test_stalled_subscriber_is_dropped_from_safety_point_then_expired() -> None:
+    d = Driver()
+    first = _one_row(d)
+    window = 1_000
+    now = d.now_ms
+    start = d.sm.subscription("s").start  # type: ignore[union-attr]
+    assert d.sm.safety_point(now, window) == start.commit_index
+    assert d.sm.stalled_subscriptions(now, window) == ()
+    later = now + window + 1
+    assert d.sm.stalled_subscriptions(later, window) == ("s",)
+    assert d.sm.safety_point(later, window) == d.sm.applied_index
+    applied = d.apply(OutboxPurge(d.sm.lease_index, (), ("s",), window, later))
+    assert applied.result == PurgeResult(expired=("s",))
+    assert SubscriptionClosed("s", CloseReason.STALLED) in applied.effects
+    assert d.sm.outbox_size() == 0
+    recon = d.sm.decide_reconnect("s", "alice", first)
+    assert recon.status is ReconnectStatus.STALE_SEQUENCE
+    assert d.ack("s", first).acks[0].status is AckStatus.STALE
+
+
+def test_expiry_of_an_active_subscriber_is_ignored() -> None:
+    d = Driver()
+    _one_row(d)
+    applied = d.apply(OutboxPurge(d.sm.lease_index, (), ("s",), 10**9, d.now_ms))
+    assert applied.result == PurgeResult()
+    assert len(d.rows("s")) == 2
+
+
+def test_safety_point_takes_the_minimum_of_its_inputs() -> None:
+    d = Driver()
+    for i in range(10):
+        d.set(f"k{i}")
+    assert d.sm.safety_point(0) == 10
+    assert d.sm.safety_point(0, cold_replica_checkpoint=4) == 4
+    assert d.sm.safety_point(0, cold_replica_checkpoint=8, migration_hold_point=6) == 6
+
+
+# ---- epochs, lease, order ---------------------------------------------------------------
+
+
+def test_epoch_create_moves_emit_seq_forward_and_rejects_stale() -> None:
+    d = Driver()
+    d.lease()
+    d.subscribe("s", "all")
+    d.set("k1")
+    d.epoch()
+    d.set("k2")
+    d.outbox()
+    rows = d.rows("s")
+    assert [r.emit_seq.epoch_counter for r in rows] == [1, 2]
+    assert rows[0].emit_seq < rows[1].emit_seq and rows[1].prev_emit_seq == rows[0].emit_seq
+    assert rows[1].emit_seq.commit_index > rows[0].emit_seq.commit_index
+    stale = d.apply(__import__("sevendb.outbox.entries").outbox.entries.EpochCreate(2)).result
+    assert stale.error is not None and stale.error.code is ErrorCode.STALE_EPOCH  # type: ignore[union-attr]
+
+
+def test_apply_order_is_enforced() -> None:
+    d = Driver()
+    d.set("k")
+    with pytest.raises(ApplyOrderError):
+        d.sm.apply(d.index, encode_entry(Write((Op(OpKind.SET, "x"),))))
+
+
+def test_log_indexes_may_skip() -> None:
+    d = Driver()
+    d.set("a")
+    d.apply(Write((Op(OpKind.SET, "b"),)), gap=5)
+    assert d.sm.applied_index == 6
+
+
+# ---- snapshot and sync ------------------------------------------------------------------
+
+
+def test_snapshot_restore_round_trip_is_identical() -> None:
+    d = Driver()
+    d.init_producer(3)
+    _one_row(d)
+    d.set("p", producer=ProducerRef(3, 0, 0))
+    restored = BucketStateMachine.restore(d.sm.snapshot())
+    assert restored.snapshot() == d.sm.snapshot() and restored.digest() == d.sm.digest()
+    dup = Driver(restored)
+    result = write_result(dup, "p", producer=ProducerRef(3, 0, 0))
+    assert result.duplicate
+
+
+def test_restore_rejects_garbage() -> None:
+    from sevendb.outbox.errors import SnapshotError
+
+    with pytest.raises(SnapshotError):
+        BucketStateMachine.restore(b"\x01\x02not a snapshot")
+
+
+def test_sync_pages_through_state_with_an_exclusive_cursor() -> None:
+    d = Driver()
+    for i in range(25):
+        d.set(f"k{i:02}")
+    seen: list[str] = []
+    since, key, pages = 0, "", 0
+    while True:
+        page = d.sm.sync_page(since, key, 10)
+        seen.extend(item.key for item in page.items)
+        since, key, pages = page.next_since_index, page.next_since_key, pages + 1
+        if not page.has_more:
+            break
+    assert seen == [f"k{i:02}" for i in range(25)] and pages == 3
+    assert len(d.sm.sync_page(0, "", 10**6).items) == 25  # clamped at SYNC_LIMIT_MAX >= 25
+    assert len(d.sm.sync_page(0, "", 0).items) == min(25, limits.SYNC_LIMIT_DEFAULT)
