@@ -42,6 +42,7 @@ class EntryType(IntEnum):
     EPOCH_CREATE = 6
     LEASE = 7
     INIT_PRODUCER = 8
+    WRITE_BATCH = 9
 
 
 class OpKind(IntEnum):
@@ -300,8 +301,40 @@ class InitProducer:
         _check_int(self.now_ms, "now_ms")
 
 
+@dataclass(frozen=True, slots=True)
+class WriteBatch:
+    """Several independent client writes committed as one Raft entry.
+
+    Each write keeps its own atomicity, preconditions and producer sequence; they
+    apply in order and share the entry's commit index, and each subscription gets
+    one delta for the whole entry (seed 000: a delta is what one committed source
+    entry changed for a subscription). This amortises per-entry Raft cost.
+    """
+
+    writes: tuple[Write, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.writes, tuple) or not self.writes:
+            raise InvalidArgument("a write batch needs at least one write")
+        if len(self.writes) > limits.WRITES_PER_BATCH_MAX:
+            raise LimitExceeded(
+                f"a batch has {len(self.writes)} writes; the limit is {limits.WRITES_PER_BATCH_MAX}"
+            )
+        for write in self.writes:
+            if not isinstance(write, Write):
+                raise InvalidArgument("a write batch holds only writes")
+
+
 Entry = (
-    Write | Subscribe | Unsubscribe | OutboxWrite | OutboxPurge | EpochCreate | Lease | InitProducer
+    Write
+    | WriteBatch
+    | Subscribe
+    | Unsubscribe
+    | OutboxWrite
+    | OutboxPurge
+    | EpochCreate
+    | Lease
+    | InitProducer
 )
 
 _TYPE_OF: Final[dict[type, EntryType]] = {
@@ -313,6 +346,7 @@ _TYPE_OF: Final[dict[type, EntryType]] = {
     EpochCreate: EntryType.EPOCH_CREATE,
     Lease: EntryType.LEASE,
     InitProducer: EntryType.INIT_PRODUCER,
+    WriteBatch: EntryType.WRITE_BATCH,
 }
 
 
@@ -329,18 +363,24 @@ def _check_emit_seq(seq: object, name: str) -> EmitSeq:
     return seq
 
 
+def _write_fields(entry: Write) -> list[object]:
+    ops = [
+        [int(op.kind), op.key, op.value, int(op.expected.kind), op.expected.version]
+        for op in entry.ops
+    ]
+    producer = (
+        None
+        if entry.producer is None
+        else [entry.producer.producer_id, entry.producer.epoch, entry.producer.sequence]
+    )
+    return [ops, producer, entry.now_ms]
+
+
 def _fields(entry: Entry) -> list[object]:
     if isinstance(entry, Write):
-        ops = [
-            [int(op.kind), op.key, op.value, int(op.expected.kind), op.expected.version]
-            for op in entry.ops
-        ]
-        producer = (
-            None
-            if entry.producer is None
-            else [entry.producer.producer_id, entry.producer.epoch, entry.producer.sequence]
-        )
-        return [ops, producer, entry.now_ms]
+        return _write_fields(entry)
+    if isinstance(entry, WriteBatch):
+        return [[_write_fields(w) for w in entry.writes]]
     if isinstance(entry, Subscribe):
         query = entry.query
         return [
@@ -401,28 +441,30 @@ def _emit_seq(value: object) -> EmitSeq:
     return _check_emit_seq(EmitSeq(uuid, epoch, index), "emit_seq")  # type: ignore[arg-type]
 
 
+def _decode_write(f: list[object]) -> Write:
+    _arity(f, 3, "WRITE")
+    ops = []
+    for raw in _as_list(f[0], "ops", limits.OPS_PER_WRITE_MAX):
+        item = _as_list(raw, "op", 5)
+        _arity(item, 5, "op")
+        op_kind, key, value, exp_kind, exp_version = item
+        expected = Expected(ExpectKind(_check_int(exp_kind, "expected kind", hi=2)), exp_version)  # type: ignore[arg-type]
+        ops.append(Op(OpKind(_check_int(op_kind, "op kind", hi=1)), key, value, expected))  # type: ignore[arg-type]
+    producer = None
+    if f[1] is not None:
+        p = _as_list(f[1], "producer", 3)
+        _arity(p, 3, "producer")
+        producer = ProducerRef(p[0], p[1], p[2])  # type: ignore[arg-type]
+    return Write(tuple(ops), producer, f[2])  # type: ignore[arg-type]
+
+
 def _decode_fields(kind: EntryType, f: list[object]) -> Entry:
     if kind is EntryType.WRITE:
-        _arity(f, 3, "WRITE")
-        ops = []
-        for raw in _as_list(f[0], "ops", limits.OPS_PER_WRITE_MAX):
-            item = _as_list(raw, "op", 5)
-            _arity(item, 5, "op")
-            op_kind, key, value, exp_kind, exp_version = item
-            ops.append(
-                Op(
-                    OpKind(_check_int(op_kind, "op kind", hi=1)),
-                    key,  # type: ignore[arg-type]
-                    value,  # type: ignore[arg-type]
-                    Expected(ExpectKind(_check_int(exp_kind, "expected kind", hi=2)), exp_version),  # type: ignore[arg-type]
-                )
-            )
-        producer = None
-        if f[1] is not None:
-            p = _as_list(f[1], "producer", 3)
-            _arity(p, 3, "producer")
-            producer = ProducerRef(p[0], p[1], p[2])  # type: ignore[arg-type]
-        return Write(tuple(ops), producer, f[2])  # type: ignore[arg-type]
+        return _decode_write(f)
+    if kind is EntryType.WRITE_BATCH:
+        _arity(f, 1, "WRITE_BATCH")
+        writes = _as_list(f[0], "writes", limits.WRITES_PER_BATCH_MAX)
+        return WriteBatch(tuple(_decode_write(_as_list(w, "write", 3)) for w in writes))
     if kind is EntryType.SUBSCRIBE:
         _arity(f, 6, "SUBSCRIBE")
         query = Query(QueryKind(_check_int(f[2], "query kind", hi=2)), f[3])  # type: ignore[arg-type]
@@ -499,6 +541,7 @@ __all__ = [
     "Subscribe",
     "Unsubscribe",
     "Write",
+    "WriteBatch",
     "check_key",
     "decode_entry",
     "encode_entry",

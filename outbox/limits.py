@@ -17,6 +17,8 @@ OPS_PER_WRITE_MAX: Final = 256
 """Most SET/DEL operations in one atomic write."""
 WRITE_VALUE_BYTES_MAX: Final = 1024 * 1024
 """Most value bytes in one atomic write (all ops together)."""
+WRITES_PER_BATCH_MAX: Final = 1024
+"""Most client writes the server batches into one WRITE_BATCH entry."""
 ENTRY_BYTES_MAX: Final = 2 * 1024 * 1024
 """Largest encoded log entry the core will decode."""
 SUBSCRIPTIONS_PER_BUCKET_MAX: Final = 65_536

@@ -89,6 +89,13 @@ class WriteResult:
 
 
 @dataclass(frozen=True, slots=True)
+class WriteBatchResult:
+    """One result per write of a WRITE_BATCH, in order."""
+
+    results: tuple[WriteResult, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class InitProducerResult:
     producer_id: int
     epoch: int = 0
@@ -159,6 +166,7 @@ class LeaseResult:
 
 Result = (
     WriteResult
+    | WriteBatchResult
     | InitProducerResult
     | SubscribeResult
     | UnsubscribeResult

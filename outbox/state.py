@@ -31,6 +31,7 @@ from .entries import (
     Subscribe,
     Unsubscribe,
     Write,
+    WriteBatch,
     decode_entry,
 )
 from .errors import ApplyOrderError, ErrorCode, PlanMismatch, Rejection, SnapshotError
@@ -62,6 +63,7 @@ from .model import (
     SubscriptionClosed,
     SyncPage,
     UnsubscribeResult,
+    WriteBatchResult,
     WriteResult,
 )
 from .query import Plan, Planner, Query, QueryKind, plan_query
@@ -109,6 +111,10 @@ class _PendingBatch:
 
 def _reject(code: ErrorCode, message: str) -> Rejection:
     return Rejection(code, message)
+
+
+def _refused(commit: EmitSeq, *, error: Rejection) -> tuple[WriteResult, list[Change]]:
+    return WriteResult(commit, error=error), []
 
 
 def rows_digest(rows: Iterator[OutboxRow] | tuple[OutboxRow, ...]) -> tuple[int, int]:
@@ -191,7 +197,16 @@ class BucketStateMachine:
         effects: list[Effect] = []
         result: Result
         if isinstance(entry, Write):
-            result = self._apply_write(commit_index, entry, effects)
+            result, changes = self._apply_write(commit_index, entry)
+            self._emit_rows(commit_index, changes, entry.now_ms, effects)
+        elif isinstance(entry, WriteBatch):
+            results, changes = [], []
+            for write in entry.writes:
+                one, some = self._apply_write(commit_index, write)
+                results.append(one)
+                changes.extend(some)
+            self._emit_rows(commit_index, changes, entry.writes[-1].now_ms, effects)
+            result = WriteBatchResult(tuple(results))
         elif isinstance(entry, Subscribe):
             result = self._apply_subscribe(commit_index, entry)
         elif isinstance(entry, Unsubscribe):
@@ -221,14 +236,15 @@ class BucketStateMachine:
 
     # ---- WRITE -----------------------------------------------------------------
 
-    def _apply_write(self, index: int, entry: Write, effects: list[Effect]) -> WriteResult:
+    def _apply_write(self, index: int, entry: Write) -> tuple[WriteResult, list[Change]]:
+        """Apply one write; returns its result and the changes it made (none if refused)."""
         commit = self.emit_seq(index)
         producer = None
         if entry.producer is not None:
             ref = entry.producer
             producer = self._producers.get(ref.producer_id)
             if producer is None:
-                return WriteResult(
+                return _refused(
                     commit,
                     error=_reject(
                         ErrorCode.UNKNOWN_PRODUCER,
@@ -236,7 +252,7 @@ class BucketStateMachine:
                     ),
                 )
             if ref.epoch < producer.epoch:
-                return WriteResult(
+                return _refused(
                     commit,
                     error=_reject(
                         ErrorCode.PRODUCER_FENCED,
@@ -245,7 +261,7 @@ class BucketStateMachine:
                     ),
                 )
             if ref.epoch > producer.epoch:
-                return WriteResult(
+                return _refused(
                     commit,
                     error=_reject(
                         ErrorCode.INVALID_PRODUCER_EPOCH,
@@ -256,8 +272,8 @@ class BucketStateMachine:
             if ref.sequence <= producer.last_seq:
                 for seq, cached in producer.results:
                     if seq == ref.sequence:
-                        return dataclasses.replace(cached, duplicate=True)
-                return WriteResult(
+                        return dataclasses.replace(cached, duplicate=True), []
+                return _refused(
                     commit,
                     error=_reject(
                         ErrorCode.DUPLICATE_SEQUENCE,
@@ -266,20 +282,20 @@ class BucketStateMachine:
                     ),
                 )
             if ref.sequence != producer.last_seq + 1:
-                return WriteResult(
+                return _refused(
                     commit,
                     error=_reject(
                         ErrorCode.OUT_OF_ORDER_SEQUENCE,
                         f"sequence {ref.sequence} skips ahead; expected {producer.last_seq + 1}",
                     ),
                 )
-        result = self._write_ops(index, entry, effects)
+        result, changes = self._write_ops(index, entry)
         if producer is not None and entry.producer is not None:
             producer.last_seq = entry.producer.sequence
             producer.results.append((entry.producer.sequence, result))
-        return result
+        return result, changes
 
-    def _write_ops(self, index: int, entry: Write, effects: list[Effect]) -> WriteResult:
+    def _write_ops(self, index: int, entry: Write) -> tuple[WriteResult, list[Change]]:
         commit = self.emit_seq(index)
         for op in entry.ops:
             current = self._data.get(op.key)
@@ -295,7 +311,7 @@ class BucketStateMachine:
             ):
                 continue
             actual = "absent" if current is None else f"at version {current.version}"
-            return WriteResult(
+            return _refused(
                 commit,
                 error=_reject(
                     ErrorCode.PRECONDITION_FAILED,
@@ -316,11 +332,15 @@ class BucketStateMachine:
                 if current is not None:
                     del self._data[op.key]
                     changes.append(Change(op.key, OpKind.DEL, b"", current.version))
-        rows = self._rows_for(commit, tuple(changes), entry.now_ms)
+        return WriteResult(commit, tuple(versions)), changes
+
+    def _emit_rows(
+        self, index: int, changes: list[Change], now_ms: int, effects: list[Effect]
+    ) -> None:
+        rows = self._rows_for(self.emit_seq(index), tuple(changes), now_ms)
         if rows:
             self._pending.append(_PendingBatch(index, rows))
             effects.append(RowsPending(rows))
-        return WriteResult(commit, tuple(versions))
 
     def _rows_for(
         self, commit: EmitSeq, changes: tuple[Change, ...], now_ms: int

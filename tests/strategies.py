@@ -7,8 +7,19 @@ from typing import Any
 
 from helpers import Driver
 from hypothesis import strategies as st
+
 from sevendb.outbox.emitseq import EmitSeq
-from sevendb.outbox.entries import NOT_EXISTS, Ack, Expected, OutboxPurge, ProducerRef
+from sevendb.outbox.entries import (
+    NOT_EXISTS,
+    Ack,
+    Expected,
+    Op,
+    OpKind,
+    OutboxPurge,
+    ProducerRef,
+    Write,
+    WriteBatch,
+)
 from sevendb.outbox.model import Applied
 
 KEYS = ["a/1", "a/2", "b/1", "b/2", "c"]
@@ -35,6 +46,18 @@ action = st.one_of(
     st.tuples(st.just("pwrite"), st.integers(1, 2), st.integers(-2, 2), st.sampled_from(KEYS)),
     st.tuples(st.just("expire"), st.integers(0, 3), st.integers(0, 3_000)),
     st.tuples(st.just("garbage"), st.binary(max_size=12)),
+    st.tuples(
+        st.just("batch"),
+        st.lists(
+            st.tuples(
+                st.sampled_from(KEYS),
+                st.binary(max_size=4),
+                st.sampled_from(["any", "not", "exact1"]),
+            ),
+            min_size=1,
+            max_size=4,
+        ),
+    ),
 )
 actions = st.lists(action, max_size=60)
 
@@ -97,6 +120,12 @@ def run_actions(d: Driver, acts: list[tuple[Any, ...]]) -> list[Applied]:
             applied.append(d.set(key, b"p", producer=ref))
             if delta == 0:
                 producer_seq[pid] = seq + 1
+        elif kind == "batch":
+            writes = tuple(
+                Write((Op(OpKind.SET, key, value, EXPECT[exp]),), None, d.tick())
+                for key, value, exp in act[1]
+            )
+            applied.append(d.apply(WriteBatch(writes)))
         elif kind == "expire":
             _, sub, jump = act
             now = d.tick(jump)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 from helpers import Driver
+
 from sevendb.outbox import limits
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import (
@@ -25,6 +26,7 @@ from sevendb.outbox.entries import (
     Subscribe,
     Unsubscribe,
     Write,
+    WriteBatch,
     decode_entry,
     encode_entry,
 )
@@ -52,6 +54,12 @@ SAMPLES: list[Entry] = [
     EpochCreate(2, 11),
     Lease("node-1", 12),
     InitProducer(77, 13),
+    WriteBatch(
+        (
+            Write((Op(OpKind.SET, "a"),), ProducerRef(1, 0, 0), 5),
+            Write((Op(OpKind.DEL, "b"),), None, 6),
+        )
+    ),
 ]
 
 

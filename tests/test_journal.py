@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from sevendb.cluster import journal as journal_module
 from sevendb.cluster.journal import (
     FORMAT_VERSION,

@@ -11,6 +11,8 @@ import pytest
 from helpers import BUCKET, Driver, replay
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import actions, run_actions
+
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import Ack, Op, OpKind, OutboxPurge, Write
 from sevendb.outbox.model import (
@@ -23,7 +25,6 @@ from sevendb.outbox.model import (
 )
 from sevendb.outbox.state import BucketStateMachine
 from sevendb.sdk.cursor import StreamCursor
-from strategies import actions, run_actions
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from google.protobuf.descriptor import EnumDescriptor
 from google.protobuf.message import Message
+
 from sevendb.proto import sevendb_pb2 as pb
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,6 +166,7 @@ def test_service_methods() -> None:
         "Reconnect": ("ReconnectRequest", "StreamMessage", True),
         "Ack": ("AckBatch", "AckResponse", False),
         "Unsubscribe": ("UnsubscribeRequest", "UnsubscribeResponse", False),
+        "Status": ("StatusRequest", "StatusResponse", False),
     }
     assert not any(method.client_streaming for method in service.methods)
 
@@ -244,6 +246,11 @@ MESSAGES: dict[str, Message] = {
     ),
     "UnsubscribeRequest": pb.UnsubscribeRequest(sub_id="sub-1", bucket=17),
     "UnsubscribeResponse": pb.UnsubscribeResponse(),
+    "StatusRequest": pb.StatusRequest(),
+    "ReplicaStatus": pb.ReplicaStatus(bucket=2, bucket_uuid="u", leader="127.0.0.1:1", digest="ab"),
+    "StatusResponse": pb.StatusResponse(
+        node_id="n1", replicas=[pb.ReplicaStatus(bucket=1, is_leader=True, commit_index=9)]
+    ),
     "WriteRequest": pb.WriteRequest(
         ops=[
             pb.Op(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from helpers import BUCKET, Driver
+
 from sevendb.outbox import limits
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import (
@@ -533,3 +534,51 @@ def test_sync_pages_through_state_with_an_exclusive_cursor() -> None:
     assert seen == [f"k{i:02}" for i in range(25)] and pages == 3
     assert len(d.sm.sync_page(0, "", 10**6).items) == 25  # clamped at SYNC_LIMIT_MAX >= 25
     assert len(d.sm.sync_page(0, "", 0).items) == min(25, limits.SYNC_LIMIT_DEFAULT)
+
+
+# ---- write batches ----------------------------------------------------------------------
+
+
+def test_write_batch_applies_each_write_in_order_with_its_own_result() -> None:
+    from sevendb.outbox.entries import WriteBatch
+    from sevendb.outbox.model import WriteBatchResult
+
+    d = Driver()
+    d.lease()
+    d.subscribe("s", "prefix:a")
+    d.init_producer(5)
+    batch = WriteBatch(
+        (
+            Write((Op(OpKind.SET, "a1", b"x"),), ProducerRef(5, 0, 0), 1),
+            Write((Op(OpKind.SET, "a1", b"y", Expected.exact(1)),), None, 2),
+            Write((Op(OpKind.SET, "a2", b"z", Expected.exact(9)),), None, 3),  # refused
+            Write((Op(OpKind.SET, "b", b"w"),), None, 4),
+            Write((Op(OpKind.SET, "a1", b"x"),), ProducerRef(5, 0, 0), 5),  # producer retry
+        )
+    )
+    applied = d.apply(batch)
+    result = applied.result
+    assert isinstance(result, WriteBatchResult) and len(result.results) == 5
+    first, second, refused, other, retry = result.results
+    assert first.commit.commit_index == d.index and first.versions == (("a1", 1),)
+    assert second.versions == (("a1", 2),) and second.error is None
+    assert refused.error is not None and refused.error.code is ErrorCode.PRECONDITION_FAILED
+    assert other.error is None and retry.duplicate and retry.commit == first.commit
+    assert d.sm.get("a2") is None and d.sm.get("a1").value == b"y"  # type: ignore[union-attr]
+    d.outbox()
+    (row,) = d.rows("s")  # one delta for the whole source entry
+    assert [(c.key, c.value) for c in row.delta.changes] == [("a1", b"x"), ("a1", b"y")]
+
+
+def test_write_batch_equals_the_same_writes_one_by_one_for_data() -> None:
+    from sevendb.outbox.entries import WriteBatch
+
+    writes = [Write((Op(OpKind.SET, f"k{i % 3}", bytes([i])),), None, i) for i in range(9)]
+    batched, single = Driver(), Driver()
+    batched.apply(WriteBatch(tuple(writes)))
+    for w in writes:
+        single.apply(w)
+    for k in ("k0", "k1", "k2"):
+        a, b = batched.sm.get(k), single.sm.get(k)
+        assert a is not None and b is not None
+        assert (a.value, a.version) == (b.value, b.version)
