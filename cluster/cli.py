@@ -1,22 +1,217 @@
-"""The `sevendb` command line."""
+"""The `sevendb` command line.
+
+Client commands find a local cluster through its data dir (default ./.sevendb,
+or $SEVENDB_DATA) or take --endpoints host:port,... (or $SEVENDB_ENDPOINTS).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+
+DEFAULT_DATA = ".sevendb"
+
+
+def _data_dir(args: argparse.Namespace) -> Path:
+    return Path(args.data or os.environ.get("SEVENDB_DATA") or DEFAULT_DATA)
+
+
+def _endpoints(args: argparse.Namespace) -> list[str]:
+    from sevendb.cluster.topology import ClusterSpec
+
+    raw = args.endpoints or os.environ.get("SEVENDB_ENDPOINTS")
+    if raw:
+        return [e.strip() for e in raw.split(",") if e.strip()]
+    spec = ClusterSpec.load(_data_dir(args))
+    return [n.grpc_address for n in spec.nodes]
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from sevendb.cluster.local import cluster_up
+
+    result = cluster_up(
+        _data_dir(args),
+        nodes=args.nodes,
+        buckets=args.buckets,
+        replicas=args.replicas,
+        progress=_progress,
+    )
+    spec = result.spec
+    print(
+        f"cluster {spec.cluster_id} is up: {len(spec.nodes)} nodes, {len(spec.buckets)} "
+        f"buckets x {spec.replicas} replicas"
+    )
+    print("client endpoints: " + ",".join(n.grpc_address for n in spec.nodes))
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from sevendb.cluster.local import cluster_down
+
+    stopped = cluster_down(_data_dir(args), progress=_progress)
+    print(f"stopped {len(stopped)} node(s): {', '.join(stopped) or 'none were running'}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from sevendb.cluster.local import node_status
+    from sevendb.proto import sevendb_pb2 as pb
+
+    rows: dict[int, list[tuple[str, pb.ReplicaStatus]]] = {}
+    down = []
+    for endpoint in _endpoints(args):
+        status = node_status(endpoint)
+        if status is None:
+            down.append(endpoint)
+            continue
+        for r in status.replicas:
+            rows.setdefault(r.bucket, []).append((status.node_id, r))
+    if args.json:
+        out = {
+            str(b): [
+                {
+                    "node": n,
+                    "leader": r.leader,
+                    "is_leader": r.is_leader,
+                    "commit_index": r.commit_index,
+                    "applied_index": r.applied_index,
+                    "epoch": r.epoch_counter,
+                    "term": r.term,
+                    "digest": r.digest,
+                    "quarantined": r.quarantined,
+                }
+                for n, r in reps
+            ]
+            for b, reps in sorted(rows.items())
+        }
+        print(json.dumps({"buckets": out, "unreachable": down}, indent=2))
+        return 0 if not down else 1
+    print(f"{'bucket':>6} {'leader':<8} {'epoch':>5} {'commit':>8}  replicas (node:applied lag)")
+    for bucket, reps in sorted(rows.items()):
+        leader_node = next((n for n, r in reps if r.is_leader), "-")
+        commit = max(r.commit_index for _, r in reps)
+        epoch = max(r.epoch_counter for _, r in reps)
+        parts = []
+        for node, r in sorted(reps, key=lambda x: x[0]):
+            flag = " QUARANTINED" if r.quarantined else ""
+            parts.append(f"{node}:{r.applied_index} lag {commit - r.applied_index}{flag}")
+        print(f"{bucket:>6} {leader_node:<8} {epoch:>5} {commit:>8}  " + ", ".join(parts))
+    for endpoint in down:
+        print(f"node at {endpoint} is not answering")
+    return 0 if not down else 1
+
+
+def cmd_write(args: argparse.Namespace) -> int:
+    from sevendb.sdk.client import Client
+
+    with Client(_endpoints(args)) as client:
+        result = client.put(
+            args.key,
+            args.value.encode(),
+            expected_version=args.expect_version,
+            must_not_exist=args.if_absent,
+        )
+    print(
+        json.dumps(
+            {
+                "key": args.key,
+                "version": result.versions.get(args.key),
+                "bucket": result.bucket,
+                "committed": str(result.committed),
+            }
+        )
+    )
+    return 0
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    from sevendb.sdk.client import Client
+
+    with Client(_endpoints(args)) as client:
+        record = client.get(args.key)
+    if record is None:
+        print(f"{args.key}: not found", file=sys.stderr)
+        return 1
+    print(
+        json.dumps(
+            {
+                "key": record.key,
+                "value": record.value.decode(errors="replace"),
+                "version": record.version,
+                "mod_commit_index": record.mod_commit_index,
+            }
+        )
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sevendb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--data", help=f"cluster data dir (default ${{SEVENDB_DATA}} or ./{DEFAULT_DATA})"
+    )
+    common.add_argument("--endpoints", help="client endpoints host:port,... (instead of --data)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="run the demo (starts and stops a local cluster)")
+    demo.add_argument(
+        "--data",
+        type=Path,
+        default=Path(".sevendb-demo"),
+        help="data dir of the demo cluster (default ./.sevendb-demo)",
+    )
+    demo.set_defaults(fn=None)
+    cluster = sub.add_parser("cluster", help="run a local cluster").add_subparsers(
+        dest="action", required=True
+    )
+    up = cluster.add_parser("up", parents=[common], help="start (or restart) a local cluster")
+    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--buckets", type=int, default=8)
+    up.add_argument("--replicas", type=int, default=3)
+    up.set_defaults(fn=cmd_up)
+    cluster.add_parser("down", parents=[common], help="stop the local cluster").set_defaults(
+        fn=cmd_down
+    )
+    status = sub.add_parser("status", parents=[common], help="per-bucket leader, commit, lag")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(fn=cmd_status)
+    write = sub.add_parser("write", parents=[common], help="write KEY VALUE")
+    write.add_argument("key")
+    write.add_argument("value")
+    write.add_argument("--expect-version", type=int, default=None)
+    write.add_argument("--if-absent", action="store_true", help="fail if the key exists")
+    write.set_defaults(fn=cmd_write)
+    get = sub.add_parser("get", parents=[common], help="read KEY")
+    get.add_argument("key")
+    get.set_defaults(fn=cmd_get)
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sevendb", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="run the demo")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.command == "demo":
         from sevendb.cluster.demo import run_demo
 
-        return run_demo()
-    return 2
+        return run_demo(args.data)
+    from sevendb.cluster.topology import ConfigError
+    from sevendb.outbox.errors import SevenDBError
+
+    try:
+        code: int = args.fn(args)
+        return code
+    except (ConfigError, SevenDBError, TimeoutError) as exc:
+        print(f"sevendb: {exc.__class__.__name__}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

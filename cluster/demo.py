@@ -1,16 +1,25 @@
 """The README demo.
 
-At this stage it drives one bucket's deterministic core in-process — the same code
-every replica runs — through the emission lifecycle: writes commit, rows are
-computed per subscription, an OUTBOX_WRITE makes them durable, the client
-dedupes a resent event, acks, and reconnects. Later issues replace the in-process
-log with a real local cluster.
+Part 1 runs a real local cluster: three node processes replicating four buckets,
+writes and reads through the CLI, `kill -9` of a bucket leader while writes go
+on, a restart, and every replica converging to the same state.
+
+Part 2 drives one bucket's deterministic core in-process — the same code every
+replica runs — through the emission lifecycle: rows computed per subscription,
+an OUTBOX_WRITE making them durable, the client deduping a resent event, acks
+and reconnect decisions. (The emission issue moves this onto the cluster.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import sys
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import (
@@ -31,7 +40,10 @@ from sevendb.outbox.entries import (
 from sevendb.outbox.model import Applied, OutboxRow, PurgeResult, SubscribeResult, WriteResult
 from sevendb.outbox.query import Query, plan_query
 from sevendb.outbox.state import BucketStateMachine
+from sevendb.proto import sevendb_pb2 as pb
 from sevendb.sdk.cursor import StreamCursor
+
+_NO_STATUS = pb.StatusResponse()
 
 
 def _event_json(row: OutboxRow) -> str:
@@ -49,8 +61,90 @@ def _event_json(row: OutboxRow) -> str:
     )
 
 
-def run_demo(out: Callable[[str], None] = print) -> int:
-    """Run the in-process demo, printing each step; returns an exit code."""
+def run_demo(data_dir: Path | None = None, out: Callable[[str], None] = print) -> int:
+    """Run both parts, printing each step; returns an exit code."""
+    code = run_cluster_demo(data_dir or Path(".sevendb-demo"), out)
+    out("")
+    return code or run_core_demo(out)
+
+
+def run_cluster_demo(data_dir: Path, out: Callable[[str], None] = print) -> int:
+    """Part 1: a real local cluster through the CLI, with a crash."""
+    import shutil
+
+    from sevendb.cluster.cli import main as cli
+    from sevendb.cluster.local import cluster_down, running_pid
+    from sevendb.cluster.topology import ClusterSpec
+
+    def run(*args: str) -> int:
+        out("$ sevendb " + " ".join(args))
+        sys.stdout.flush()
+        return cli([*args, "--data", str(data_dir)])
+
+    if (data_dir / "cluster.json").exists():
+        with contextlib.suppress(Exception):
+            cluster_down(data_dir)
+        shutil.rmtree(data_dir)
+    out("== part 1: a local 3-node cluster (data in " + str(data_dir) + ")")
+    try:
+        if run("cluster", "up", "--nodes", "3", "--buckets", "4") != 0:
+            return 1
+        for i in range(1, 6):
+            run("write", f"orders/{i}", "new")
+        run("write", "orders/1", "paid", "--expect-version", "1")
+        out("(a write with a stale expected version is refused and changes nothing:)")
+        run("write", "orders/1", "lost", "--expect-version", "1")
+        run("get", "orders/1")
+        run("status")
+        spec = ClusterSpec.load(data_dir)
+        bucket = spec.bucket_for_key("orders/1").bucket
+        from sevendb.cluster.local import node_status
+
+        leader = next(
+            n.node_id
+            for n in spec.nodes
+            if any(
+                r.bucket == bucket and r.is_leader
+                for r in (node_status(n.grpc_address) or _NO_STATUS).replicas
+            )
+        )
+        pid = running_pid(data_dir, leader)
+        assert pid is not None
+        out(f"\n== kill -9 {leader} (pid {pid}), the leader of bucket {bucket}; writes go on")
+        os.kill(pid, signal.SIGKILL)
+        for i in range(6, 9):
+            run("write", f"orders/{i}", "new")
+        run("get", "orders/1")
+        out(f"\n== restart {leader}: it catches up from its journal and the leader")
+        run("cluster", "up")
+        _wait_converged(spec, out)
+        run("status")
+    finally:
+        out("")
+        cluster_down(data_dir)
+        out("cluster stopped")
+    return 0
+
+
+def _wait_converged(spec: object, out: Callable[[str], None], timeout_s: float = 60) -> None:
+    from sevendb.cluster.local import node_status
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        views: dict[int, set[tuple[int, str]]] = {}
+        for node in spec.nodes:  # type: ignore[attr-defined]
+            status = node_status(node.grpc_address)
+            for r in (status or _NO_STATUS).replicas:
+                views.setdefault(r.bucket, set()).add((r.applied_index, r.digest))
+        if views and all(len(v) == 1 for v in views.values()):
+            out("every replica of every bucket has the same applied index and state digest")
+            return
+        time.sleep(0.2)
+    out("replicas did not converge in time")
+
+
+def run_core_demo(out: Callable[[str], None] = print) -> int:
+    """Part 2: the emission lifecycle on one bucket's core, in-process."""
     sm = BucketStateMachine("bucket-demo")
     replica = BucketStateMachine("bucket-demo")  # a second replica applying the same log
     log_index = 0
@@ -64,7 +158,7 @@ def run_demo(out: Callable[[str], None] = print) -> int:
         replica.apply(log_index, data)
         return sm.apply(log_index, data)
 
-    out("== one bucket, two replicas applying the same committed log")
+    out("== part 2: the emission lifecycle on one bucket's core (two replicas, one log)")
     commit(Lease("node-1"))
     query = Query.parse("prefix:orders/")
     sub = commit(Subscribe("sub-1", "alice", query, plan_query(query).plan_hash, clock_ms))

@@ -349,3 +349,47 @@ class SyncResponse(_message.Message):
     next_since_key: str
     applied_index: int
     def __init__(self, items: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., has_more: _Optional[bool] = ..., next_since_commit_index: _Optional[int] = ..., next_since_key: _Optional[str] = ..., applied_index: _Optional[int] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReplicaStatus(_message.Message):
+    __slots__ = ("bucket", "bucket_uuid", "address", "leader", "is_leader", "term", "commit_index", "applied_index", "log_len", "epoch_counter", "digest", "quarantined", "members", "fsyncs")
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_UUID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    IS_LEADER_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LOG_LEN_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_COUNTER_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    FSYNCS_FIELD_NUMBER: _ClassVar[int]
+    bucket: int
+    bucket_uuid: str
+    address: str
+    leader: str
+    is_leader: bool
+    term: int
+    commit_index: int
+    applied_index: int
+    log_len: int
+    epoch_counter: int
+    digest: str
+    quarantined: str
+    members: _containers.RepeatedScalarFieldContainer[str]
+    fsyncs: int
+    def __init__(self, bucket: _Optional[int] = ..., bucket_uuid: _Optional[str] = ..., address: _Optional[str] = ..., leader: _Optional[str] = ..., is_leader: _Optional[bool] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., log_len: _Optional[int] = ..., epoch_counter: _Optional[int] = ..., digest: _Optional[str] = ..., quarantined: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., fsyncs: _Optional[int] = ...) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("node_id", "replicas")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
+    def __init__(self, node_id: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ...) -> None: ...

@@ -75,6 +75,11 @@ class SevenDBStub:
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.UnsubscribeRequest.SerializeToString,
                 response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.UnsubscribeResponse.FromString,
                 _registered_method=True)
+        self.Status = channel.unary_unary(
+                '/sevendb.v1.SevenDB/Status',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.StatusRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.StatusResponse.FromString,
+                _registered_method=True)
 
 
 class SevenDBServicer:
@@ -138,6 +143,13 @@ class SevenDBServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Status(self, request, context):
+        """Per-replica status of the node answering.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SevenDBServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -180,6 +192,11 @@ def add_SevenDBServicer_to_server(servicer, server):
                     servicer.Unsubscribe,
                     request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.UnsubscribeRequest.FromString,
                     response_serializer=sevendb_dot_proto_dot_sevendb__pb2.UnsubscribeResponse.SerializeToString,
+            ),
+            'Status': grpc.unary_unary_rpc_method_handler(
+                    servicer.Status,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.StatusRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.StatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -399,6 +416,33 @@ class SevenDB:
             '/sevendb.v1.SevenDB/Unsubscribe',
             sevendb_dot_proto_dot_sevendb__pb2.UnsubscribeRequest.SerializeToString,
             sevendb_dot_proto_dot_sevendb__pb2.UnsubscribeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Status(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sevendb.v1.SevenDB/Status',
+            sevendb_dot_proto_dot_sevendb__pb2.StatusRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.StatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,222 @@
+"""The embedded default: a local cluster of node processes under one data dir."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from sevendb.cluster.node import node_dir
+from sevendb.cluster.topology import ClusterSpec, ConfigError, new_cluster
+from sevendb.proto import sevendb_pb2 as pb
+from sevendb.proto import sevendb_pb2_grpc as pb_grpc
+
+HOST = "127.0.0.1"
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 15.0
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def allocate_ports(nodes: int, buckets: int, start: int = 21000) -> list[int]:
+    """A free gRPC port and a free block of `buckets` Raft ports per node."""
+    ports: list[int] = []
+    port = start + (os.getpid() * 7) % 20000
+    while len(ports) < 2 * nodes:
+        if port + buckets >= 65000:
+            port = start
+        if len(ports) % 2 == 0:
+            if _port_free(port):
+                ports.append(port)
+            port += 1
+        else:
+            if all(_port_free(p) for p in range(port, port + buckets)):
+                ports.append(port)
+                port += buckets
+            else:
+                port += 1
+    return ports
+
+
+def pid_file(data_dir: Path, node_id: str) -> Path:
+    return node_dir(data_dir, node_id) / "node.pid"
+
+
+def log_file(data_dir: Path, node_id: str) -> Path:
+    return node_dir(data_dir, node_id) / "node.log"
+
+
+def running_pid(data_dir: Path, node_id: str) -> int | None:
+    path = pid_file(data_dir, node_id)
+    try:
+        pid = int(path.read_text())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    try:  # a recycled pid is not our node
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return pid
+    return pid if b"sevendb.cluster.node" in cmdline else None
+
+
+def start_node(data_dir: Path, node_id: str) -> int:
+    home = node_dir(data_dir, node_id)
+    home.mkdir(parents=True, exist_ok=True)
+    with open(log_file(data_dir, node_id), "ab") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sevendb.cluster.node",
+                "--data",
+                str(data_dir),
+                "--node-id",
+                node_id,
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    pid_file(data_dir, node_id).write_text(str(proc.pid))
+    return proc.pid
+
+
+@dataclass(frozen=True)
+class UpResult:
+    spec: ClusterSpec
+    created: bool
+    started: list[str]
+
+
+def cluster_up(
+    data_dir: Path,
+    *,
+    nodes: int = 3,
+    buckets: int = 8,
+    replicas: int = 3,
+    timeout_s: float = START_TIMEOUT_S,
+    progress: Callable[[str], None] = lambda _: None,
+) -> UpResult:
+    """Create (or restart) the cluster in `data_dir`; returns once every bucket has a
+    leader on every node's view."""
+    data_dir = data_dir.resolve()
+    created = False
+    try:
+        spec = ClusterSpec.load(data_dir)
+        progress(f"restarting cluster {spec.cluster_id} from {data_dir}")
+    except ConfigError:
+        if (data_dir / "cluster.json").exists():
+            raise
+        if replicas > nodes:
+            raise ConfigError(
+                f"--replicas {replicas} needs at least as many --nodes (got {nodes})"
+            ) from None
+        spec = new_cluster(
+            nodes=nodes,
+            buckets=buckets,
+            replicas=replicas,
+            host=HOST,
+            ports=allocate_ports(nodes, buckets),
+        )
+        spec.save(data_dir)
+        created = True
+        progress(
+            f"created cluster {spec.cluster_id}: {nodes} nodes, {buckets} buckets, "
+            f"{replicas} replicas each, in {data_dir}"
+        )
+    started = []
+    for node in spec.nodes:
+        if running_pid(data_dir, node.node_id) is None:
+            pid = start_node(data_dir, node.node_id)
+            started.append(node.node_id)
+            progress(f"started node {node.node_id} (pid {pid}) gRPC {node.grpc_address}")
+    wait_for_leaders(spec, data_dir, timeout_s, progress)
+    return UpResult(spec, created, started)
+
+
+def node_status(address: str, timeout_s: float = 2.0) -> pb.StatusResponse | None:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            response: pb.StatusResponse = pb_grpc.SevenDBStub(channel).Status(
+                pb.StatusRequest(), timeout=timeout_s
+            )
+            return response
+        except grpc.RpcError:
+            return None
+
+
+def wait_for_leaders(
+    spec: ClusterSpec,
+    data_dir: Path,
+    timeout_s: float,
+    progress: Callable[[str], None] = lambda _: None,
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while True:
+        missing = []
+        for node in spec.nodes:
+            if running_pid(data_dir, node.node_id) is None:
+                missing.append(
+                    f"{node.node_id}: not running (see {log_file(data_dir, node.node_id)})"
+                )
+                continue
+            status = node_status(node.grpc_address)
+            if status is None:
+                missing.append(f"{node.node_id}: not answering yet")
+                continue
+            leaderless = [r.bucket for r in status.replicas if not r.leader]
+            if leaderless:
+                missing.append(f"{node.node_id}: buckets {leaderless} have no leader yet")
+        if not missing:
+            return
+        line = "; ".join(missing)
+        if line != last:
+            progress(f"waiting: {line}")
+            last = line
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"cluster not ready after {timeout_s:.0f}s: {line}")
+        time.sleep(0.2)
+
+
+def cluster_down(
+    data_dir: Path,
+    timeout_s: float = STOP_TIMEOUT_S,
+    progress: Callable[[str], None] = lambda _: None,
+) -> list[str]:
+    """SIGTERM every node (clean shutdown), SIGKILL what is still alive at the timeout."""
+    data_dir = data_dir.resolve()
+    spec = ClusterSpec.load(data_dir)
+    pids = {n.node_id: running_pid(data_dir, n.node_id) for n in spec.nodes}
+    alive = {node_id: pid for node_id, pid in pids.items() if pid is not None}
+    for node_id, pid in alive.items():
+        progress(f"stopping node {node_id} (pid {pid})")
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while alive and time.monotonic() < deadline:
+        alive = {n: p for n, p in alive.items() if running_pid(data_dir, n) is not None}
+        time.sleep(0.05)
+    for node_id, pid in alive.items():
+        progress(f"node {node_id} did not stop in {timeout_s:.0f}s; killing pid {pid}")
+        os.kill(pid, signal.SIGKILL)
+    for node in spec.nodes:
+        pid_file(data_dir, node.node_id).unlink(missing_ok=True)
+    return [n for n, p in pids.items() if p is not None]

@@ -1,0 +1,1331 @@
+"""One bucket's Raft replica: a pysyncobj 0.3.17 group applying the pure bucket core.
+
+This is the only module in sevendb that imports pysyncobj. Every measured hazard of
+pysyncobj (``/work/shared/notes/stack-facts.md`` §2, syncobj.py line numbers below) is
+fixed here, by configuration, by overriding name-mangled ``SyncObj`` methods in a
+subclass, or by a small patch applied once at import:
+
+* **durability** - the log lives in :class:`~sevendb.cluster.journal.DurableJournal`
+  (patched into ``createJournal``, syncobj.py:166). A follower fsyncs before every
+  positive ack (``__sendNextNodeIdx``, 1098); the leader fsyncs its batch before it
+  sends it and before every commit computation (the ``count = 1`` self-vote, 660), so
+  every replica only reports progress it made durable itself (seed 004).
+* **snapshots** - one file, the core's deterministic snapshot plus pysyncobj's
+  ``(lastEntry, prevEntry, cluster)`` encoded explicitly with msgpack (no pickle),
+  checksummed, fsynced, renamed, directory fsynced. Compaction never passes the
+  core's safety point (seed 000 §8). A crash between the snapshot rename and the
+  journal compaction no longer wipes the journal on restart (1489-1495).
+* **nextIndex never moves backwards** on a success ack (1079-1082); acks carry the
+  follower's term and acks from another term are ignored; a follower only truncates
+  from the first *conflicting* entry (Raft §5.3) instead of deleting matching,
+  already-applied entries (991-1004).
+* **apply never raises** - malformed entries become error outcomes; a diverged
+  replica (``ReplicaDivergence``) or any unexpected failure quarantines this replica
+  loudly while the rest of the group goes on (an exception in a ``@replicated``
+  method otherwise wedges the group: 714-729).
+* **transport** - bound only to the configured address (``bindAddress``; the default
+  is 0.0.0.0, transport.py:264-273) and always encrypted/authenticated with the
+  cluster password (Fernet); without one pysyncobj unpickles whatever reaches the
+  port (tcp_connection.py:291).
+* **membership** - one change at a time, enforced on the leader (pysyncobj's own guard
+  at 1356-1369 is dead code) and locally.
+* **latency** - see :class:`RaftTuning`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import logging
+import os
+import queue
+import struct
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+import msgpack
+import pysyncobj.pickle as _pysyncobj_pickle
+import pysyncobj.syncobj as _pysyncobj
+import xxhash
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.monotonic import monotonic as _monotonic
+from pysyncobj.node import TCPNode
+from pysyncobj.syncobj import SyncObjExceptionWrongVer
+
+from sevendb.outbox import limits
+from sevendb.outbox.errors import EntryError, LimitExceeded, MalformedEntry, ReplicaDivergence
+from sevendb.outbox.model import Applied
+from sevendb.outbox.state import BucketStateMachine
+
+from .journal import DurableJournal, JournalError
+
+__all__ = [
+    "ApplyOutcome",
+    "BucketReplica",
+    "MembershipChangeInProgress",
+    "RaftTuning",
+    "ReplicaUnavailable",
+]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+JOURNAL_FILE: Final = "raft.journal"
+SNAPSHOT_FILE: Final = "snapshot.bin"
+LOCK_FILE: Final = "LOCK"
+
+SNAPSHOT_MAGIC: Final = b"7DBSNAP\x00"
+SNAPSHOT_FORMAT_VERSION: Final = 1
+_SNAPSHOT_CHECKSUM = struct.Struct("<Q")
+
+# pysyncobj internals we mirror (syncobj.py:51-60).
+_FOLLOWER: Final = 0
+_LEADER: Final = 2
+_CMD_MEMBERSHIP: Final = 2
+
+_FAIL_NAMES: Final = {
+    getattr(FAIL_REASON, name): name
+    for name in dir(FAIL_REASON)
+    if name.isupper() and isinstance(getattr(FAIL_REASON, name), int)
+}
+
+
+# ---------------------------------------------------------------- import-time patches
+
+
+def _install_patches() -> None:
+    """Three small, idempotent patches of pysyncobj module globals.
+
+    1. ``createJournal`` (syncobj.py:166) returns a :class:`DurableJournal` passed as
+       ``conf.journalFile`` as is, so the adapter owns the journal object.
+    2. pysyncobj pickles commands and messages with protocol 2 (pickle.py), which
+       stores ``bytes`` as latin-1 text: up to 2x larger and slower. Every node runs
+       this module, and any protocol unpickles, so we use the interpreter's default.
+    3. ``getEncryptor`` runs PBKDF2 (100k iterations, ~30 ms) for every SyncObj; one
+       node hosts a replica per bucket with the same password, so derive once.
+    """
+    if getattr(_pysyncobj, "_sevendb_patched", False):
+        return
+    original_create = _pysyncobj.createJournal
+
+    def create_journal(journal_file: object) -> object:
+        if isinstance(journal_file, DurableJournal):
+            return journal_file
+        return original_create(journal_file)
+
+    _pysyncobj.createJournal = create_journal
+    vars(_pysyncobj_pickle)["__protocol"] = _pysyncobj_pickle.pickle.DEFAULT_PROTOCOL
+    _pysyncobj.getEncryptor = functools.lru_cache(maxsize=8)(_pysyncobj.getEncryptor)
+    _pysyncobj._sevendb_patched = True
+
+
+_install_patches()
+
+
+# ------------------------------------------------------------------------ public types
+
+
+@dataclass(frozen=True)
+class RaftTuning:
+    """pysyncobj timing, batching and compaction settings, with measured defaults.
+
+    Latency: pysyncobj's default ``appendEntriesUseBatch=True`` only sends new entries
+    every ``appendEntriesPeriod`` (0.1 s), so one write costs ~100 ms (200 ms from a
+    follower). Batching is therefore off (fixed, not a field): a proposal wakes the tick
+    thread at once (a pipe) and an apply sends the new commit index at once. The
+    adapter keeps the throughput of batching itself: it drains every queued proposal
+    into the log, sends one AppendEntries per follower, then fsyncs once (group
+    commit; followers fsync once per message). Measured on the 2-core dev VM, 3
+    replicas, encrypted, fsync on: p50 ~2 ms at 1 write in flight, ~3-5k writes/s at
+    32 in flight (docs/raft.md has the table and the conditions).
+
+    ``heartbeat_s`` is then only the idle heartbeat, and ``tick_s`` the idle poll
+    timeout; both cost CPU per replica when idle (30 idle replicas: 18% of a core at
+    0.05 s, 9% at 0.1 s), neither affects latency. Elections need
+    ``election_min_s > 3 * heartbeat_s`` (pysyncobj asserts it); the window is a bit
+    wider than pysyncobj's 0.4-1.4 s minimum because a node's groups share one GIL and
+    a busy process must not trigger spurious elections.
+    """
+
+    heartbeat_s: float = 0.1
+    """appendEntriesPeriod: the idle heartbeat (entries and commits are sent at once)."""
+    tick_s: float = 0.1
+    """autoTickPeriod: poll timeout of the tick thread when nothing happens."""
+    election_min_s: float = 0.6
+    election_max_s: float = 1.2
+    leader_fallback_s: float = 3.0
+    """A leader without majority responses this long steps down (pysyncobj: 30 s)."""
+    connection_timeout_s: float = 3.5
+    connection_retry_s: float = 0.5
+    """Reconnect interval to a lost peer (pysyncobj: 5 s, which slows restarts)."""
+    append_batch_bytes: int = 4 * 1024 * 1024
+    """Max bytes per AppendEntries. Above the largest entry (2 MiB + framing), so the
+    chunked single-entry path of pysyncobj (whose last-chunk test compares against
+    the command length, not the pickled length: syncobj.py:1281) is never used."""
+    compaction_min_entries: int = 5000
+    compaction_min_time_s: float = 300.0
+    compaction_recheck_s: float = 1.0
+    """After the safety point held compaction back, wait this long before asking again."""
+    snapshot_chunk_bytes: int = 64 * 1024
+    commands_queue_size: int = 100_000
+    stall_window_ms: int = limits.STALL_WINDOW_MS_DEFAULT
+    """Passed to ``safety_point``: subscribers silent longer no longer hold compaction."""
+    bind_retries: int = 10
+    bind_retry_s: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_s <= 0 or self.tick_s <= 0:
+            raise ValueError("heartbeat_s and tick_s must be positive")
+        if not self.election_min_s > 3 * self.heartbeat_s:
+            raise ValueError("election_min_s must exceed 3 * heartbeat_s")
+        if not self.election_max_s > self.election_min_s:
+            raise ValueError("election_max_s must exceed election_min_s")
+        if not self.leader_fallback_s > self.heartbeat_s:
+            raise ValueError("leader_fallback_s must exceed heartbeat_s")
+        if not self.connection_timeout_s >= self.election_max_s:
+            raise ValueError("connection_timeout_s must be at least election_max_s")
+        if self.compaction_min_entries < 2 or self.compaction_min_time_s <= 0:
+            raise ValueError("compaction_min_entries >= 2 and compaction_min_time_s > 0")
+        if self.append_batch_bytes <= 0 or self.snapshot_chunk_bytes <= 0:
+            raise ValueError("batch sizes must be positive")
+        if self.bind_retries < 1 or self.bind_retry_s <= 0:
+            raise ValueError("bind_retries >= 1 and bind_retry_s > 0")
+
+
+@dataclass(frozen=True)
+class ApplyOutcome:
+    """What applying one committed entry produced on this replica.
+
+    ``error`` is set (and ``applied`` is None) when the entry was malformed: every
+    replica rejected it identically, nothing changed, and the group moved on.
+    """
+
+    commit_index: int
+    applied: Applied | None
+    error: str | None
+
+
+class ReplicaUnavailable(Exception):
+    """This replica cannot serve the request now: not leader, no quorum, quarantined,
+    closed, or the proposal timed out. ``leader_hint`` names the last known leader.
+
+    ``reason`` is a short machine-readable tag: ``timeout`` (the outcome is unknown: the
+    entry may still commit), ``quarantined``, ``closed``, or a pysyncobj failure name
+    (``MISSING_LEADER``, ``NOT_LEADER``, ``LEADER_CHANGED``, ``DISCARDED``,
+    ``QUEUE_FULL``, ``REQUEST_DENIED``, ``UNKNOWN_OUTCOME``).
+    """
+
+    def __init__(self, message: str, *, leader_hint: str | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.leader_hint = leader_hint
+        self.reason = reason
+
+
+class MembershipChangeInProgress(ReplicaUnavailable):
+    """Another membership change is still uncommitted; retry when it has committed."""
+
+
+# ----------------------------------------------------------------------- internals
+
+
+@dataclass
+class _Counters:
+    entry_errors: int = 0
+    snapshots_written: int = 0
+    snapshots_loaded: int = 0
+    compactions_deferred: int = 0
+    stale_term_acks: int = 0
+    rewinds_prevented: int = 0
+    matching_entries_kept: int = 0
+    journal_trims_at_startup: int = 0
+
+
+@dataclass(eq=False)
+class _Waiter:
+    event: threading.Event = field(default_factory=threading.Event)
+    result: object = None
+    error: int | str = FAIL_REASON.SUCCESS
+
+    def done(self, result: object, error: int | str) -> None:
+        self.result, self.error = result, error
+        self.event.set()
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    bucket_uuid: str
+    core: bytes
+    last: tuple[bytes, int, int]
+    prev: tuple[bytes, int, int]
+    cluster: tuple[str, ...]
+
+
+def _encode_snapshot(snap: _Snapshot) -> bytes:
+    body = msgpack.packb(
+        [
+            SNAPSHOT_FORMAT_VERSION,
+            snap.bucket_uuid,
+            snap.core,
+            list(snap.last),
+            list(snap.prev),
+            list(snap.cluster),
+        ],
+        use_bin_type=True,
+    )
+    payload = SNAPSHOT_MAGIC + body
+    return payload + _SNAPSHOT_CHECKSUM.pack(xxhash.xxh64_intdigest(payload))
+
+
+def _entry(raw: object) -> tuple[bytes, int, int]:
+    if not (isinstance(raw, list) and len(raw) == 3):
+        raise ValueError("log entry must be [command, idx, term]")
+    command, idx, term = raw
+    if not (isinstance(command, bytes) and type(idx) is int and type(term) is int):
+        raise ValueError("log entry fields have the wrong types")
+    return command, idx, term
+
+
+def _decode_snapshot(data: bytes) -> _Snapshot:
+    """Parse and verify a snapshot file; raises ValueError on anything unexpected."""
+    if len(data) < len(SNAPSHOT_MAGIC) + _SNAPSHOT_CHECKSUM.size:
+        raise ValueError(f"snapshot is {len(data)} bytes: truncated")
+    payload, tail = data[: -_SNAPSHOT_CHECKSUM.size], data[-_SNAPSHOT_CHECKSUM.size :]
+    if not payload.startswith(SNAPSHOT_MAGIC):
+        raise ValueError("not a sevendb snapshot (bad magic)")
+    if _SNAPSHOT_CHECKSUM.unpack(tail)[0] != xxhash.xxh64_intdigest(payload):
+        raise ValueError("snapshot checksum mismatch")
+    raw = msgpack.unpackb(payload[len(SNAPSHOT_MAGIC) :], raw=False, use_list=True)
+    if not (isinstance(raw, list) and len(raw) == 6):
+        raise ValueError("snapshot body has the wrong shape")
+    version, bucket_uuid, core, last, prev, cluster = raw
+    if version != SNAPSHOT_FORMAT_VERSION:
+        raise ValueError(f"snapshot format {version!r}; this build reads {SNAPSHOT_FORMAT_VERSION}")
+    if not (isinstance(bucket_uuid, str) and isinstance(core, bytes)):
+        raise ValueError("snapshot header fields have the wrong types")
+    if not (isinstance(cluster, list) and all(isinstance(a, str) for a in cluster)):
+        raise ValueError("snapshot cluster must be a list of addresses")
+    return _Snapshot(bucket_uuid, core, _entry(last), _entry(prev), tuple(cluster))
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _check_addr(addr: str) -> None:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"address must be 'host:port', got {addr!r}")
+
+
+class _FailStopJournal(DurableJournal):
+    """A DurableJournal that never claims durability again after an fsync failed.
+
+    After a failed fsync the kernel may have dropped the dirty pages and a retry can
+    "succeed" without the data being on disk, so retrying is not safe. The replica
+    treats the first failure as a crash: it stops acking, counting and applying."""
+
+    failure: str | None = None
+
+    def _fsync(self, fd: int) -> None:
+        try:
+            super()._fsync(fd)
+        except OSError as exc:
+            self.failure = self.failure or f"{type(exc).__name__}: {exc}"
+            raise
+
+    def _destroy(self) -> None:
+        if self.failure is not None and not self._closed:
+            self._closed = True  # nothing more can be made durable: just let go
+            os.close(self._fd)
+            return
+        super()._destroy()
+
+    def sync(self) -> bool:
+        if self.failure is not None:
+            raise JournalError(f"{self.path}: an earlier fsync failed ({self.failure})")
+        try:
+            return super().sync()
+        except OSError as exc:
+            self.failure = self.failure or f"{type(exc).__name__}: {exc}"
+            raise
+
+
+# ------------------------------------------------------------------ the SyncObj subclass
+
+
+class _RaftNode(SyncObj):  # type: ignore[misc]
+    """pysyncobj SyncObj with the hazards fixed. Runs entirely in its tick thread,
+    except ``apply_entry(...)`` proposals and the read-only accessors."""
+
+    # Set by SyncObj.__init__; annotated for mypy.
+    _SyncObj__raftCommitIndex: int
+    _SyncObj__recvTransmission: bytes | str
+
+    def __init__(
+        self, owner: BucketReplica, self_addr: str, partners: list[str], conf: Any
+    ) -> None:
+        # Set before SyncObj.__init__: its tick thread starts inside it.
+        self._owner = owner
+        self._journal: _FailStopJournal = owner._journal
+        self._counters: _Counters = owner._counters
+        self._next_transfer_s = 0.0
+        self._transfer_tried = False
+        self._gate_closed_until_s = 0.0
+        super().__init__(self_addr, partners, conf)
+        # pysyncobj's tick thread exits when the thread that constructed the SyncObj
+        # exits (syncobj.py:587); a node may build replicas in a worker thread, so tie
+        # it to the interpreter's main thread as the check intends.
+        self._SyncObj__mainThread = threading.main_thread()
+
+    # -- the replicated method -------------------------------------------------------
+
+    @replicated  # type: ignore[untyped-decorator]
+    def apply_entry(self, entry: bytes) -> ApplyOutcome | None:
+        # raftLastApplied is incremented after the method returns (syncobj.py:725),
+        # so the entry being applied has index raftLastApplied + 1.
+        return self._owner._apply(int(self.raftLastApplied) + 1, entry)
+
+    def _SyncObj__doApplyCommand(self, command: bytes) -> object:
+        """Wraps syncobj.py:870 so that nothing raised while decoding or applying a
+        committed command can wedge the tick (the same entry would be re-applied
+        every tick forever: 714-729). A failure quarantines this replica."""
+        try:
+            return SyncObj._SyncObj__doApplyCommand(self, command)
+        except SyncObjExceptionWrongVer:
+            raise
+        except Exception as exc:
+            self._owner._enter_quarantine(
+                int(self.raftLastApplied) + 1,
+                f"applying a committed command failed: {type(exc).__name__}: {exc}",
+                exc_info=True,
+            )
+            return None
+
+    # -- durability ------------------------------------------------------------------
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:
+        if self._journal.failure is not None:
+            # Fail-stop: behave like a crashed replica (no acks, votes or applies);
+            # the rest of the group goes on without it.
+            self._owner._enter_quarantine(
+                int(self.raftLastApplied) + 1,
+                f"journal fsync failed ({self._journal.failure}); replica stopped",
+            )
+            time.sleep(timeToWait)
+            return
+        # Everything appended so far is durable before this tick's commit computation
+        # counts the leader itself (`count = 1`, syncobj.py:660). A no-op if nothing is
+        # pending (group commit happens in _checkCommandsToApply).
+        self._journal.sync()
+        if self._owner._quarantine is not None:
+            self._quarantined_tick()
+        SyncObj._onTick(self, timeToWait)
+
+    def _quarantined_tick(self) -> None:
+        """A quarantined replica keeps storing and acking the log (the group needs its
+        vote) but never campaigns, and hands leadership away if it holds it: first by
+        a leadership transfer (no election timeout), and if it still leads half a
+        second later (the transfer went to another quarantined replica, or no follower
+        was caught up) by stepping down, so that a healthy replica times out and wins."""
+        now = _monotonic()
+        self._SyncObj__raftElectionDeadline = now + 3600.0
+        if not self._isLeader() or now < self._next_transfer_s:
+            return
+        self._next_transfer_s = now + 0.5
+        if not self._transfer_tried:
+            self._transfer_tried = True
+            self.transferLeadership()
+            return
+        logger.warning("quarantined leader %s steps down", self.selfNode.id)
+        self._SyncObj__setState(_FOLLOWER)
+        self._SyncObj__raftLeader = None
+
+    def _checkCommandsToApply(self) -> None:
+        """Re-implements syncobj.py:503-574 for the leader's batch: drain every queued
+        proposal into the log, send one AppendEntries per follower, then fsync once
+        (group commit). The original sends after every single command when
+        appendEntriesUseBatch is off, which costs a message and a follower fsync per
+        entry. Followers' proposals are still forwarded one message each, as before."""
+        conf = self._SyncObj__conf
+        commands = self._SyncObj__commandsQueue
+        transport = self._SyncObj__transport
+        start = _monotonic()
+        appended = False
+        while _monotonic() - start < conf.appendEntriesPeriod:
+            if self._SyncObj__raftLeader is None and conf.commandsWaitLeader:
+                break
+            try:
+                command, callback = commands.get_nowait()
+            except queue.Empty:
+                break
+            request_node, request_id = None, None
+            if isinstance(callback, tuple):
+                request_node, request_id = callback
+            if self._SyncObj__raftState == _LEADER:
+                idx, term = self._journal[-1][1] + 1, self._SyncObj__raftCurrentTerm
+                change = (
+                    self._SyncObj__parseChangeClusterRequest(command)
+                    if conf.dynamicMembershipChange
+                    else None
+                )
+                if change is None or self._SyncObj__changeCluster(change):
+                    self._journal.add(command, idx, term)
+                    appended = True
+                    if request_node is None:
+                        if callback is not None:
+                            self._SyncObj__commandsWaitingCommit[idx].append((term, callback))
+                    else:
+                        transport.send(
+                            request_node,
+                            {
+                                "type": "apply_command_response",
+                                "request_id": request_id,
+                                "log_idx": idx,
+                                "log_term": term,
+                            },
+                        )
+                elif request_node is None:
+                    if callback is not None:
+                        callback(None, FAIL_REASON.REQUEST_DENIED)
+                else:
+                    transport.send(
+                        request_node,
+                        {
+                            "type": "apply_command_response",
+                            "request_id": request_id,
+                            "error": FAIL_REASON.REQUEST_DENIED,
+                        },
+                    )
+            elif self._SyncObj__raftLeader is not None:
+                if request_node is None:
+                    message: dict[str, object] = {"type": "apply_command", "command": command}
+                    if callback is not None:
+                        self._SyncObj__commandsLocalCounter += 1
+                        counter = self._SyncObj__commandsLocalCounter
+                        self._SyncObj__commandsWaitingReply[counter] = callback
+                        message["request_id"] = counter
+                    transport.send(self._SyncObj__raftLeader, message)
+                else:
+                    transport.send(
+                        request_node,
+                        {
+                            "type": "apply_command_response",
+                            "request_id": request_id,
+                            "error": FAIL_REASON.NOT_LEADER,
+                        },
+                    )
+            else:
+                self._SyncObj__callErrCallback(FAIL_REASON.MISSING_LEADER, callback)
+        if appended and self._SyncObj__raftState == _LEADER:
+            # Send first, then fsync: the followers' appends and fsyncs overlap with
+            # ours (Raft §10.2.1). Safe because the leader only counts itself for
+            # entries already synced: this sync runs before the next commit loop.
+            self._SyncObj__sendAppendEntries()
+            if not self._SyncObj__otherNodes:
+                # A one-replica group commits on its own at the next tick; no ack will
+                # wake the poll, so wake it rather than wait out the tick period.
+                with contextlib.suppress(BlockingIOError):  # full pipe: already awake
+                    self._SyncObj__pipeNotifier.notify()
+        self._journal.sync()
+
+    def _SyncObj__onBecomeLeader(self) -> None:
+        # The new term's NO_OP (syncobj.py:1227) is durable before anyone counts it.
+        SyncObj._SyncObj__onBecomeLeader(self)
+        self._journal.sync()
+
+    def _SyncObj__sendNextNodeIdx(
+        self,
+        node: Any,
+        reset: bool = False,
+        nextNodeIdx: int | None = None,
+        success: bool = False,
+    ) -> None:
+        """syncobj.py:1098 plus: fsync before any positive ack (the follower acks only
+        entries it made durable), and the follower's term, so the leader can drop
+        acks from another term (the original message carries none: 1101-1106)."""
+        if success:
+            self._journal.sync()
+        if nextNodeIdx is None:
+            nextNodeIdx = self._journal[-1][1] + 1
+        self._SyncObj__transport.send(
+            node,
+            {
+                "type": "next_node_idx",
+                "next_node_idx": nextNodeIdx,
+                "reset": reset,
+                "success": success,
+                "term": self._SyncObj__raftCurrentTerm,
+            },
+        )
+
+    # -- message handling ------------------------------------------------------------
+
+    def _SyncObj__onMessageReceived(self, node: Any, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        if kind == "append_entries" and "prevLogIdx" in message:
+            self._on_append_entries(node, message)
+        elif kind == "next_node_idx":
+            self._on_next_node_idx(node, message)
+        else:
+            SyncObj._SyncObj__onMessageReceived(self, node, message)
+
+    def _on_next_node_idx(self, node: Any, message: dict[str, Any]) -> None:
+        """Leader side of syncobj.py:1070-1083, fixed: nextIndex/matchIndex only move
+        forward on success (a late ack used to rewind a pipelined nextIndex, making
+        the follower truncate matching entries), never below matchIndex + 1 on a
+        reset, and responses from another term are ignored (Raft §5.1)."""
+        if self._SyncObj__raftState != _LEADER:
+            return
+        term = message.get("term")
+        if term is not None and term != self._SyncObj__raftCurrentTerm:
+            self._counters.stale_term_acks += 1
+            return
+        match_index = self._SyncObj__raftMatchIndex
+        next_index = self._SyncObj__raftNextIndex
+        if node not in match_index or node not in next_index:
+            return  # not (or no longer) a member
+        next_idx = int(message["next_node_idx"])
+        if message["success"]:
+            if next_idx - 1 > match_index[node]:
+                match_index[node] = next_idx - 1
+                if next_idx < next_index[node]:
+                    self._counters.rewinds_prevented += 1
+            if next_idx > next_index[node]:
+                next_index[node] = next_idx
+        elif message["reset"]:
+            next_index[node] = max(next_idx, match_index[node] + 1)
+        self._SyncObj__lastResponseTime[node] = _monotonic()
+
+    def _on_append_entries(self, node: Any, message: dict[str, Any]) -> None:
+        """Follower side of AppendEntries, re-implementing syncobj.py:945-1035 (the
+        ``prevLogIdx`` branch; snapshot installs still go to the original).
+
+        Differences: only entries that *conflict* (same index, other term) are
+        deleted, with everything after them (Raft §5.3); entries that match are kept,
+        so a stale or re-sent AppendEntries can no longer shorten a log below what was
+        acked or applied (the original deleted everything after prevLogIdx: 991-1004).
+        The commit index advances at most to the last entry this message verified,
+        since entries past it may be stale ones from an older term."""
+        term = message["term"]
+        if term < self._SyncObj__raftCurrentTerm:
+            return
+        if term > self._SyncObj__raftCurrentTerm:
+            self._SyncObj__transferInProgress = False
+        if not self._SyncObj__transferInProgress:
+            self._SyncObj__raftElectionDeadline = (
+                _monotonic() + self._SyncObj__generateRaftTimeout()
+            )
+        if self._SyncObj__raftLeader != node:
+            self._SyncObj__onLeaderChanged()
+        self._SyncObj__raftLeader = node
+        if term > self._SyncObj__raftCurrentTerm:
+            self._SyncObj__setCurrentTerm(term, None)
+        self._SyncObj__setState(_FOLLOWER)
+        new_entries: list[tuple[bytes, int, int]] = message.get("entries", [])
+        self._SyncObj__leaderCommitIndex = leader_commit = message["commit_index"]
+
+        transmission = message.get("transmission")
+        if transmission is not None:
+            # One entry larger than the batch size, sent in chunks (never with our
+            # default batch size, see RaftTuning.append_batch_bytes).
+            received = self._SyncObj__recvTransmission
+            if transmission == "start":
+                self._SyncObj__recvTransmission = message["data"]
+                self._SyncObj__sendNextNodeIdx(node, success=False, reset=False)
+                return
+            if transmission not in ("process", "finish") or not isinstance(received, bytes):
+                self._SyncObj__recvTransmission = ""
+                self._SyncObj__sendNextNodeIdx(node, success=False, reset=False)
+                return
+            if transmission == "process":
+                self._SyncObj__recvTransmission = received + message["data"]
+                self._SyncObj__sendNextNodeIdx(node, success=False, reset=False)
+                return
+            self._SyncObj__recvTransmission = ""
+            try:
+                new_entries = [_pysyncobj_pickle.loads(received + message["data"])]
+            except Exception:
+                logger.exception("bucket %d: unreadable chunked entry", self._owner.bucket)
+                self._SyncObj__sendNextNodeIdx(node, success=False, reset=False)
+                return
+
+        log = self._journal
+        prev_idx, prev_term = message["prevLogIdx"], message["prevLogTerm"]
+        first_idx, last_idx = log[0][1], log[-1][1]
+        if prev_idx is None or not first_idx <= prev_idx <= last_idx:
+            self._SyncObj__sendNextNodeIdx(node, success=False, reset=True)
+            return
+        if log[prev_idx - first_idx][2] != prev_term:
+            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=prev_idx, success=False, reset=True)
+            return
+
+        append_from = 0
+        for position, entry in enumerate(new_entries):
+            idx = entry[1]
+            if idx > last_idx:
+                break
+            if log[idx - first_idx][2] == entry[2]:
+                append_from = position + 1
+                continue
+            self._truncate_conflict(idx)
+            break
+        kept = append_from
+        if kept:
+            self._counters.matching_entries_kept += kept
+        appended = new_entries[append_from:]
+        for entry in appended:
+            log.add(*entry)
+        if self._SyncObj__conf.dynamicMembershipChange:
+            for entry in appended:
+                change = self._SyncObj__parseChangeClusterRequest(entry[0])
+                if change is not None:
+                    self._SyncObj__doChangeCluster(change)
+
+        verified = new_entries[-1][1] if new_entries else prev_idx
+        self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=verified + 1, success=True)
+
+        commit = int(self._SyncObj__raftCommitIndex)
+        current = log[-1][1]
+        if commit > current:
+            commit = current
+        if leader_commit > commit:
+            commit = max(commit, min(leader_commit, verified))
+        self._SyncObj__raftCommitIndex = commit
+        log.setRaftCommitIndex(commit)
+
+    def _truncate_conflict(self, idx: int) -> None:
+        """Delete the log from ``idx`` (the first conflicting entry) on, rolling back
+        membership changes it carried (as syncobj.py:991-997 does)."""
+        log = self._journal
+        first_idx = log[0][1]
+        last_applied = int(self.raftLastApplied)
+        if idx <= last_applied:
+            # Committed entries never conflict in Raft; if they do, this replica's
+            # applied state cannot be trusted any more.
+            logger.critical(
+                "truncating already-applied log entries from index %d (last applied: %d)"
+                " - state machine may have diverged from other cluster members",
+                idx,
+                last_applied,
+            )
+            self._owner._enter_quarantine(idx, "the leader replaced an already-applied entry")
+        if self._SyncObj__conf.dynamicMembershipChange:
+            for entry in reversed(log[idx - first_idx :]):
+                change = self._SyncObj__parseChangeClusterRequest(entry[0])
+                if change is not None:
+                    self._SyncObj__doChangeCluster(change, reverse=True)
+        log.deleteEntriesFrom(idx - first_idx)
+
+    # -- membership ----------------------------------------------------------------
+
+    def _SyncObj__changeCluster(self, request: Any) -> bool:
+        """syncobj.py:1356 with a working guard: refuse while an earlier membership
+        entry is still uncommitted (`__changeClusterIDx` is never set upstream)."""
+        log = self._journal
+        commit = int(self._SyncObj__raftCommitIndex)
+        first_idx = log[0][1]
+        for command, _idx, _term in log[max(0, commit + 1 - first_idx) :]:
+            if command[:1] == bytes([_CMD_MEMBERSHIP]):
+                return False
+        return bool(SyncObj._SyncObj__changeCluster(self, request))
+
+    # -- snapshots and compaction ----------------------------------------------------
+
+    def _SyncObj__tryLogCompaction(self) -> None:
+        """syncobj.py:1421, gated: a new snapshot (which lets the log be dropped up to
+        the last applied entry) only starts when the core's safety point allows it.
+        Finishing a snapshot already taken is never held back."""
+        serializer = self._SyncObj__serializer
+        if serializer._Serializer__pid == 0 and self._compaction_due():
+            now = _monotonic()
+            if now < self._gate_closed_until_s:
+                return
+            if not self._owner._compaction_allowed(int(self.raftLastApplied)):
+                self._counters.compactions_deferred += 1
+                self._gate_closed_until_s = now + self._owner._tuning.compaction_recheck_s
+                return
+        SyncObj._SyncObj__tryLogCompaction(self)
+
+    def _compaction_due(self) -> bool:
+        """The trigger of syncobj.py:1436-1439 (the same condition, so the gate sees
+        every compaction the original would start)."""
+        conf = self._SyncObj__conf
+        return bool(
+            len(self._journal) > conf.logCompactionMinEntries
+            or _monotonic() - self._SyncObj__lastSerializedTime > conf.logCompactionMinTime
+            or self._SyncObj__forceLogCompaction
+        )
+
+    def _SyncObj__deleteEntriesTo(self, toIDx: int) -> None:
+        """Compaction (syncobj.py:1427). The snapshot was renamed into place without a
+        directory fsync; make that durable before dropping the entries it replaces, and
+        never drop the last entry (an empty log makes every tick raise IndexError at
+        `self.__raftLog[0]`, 1146)."""
+        _fsync_dir(self._owner._data_dir)
+        last_idx = self._journal[-1][1]
+        if toIDx > last_idx:
+            logger.error("compaction to %d past the log end %d; clamped", toIDx, last_idx)
+            toIDx = last_idx
+        SyncObj._SyncObj__deleteEntriesTo(self, toIDx)
+
+    def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
+        """syncobj.py:1472. At startup (clearJournal=False) pysyncobj keeps the journal
+        only if its first two entries are the snapshot's last two, and otherwise
+        CLEARS it (1489-1495): a crash after the snapshot rename but before the
+        compaction lost every acked entry after the snapshot. Trim the journal to the
+        snapshot point instead, so the original check passes and nothing is lost."""
+        if not clearJournal:
+            self._owner._align_journal_to_snapshot()
+        SyncObj._SyncObj__loadDumpFile(self, clearJournal)
+
+
+# ------------------------------------------------------------------- the public class
+
+
+class BucketReplica:
+    """One bucket's replica: a Raft group member that applies committed entries to the
+    bucket core. Thread-safe: the pysyncobj tick thread applies, other threads read,
+    propose and query status."""
+
+    def __init__(
+        self,
+        *,
+        bucket: int,
+        bucket_uuid: str,
+        self_addr: str,
+        partners: Sequence[str],
+        data_dir: Path,
+        password: str,
+        tuning: RaftTuning = RaftTuning(),
+        on_applied: Callable[[Applied], None] | None = None,
+    ) -> None:
+        _check_addr(self_addr)
+        others = [p for p in partners if p != self_addr]
+        for partner in others:
+            _check_addr(partner)
+        if not password:
+            raise ValueError(
+                "a cluster password is required: without one pysyncobj "
+                "unpickles whatever reaches its port"
+            )
+        self.bucket = bucket
+        self.bucket_uuid = bucket_uuid
+        self.self_addr = self_addr
+        self._tuning = tuning
+        self._on_applied = on_applied
+        self._data_dir = Path(data_dir)
+        self._lock = threading.RLock()
+        self._sm = BucketStateMachine(bucket_uuid)
+        self._quarantine: str | None = None
+        self._counters = _Counters()
+        self._snapshot_index = 0
+        self._snapshot_cache: tuple[tuple[int, int, int], _Snapshot] | None = None
+        self._pending: set[_Waiter] = set()
+        self._pending_lock = threading.Lock()
+        self._membership_lock = threading.Lock()
+        self._closed = False
+        #: Compaction holds: the oldest cold replica checkpoint and a migration hold
+        #: point (log indexes), fed to `safety_point`; None means no hold.
+        self.cold_replica_checkpoint: int | None = None
+        self.migration_hold_point: int | None = None
+
+        self._data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = self._lock_data_dir()
+        try:
+            self._journal = _FailStopJournal(self._data_dir / JOURNAL_FILE)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        conf = SyncObjConf(
+            password=password,
+            bindAddress=self_addr,
+            journalFile=self._journal,
+            fullDumpFile=str(self._data_dir / SNAPSHOT_FILE),
+            serializer=self._write_snapshot,
+            deserializer=self._read_snapshot,
+            useFork=False,
+            dynamicMembershipChange=True,
+            appendEntriesUseBatch=False,
+            appendEntriesPeriod=tuning.heartbeat_s,
+            autoTickPeriod=tuning.tick_s,
+            raftMinTimeout=tuning.election_min_s,
+            raftMaxTimeout=tuning.election_max_s,
+            leaderFallbackTimeout=tuning.leader_fallback_s,
+            connectionTimeout=tuning.connection_timeout_s,
+            connectionRetryTime=tuning.connection_retry_s,
+            appendEntriesBatchSizeBytes=tuning.append_batch_bytes,
+            logCompactionMinEntries=tuning.compaction_min_entries,
+            logCompactionMinTime=tuning.compaction_min_time_s,
+            logCompactionBatchSize=tuning.snapshot_chunk_bytes,
+            commandsQueueSize=tuning.commands_queue_size,
+            maxBindRetries=tuning.bind_retries,
+            bindRetryTime=tuning.bind_retry_s,
+        )
+        try:
+            self._node = _RaftNode(self, self_addr, others, conf)
+        except BaseException:
+            self._journal.close()
+            os.close(self._lock_fd)
+            raise
+        try:
+            self._node.waitBinded()
+        except Exception as exc:
+            self._node.destroy_synchronous()
+            self._journal.close()
+            os.close(self._lock_fd)
+            raise OSError(f"bucket {bucket}: cannot bind {self_addr}: {exc}") from exc
+
+    # -- public API ----------------------------------------------------------------
+
+    def propose(self, entry: bytes, timeout_s: float = 5.0) -> ApplyOutcome:
+        """Replicate ``entry``; block until it is committed (durable on a majority) and
+        applied here. From a follower, pysyncobj forwards it to the leader.
+
+        :raises ReplicaUnavailable: no leader / quorum, quarantined, closed, timeout
+            (``reason="timeout"``: the entry may still commit later).
+        :raises LimitExceeded: the entry is larger than the core accepts.
+        """
+        if not isinstance(entry, bytes):
+            raise TypeError(f"entry must be bytes, got {type(entry).__name__}")
+        if len(entry) > limits.ENTRY_BYTES_MAX:
+            raise LimitExceeded(
+                f"entry is {len(entry)} bytes; the limit is {limits.ENTRY_BYTES_MAX}"
+            )
+        self._refuse_if_unavailable()
+        waiter = _Waiter()
+        with self._pending_lock:
+            self._pending.add(waiter)
+        try:
+            # The command is queued before the tick is woken through a pipe; if that
+            # pipe is full the tick is already busy and will drain the queue anyway.
+            with contextlib.suppress(BlockingIOError):
+                self._node.apply_entry(entry, callback=waiter.done)
+            if not waiter.event.wait(timeout_s):
+                raise ReplicaUnavailable(
+                    f"bucket {self.bucket}: not committed within {timeout_s} s "
+                    f"(outcome unknown; quorum connected: {self._has_quorum()})",
+                    leader_hint=self.leader,
+                    reason="timeout",
+                )
+        finally:
+            with self._pending_lock:
+                self._pending.discard(waiter)
+        if waiter.error != FAIL_REASON.SUCCESS:
+            reason = (
+                waiter.error
+                if isinstance(waiter.error, str)
+                else _FAIL_NAMES.get(waiter.error, str(waiter.error))
+            )
+            raise ReplicaUnavailable(
+                f"bucket {self.bucket}: proposal failed: {reason}",
+                leader_hint=self.leader,
+                reason=reason,
+            )
+        if not isinstance(waiter.result, ApplyOutcome):
+            self._refuse_if_unavailable()
+            raise ReplicaUnavailable(
+                f"bucket {self.bucket}: committed but not applied here",
+                leader_hint=self.leader,
+                reason="quarantined",
+            )
+        return waiter.result
+
+    def read(self, fn: Callable[[BucketStateMachine], T]) -> T:
+        """Run ``fn`` on the core under the apply lock (a consistent view). Reads on a
+        follower may lag the leader."""
+        with self._lock:
+            self._refuse_if_unavailable()
+            return fn(self._sm)
+
+    @property
+    def is_leader(self) -> bool:
+        return bool(self._node._isLeader())
+
+    @property
+    def leader(self) -> str | None:
+        node = self._node._getLeader()
+        return None if node is None else str(node.id)
+
+    @property
+    def quarantined(self) -> str | None:
+        """Why this replica stopped applying, or None."""
+        return self._quarantine
+
+    def status(self) -> dict[str, object]:
+        node, journal = self._node, self._journal
+        with self._lock:
+            epoch = self._sm.epoch.epoch_counter
+            core_applied = self._sm.applied_index
+        try:
+            first_idx, last_idx = journal[0][1], journal[-1][1]
+        except IndexError:
+            first_idx = last_idx = 0
+        counters = self._counters
+        return {
+            "bucket": self.bucket,
+            "bucket_uuid": self.bucket_uuid,
+            "self": self.self_addr,
+            "leader": self.leader,
+            "is_leader": self.is_leader,
+            "term": int(node.raftCurrentTerm),
+            "commit_index": int(node.raftCommitIndex),
+            "applied_index": int(node.raftLastApplied),
+            "core_applied_index": core_applied,
+            "log_len": len(journal),
+            "log_first_index": first_idx,
+            "log_last_index": last_idx,
+            "durable_index": journal.last_durable_index,
+            "has_quorum": self._has_quorum(),
+            "ready": self._ready(),
+            "epoch": epoch,
+            "members": self._members(),
+            "quarantined": self._quarantine,
+            "fsyncs": journal.fsync_count,
+            "group_commits": journal.sync_count,
+            "snapshot_index": self._snapshot_index,
+            "snapshots_written": counters.snapshots_written,
+            "snapshots_loaded": counters.snapshots_loaded,
+            "compactions_deferred": counters.compactions_deferred,
+            "entry_errors": counters.entry_errors,
+            "stale_term_acks": counters.stale_term_acks,
+            "rewinds_prevented": counters.rewinds_prevented,
+            "matching_entries_kept": counters.matching_entries_kept,
+            "journal_trims_at_startup": counters.journal_trims_at_startup,
+        }
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """True once a leader is known and this replica has applied what the leader
+        had committed when it first heard from it (a leader: its own term's NO_OP).
+        False on timeout, or at once if quarantined or closed."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._quarantine is not None or self._closed:
+                return False
+            if self._ready():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+    def add_member(self, addr: str, timeout_s: float) -> None:
+        """Add ``addr`` (started with the current members as partners) to the group.
+
+        :raises MembershipChangeInProgress: another change is still uncommitted.
+        :raises ValueError: ``addr`` is already a member.
+        """
+        self._change_membership("add", addr, timeout_s)
+
+    def remove_member(self, addr: str, timeout_s: float) -> None:
+        """Remove ``addr`` from the group (not the leader: transfer leadership first).
+
+        :raises MembershipChangeInProgress: another change is still uncommitted.
+        :raises ValueError: ``addr`` is not a member, is this replica or is the leader.
+        """
+        self._change_membership("remove", addr, timeout_s)
+
+    def close(self) -> None:
+        """Flush the journal and stop the SyncObj (threads and sockets). Idempotent."""
+        with self._pending_lock:
+            if self._closed:
+                return
+            self._closed = True
+            pending = list(self._pending)
+        self._node.destroy_synchronous()
+        self._journal.close()
+        for waiter in pending:
+            waiter.done(None, "closed")
+        os.close(self._lock_fd)
+
+    # -- apply (tick thread) ---------------------------------------------------------
+
+    def _apply(self, index: int, entry: object) -> ApplyOutcome | None:
+        """Apply one committed entry; never raises (see the module docstring)."""
+        with self._lock:
+            if self._quarantine is not None:
+                return None
+            try:
+                if not isinstance(entry, bytes):
+                    raise MalformedEntry(f"entry must be bytes, got {type(entry).__name__}")
+                applied = self._sm.apply(index, entry)
+            except EntryError as exc:
+                self._counters.entry_errors += 1
+                logger.info("bucket %d: entry %d rejected: %s", self.bucket, index, exc)
+                return ApplyOutcome(index, None, f"{type(exc).__name__}: {exc}")
+            except ReplicaDivergence as exc:
+                self._enter_quarantine(index, f"{type(exc).__name__}: {exc}")
+                return None
+            except Exception as exc:
+                self._enter_quarantine(
+                    index, f"unexpected {type(exc).__name__}: {exc}", exc_info=True
+                )
+                return None
+        if self._on_applied is not None:
+            try:
+                self._on_applied(applied)
+            except Exception:
+                logger.exception("bucket %d: on_applied failed at index %d", self.bucket, index)
+        return ApplyOutcome(index, applied, None)
+
+    def _enter_quarantine(self, index: int, reason: str, *, exc_info: bool = False) -> None:
+        with self._lock:
+            if self._quarantine is not None:
+                return
+            self._quarantine = f"log index {index}: {reason}"
+        logger.critical(
+            "bucket %d replica %s QUARANTINED at log index %d: %s - it no longer applies "
+            "entries, serves reads or accepts proposals; the rest of the group goes on",
+            self.bucket,
+            self.self_addr,
+            index,
+            reason,
+            exc_info=exc_info,
+        )
+
+    # -- snapshots (tick thread) -----------------------------------------------------
+
+    def _compaction_allowed(self, index: int) -> bool:
+        """May a snapshot at raft index ``index`` (the last applied entry) replace the
+        log before it? Only if the core's safety point (seed 000 §8) is not held back
+        below what the core applied by an unacked client, and the cold replica
+        checkpoint and migration hold point are not below ``index``. (Entries between
+        the core's applied index and ``index`` are Raft no-ops, membership changes or
+        rejected entries, which change nothing in the core.)"""
+        cold, hold = self.cold_replica_checkpoint, self.migration_hold_point
+        with self._lock:
+            if self._quarantine is not None:
+                return False
+            point = self._sm.safety_point(
+                int(time.time() * 1000), self._tuning.stall_window_ms, cold, hold
+            )
+            applied = self._sm.applied_index
+        return (
+            point >= applied and (cold is None or cold >= index) and (hold is None or hold >= index)
+        )
+
+    def _write_snapshot(self, tmp_path: str, data: tuple[Any, Any, Any]) -> None:
+        """pysyncobj's custom serializer (serializer.py:87): one file with the core
+        snapshot and pysyncobj's (lastEntry, prevEntry, cluster), fsynced. pysyncobj
+        renames it into place; the directory is fsynced before compaction drops log
+        entries (_RaftNode._SyncObj__deleteEntriesTo)."""
+        last, prev, cluster = data
+        with self._lock:
+            if self._quarantine is not None:
+                raise RuntimeError("quarantined replicas take no snapshots")
+            core = self._sm.snapshot()
+            core_applied = self._sm.applied_index
+        if core_applied > last[1]:
+            raise RuntimeError(f"core applied {core_applied} past the snapshot index {last[1]}")
+        snap = _Snapshot(
+            self.bucket_uuid,
+            core,
+            (bytes(last[0]), int(last[1]), int(last[2])),
+            (bytes(prev[0]), int(prev[1]), int(prev[2])),
+            tuple(sorted(str(node.id) for node in cluster)),
+        )
+        payload = _encode_snapshot(snap)
+        fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._snapshot_index = snap.last[1]
+        self._counters.snapshots_written += 1
+
+    def _load_snapshot(self, path: Path) -> _Snapshot:
+        with open(path, "rb") as f:
+            stat = os.fstat(f.fileno())
+            key = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            if self._snapshot_cache is not None and self._snapshot_cache[0] == key:
+                return self._snapshot_cache[1]
+            data = f.read()
+            # A snapshot installed from the leader (serializer.py:176-198) was written
+            # and renamed without any fsync: make it durable before the journal is
+            # cleared and the install is acked.
+            os.fsync(f.fileno())
+        _fsync_dir(path.parent)
+        snap = _decode_snapshot(data)
+        self._snapshot_cache = (key, snap)
+        return snap
+
+    def _read_snapshot(self, path: str) -> tuple[Any, Any, Any]:
+        """pysyncobj's custom deserializer (serializer.py:110): restore the core and
+        return (lastEntry, prevEntry, cluster) for pysyncobj."""
+        try:
+            snap = self._load_snapshot(Path(path))
+            if snap.bucket_uuid != self.bucket_uuid:
+                raise ValueError(
+                    f"snapshot belongs to bucket {snap.bucket_uuid!r}, not {self.bucket_uuid!r}"
+                )
+            sm = BucketStateMachine.restore(snap.core)
+            if sm.bucket_uuid != self.bucket_uuid:
+                raise ValueError(f"core snapshot is for bucket {sm.bucket_uuid!r}")
+        except Exception as exc:
+            self._enter_quarantine(
+                int(self._node.raftLastApplied) + 1,
+                f"cannot load snapshot {path}: {type(exc).__name__}: {exc}",
+            )
+            raise
+        finally:
+            self._snapshot_cache = None
+        with self._lock:
+            self._sm = sm
+        self._snapshot_index = snap.last[1]
+        self._counters.snapshots_loaded += 1
+        return snap.last, snap.prev, {TCPNode(addr) for addr in snap.cluster}
+
+    def _align_journal_to_snapshot(self) -> None:
+        """Drop journal entries before the snapshot point so that pysyncobj's startup
+        check (journal[0:2] == snapshot's prev, last) keeps the journal."""
+        path = self._data_dir / SNAPSHOT_FILE
+        try:
+            snap = self._load_snapshot(path)
+        except Exception:
+            logger.exception("bucket %d: snapshot %s unreadable", self.bucket, path)
+            return  # the deserializer reports (and quarantines) when pysyncobj loads it
+        log = self._journal
+        if len(log) >= 2 and log[0] == snap.prev and log[1] == snap.last:
+            return
+        first_idx = log[0][1] if len(log) else 0
+        position = snap.prev[1] - first_idx
+        if (
+            len(log)
+            and position > 0
+            and position + 1 < len(log)
+            and log[position] == snap.prev
+            and log[position + 1] == snap.last
+        ):
+            logger.warning(
+                "bucket %d: journal holds %d entries before its snapshot at %d (a crash "
+                "between the snapshot and the compaction); trimming them, not clearing",
+                self.bucket,
+                position,
+                snap.last[1],
+            )
+            log.deleteEntriesTo(position)
+            self._counters.journal_trims_at_startup += 1
+        else:
+            logger.warning(
+                "bucket %d: journal (%d..%d) does not contain the snapshot point %d; "
+                "pysyncobj resets the journal to the snapshot",
+                self.bucket,
+                first_idx,
+                log[-1][1] if len(log) else 0,
+                snap.last[1],
+            )
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _lock_data_dir(self) -> int:
+        fd = os.open(self._data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RuntimeError(f"{self._data_dir} is in use by another replica") from None
+        return fd
+
+    def _refuse_if_unavailable(self) -> None:
+        if self._closed:
+            raise ReplicaUnavailable(f"bucket {self.bucket}: replica is closed", reason="closed")
+        if self._quarantine is not None:
+            raise ReplicaUnavailable(
+                f"bucket {self.bucket}: replica {self.self_addr} is quarantined "
+                f"({self._quarantine})",
+                leader_hint=self.leader,
+                reason="quarantined",
+            )
+
+    def _has_quorum(self) -> bool:
+        for _ in range(3):
+            with contextlib.suppress(RuntimeError):  # a set changed size under us
+                return bool(self._node.hasQuorum)
+        return False
+
+    def _members(self) -> list[str]:
+        for _ in range(3):
+            with contextlib.suppress(RuntimeError):
+                return sorted([self.self_addr, *(str(n.id) for n in self._node.otherNodes)])
+        return [self.self_addr]
+
+    def _ready(self) -> bool:
+        node = self._node
+        leader = node._getLeader()
+        if leader is None or not node.isReady():
+            return False
+        if node._isLeader():
+            noop = node._SyncObj__noopIDx
+            return noop is not None and int(node.raftLastApplied) >= int(noop)
+        return True
+
+    def _change_membership(self, op: str, addr: str, timeout_s: float) -> None:
+        _check_addr(addr)
+        self._refuse_if_unavailable()
+        if not self._membership_lock.acquire(blocking=False):
+            raise MembershipChangeInProgress(
+                f"bucket {self.bucket}: another membership change from this replica is in flight",
+                leader_hint=self.leader,
+                reason="membership_in_flight",
+            )
+        try:
+            members = self._members()
+            if op == "add" and addr in members:
+                raise ValueError(f"{addr} is already a member of bucket {self.bucket}")
+            if op == "remove":
+                if addr not in members:
+                    raise ValueError(f"{addr} is not a member of bucket {self.bucket}")
+                if addr == self.self_addr or addr == self.leader:
+                    raise ValueError(
+                        f"{addr} is this replica or the leader; remove it from another "
+                        "replica after transferring leadership"
+                    )
+            waiter = _Waiter()
+            if op == "add":
+                self._node.addNodeToCluster(addr, callback=waiter.done)
+            else:
+                self._node.removeNodeFromCluster(addr, callback=waiter.done)
+            if not waiter.event.wait(timeout_s):
+                raise ReplicaUnavailable(
+                    f"bucket {self.bucket}: membership change ({op} {addr}) not committed "
+                    f"within {timeout_s} s (outcome unknown)",
+                    leader_hint=self.leader,
+                    reason="timeout",
+                )
+            if waiter.error == FAIL_REASON.REQUEST_DENIED:
+                raise MembershipChangeInProgress(
+                    f"bucket {self.bucket}: the leader refused {op} {addr}: an earlier "
+                    "membership change (or the leader's first entry) is not committed yet",
+                    leader_hint=self.leader,
+                    reason="REQUEST_DENIED",
+                )
+            if waiter.error != FAIL_REASON.SUCCESS:
+                reason = (
+                    waiter.error
+                    if isinstance(waiter.error, str)
+                    else _FAIL_NAMES.get(waiter.error, str(waiter.error))
+                )
+                raise ReplicaUnavailable(
+                    f"bucket {self.bucket}: membership change ({op} {addr}) failed: {reason}",
+                    leader_hint=self.leader,
+                    reason=reason,
+                )
+        finally:
+            self._membership_lock.release()
+
+    def __repr__(self) -> str:
+        return (
+            f"BucketReplica(bucket={self.bucket}, self={self.self_addr!r}, "
+            f"leader={self.leader!r}, quarantined={self._quarantine is not None})"
+        )

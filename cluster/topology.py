@@ -1,0 +1,229 @@
+"""Cluster layout: buckets, nodes, rendezvous placement, and the persisted spec.
+
+`cluster.json` in the data dir is written once when a cluster is created (that is
+when each `bucket_uuid` is minted) and read by every node process and client
+command afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Final
+
+import xxhash
+
+SPEC_FILE: Final = "cluster.json"
+SPEC_FORMAT_VERSION: Final = 1
+BUCKETS_MAX: Final = 1024
+NODES_MAX: Final = 64
+
+
+class ConfigError(ValueError):
+    """The cluster configuration is invalid; the message says which field and why."""
+
+
+def bucket_of(key: str, buckets: int) -> int:
+    """The bucket a key routes to: xxh64 of its UTF-8 bytes modulo the bucket count."""
+    return xxhash.xxh64_intdigest(key.encode("utf-8")) % buckets
+
+
+def rendezvous(bucket_uuid: str, node_ids: Sequence[str], replicas: int) -> list[str]:
+    """The `replicas` nodes with the highest xxh64(bucket_uuid/node) scores.
+
+    Adding or removing a node moves only the buckets whose top-R set changes.
+    """
+    scored = sorted(
+        node_ids,
+        key=lambda n: (xxhash.xxh64_intdigest(f"{bucket_uuid}/{n}".encode()), n),
+        reverse=True,
+    )
+    return scored[:replicas]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    node_id: str
+    host: str
+    grpc_port: int
+    raft_port_base: int
+    """Bucket b's replica on this node listens on raft_port_base + b."""
+
+    @property
+    def grpc_address(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    def raft_address(self, bucket: int) -> str:
+        return f"{self.host}:{self.raft_port_base + bucket}"
+
+
+@dataclass(frozen=True, slots=True)
+class BucketSpec:
+    bucket: int
+    bucket_uuid: str
+    nodes: tuple[str, ...]
+    """Node ids holding a replica, in placement order."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    cluster_id: str
+    password: str
+    """Shared secret of the Raft transport (pysyncobj encrypts with it)."""
+    replicas: int
+    nodes: tuple[NodeSpec, ...]
+    buckets: tuple[BucketSpec, ...]
+
+    def node(self, node_id: str) -> NodeSpec:
+        for node in self.nodes:
+            if node.node_id == node_id:
+                return node
+        raise ConfigError(f"no node {node_id!r} in this cluster (nodes: {self.node_ids})")
+
+    @property
+    def node_ids(self) -> list[str]:
+        return [n.node_id for n in self.nodes]
+
+    def bucket_for_key(self, key: str) -> BucketSpec:
+        return self.buckets[bucket_of(key, len(self.buckets))]
+
+    def replica_addresses(self, bucket: int) -> list[str]:
+        spec = self.buckets[bucket]
+        return [self.node(n).raft_address(bucket) for n in spec.nodes]
+
+    def node_of_raft_address(self, bucket: int, address: str) -> NodeSpec | None:
+        for node_id in self.buckets[bucket].nodes:
+            node = self.node(node_id)
+            if node.raft_address(bucket) == address:
+                return node
+        return None
+
+    # ---- persistence -------------------------------------------------------------
+
+    def to_json(self) -> str:
+        return json.dumps({"format": SPEC_FORMAT_VERSION, **asdict(self)}, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str, origin: str = "cluster spec") -> ClusterSpec:
+        try:
+            raw = json.loads(text)
+            if raw.get("format") != SPEC_FORMAT_VERSION:
+                raise ConfigError(
+                    f"{origin}: format {raw.get('format')!r}, expected {SPEC_FORMAT_VERSION}"
+                )
+            spec = cls(
+                cluster_id=str(raw["cluster_id"]),
+                password=str(raw["password"]),
+                replicas=int(raw["replicas"]),
+                nodes=tuple(
+                    NodeSpec(
+                        str(n["node_id"]),
+                        str(n["host"]),
+                        int(n["grpc_port"]),
+                        int(n["raft_port_base"]),
+                    )
+                    for n in raw["nodes"]
+                ),
+                buckets=tuple(
+                    BucketSpec(
+                        int(b["bucket"]), str(b["bucket_uuid"]), tuple(str(x) for x in b["nodes"])
+                    )
+                    for b in raw["buckets"]
+                ),
+            )
+        except ConfigError:
+            raise
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{origin}: unreadable ({exc.__class__.__name__}: {exc})") from None
+        spec.validate(origin)
+        return spec
+
+    def validate(self, origin: str = "cluster spec") -> None:
+        if not self.nodes or len(self.nodes) > NODES_MAX:
+            raise ConfigError(f"{origin}: needs 1..{NODES_MAX} nodes, has {len(self.nodes)}")
+        if len(set(self.node_ids)) != len(self.node_ids):
+            raise ConfigError(f"{origin}: node ids must be unique")
+        if not 1 <= self.replicas <= len(self.nodes):
+            raise ConfigError(
+                f"{origin}: replicas must be 1..{len(self.nodes)} (the node "
+                f"count), got {self.replicas}"
+            )
+        if not 1 <= len(self.buckets) <= BUCKETS_MAX:
+            raise ConfigError(f"{origin}: needs 1..{BUCKETS_MAX} buckets")
+        for i, b in enumerate(self.buckets):
+            if b.bucket != i:
+                raise ConfigError(f"{origin}: bucket {i} is numbered {b.bucket}")
+            if len(b.nodes) != self.replicas or len(set(b.nodes)) != len(b.nodes):
+                raise ConfigError(f"{origin}: bucket {i} needs {self.replicas} distinct nodes")
+            for node_id in b.nodes:
+                self.node(node_id)
+        ports: set[int] = set()
+        for n in self.nodes:
+            for port in (
+                n.grpc_port,
+                *range(n.raft_port_base, n.raft_port_base + len(self.buckets)),
+            ):
+                if not 1 <= port <= 65535:
+                    raise ConfigError(f"{origin}: node {n.node_id} port {port} out of range")
+                if port in ports:
+                    raise ConfigError(f"{origin}: port {port} is used twice")
+                ports.add(port)
+
+    def save(self, data_dir: Path) -> Path:
+        """Write atomically (tmp + fsync + rename): a crash never leaves half a spec."""
+        data_dir.mkdir(parents=True, exist_ok=True)
+        path = data_dir / SPEC_FILE
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            f.write(self.to_json())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(data_dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return path
+
+    @classmethod
+    def load(cls, data_dir: Path) -> ClusterSpec:
+        path = data_dir / SPEC_FILE
+        if not path.exists():
+            raise ConfigError(
+                f"no cluster in {data_dir} (no {SPEC_FILE}); start one with "
+                f"`sevendb cluster up --data {data_dir}`"
+            )
+        return cls.from_json(path.read_text(), str(path))
+
+
+def new_cluster(
+    *, nodes: int, buckets: int, replicas: int, host: str, ports: Sequence[int]
+) -> ClusterSpec:
+    """Mint a cluster: ids, password and bucket uuids are chosen once, here.
+
+    `ports` gives each node its gRPC port then its Raft port base (2 per node); every
+    node's Raft ports are base..base+buckets-1.
+    """
+    if len(ports) != 2 * nodes:
+        raise ConfigError(f"need {2 * nodes} ports for {nodes} nodes, got {len(ports)}")
+    node_specs = tuple(
+        NodeSpec(f"n{i + 1}", host, ports[2 * i], ports[2 * i + 1]) for i in range(nodes)
+    )
+    node_ids = [n.node_id for n in node_specs]
+    bucket_specs = []
+    for b in range(buckets):
+        bucket_uuid = str(uuid.uuid4())
+        bucket_specs.append(
+            BucketSpec(b, bucket_uuid, tuple(rendezvous(bucket_uuid, node_ids, replicas)))
+        )
+    spec = ClusterSpec(
+        str(uuid.uuid4()), secrets.token_urlsafe(24), replicas, node_specs, tuple(bucket_specs)
+    )
+    spec.validate()
+    return spec

@@ -1,0 +1,231 @@
+"""The client: writes, reads and idempotent producers against any cluster node.
+
+Any node accepts any request (it forwards to the bucket's leader); on UNAVAILABLE
+the client follows the leader hint or tries the next endpoint, with backoff.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import grpc
+
+from sevendb.outbox.emitseq import EmitSeq
+from sevendb.outbox.errors import ERROR_TYPES, ErrorCode, SevenDBError
+from sevendb.proto import sevendb_pb2 as pb
+from sevendb.proto import sevendb_pb2_grpc as pb_grpc
+
+T = TypeVar("T")
+LEADER_HINT_KEY = "sevendb-leader"
+ERROR_CODE_KEY = "sevendb-error"
+
+
+class Unavailable(SevenDBError):
+    """No node could serve the request within the retry budget."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How long and how often to retry UNAVAILABLE (leader changes, restarts)."""
+
+    attempts_max: int = 40
+    backoff_initial_s: float = 0.05
+    backoff_max_s: float = 1.0
+    deadline_s: float = 30.0
+    call_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    committed: EmitSeq
+    bucket: int
+    versions: dict[str, int] = field(default_factory=dict)
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    key: str
+    value: bytes
+    version: int
+    mod_commit_index: int
+
+
+def _emit_seq(msg: pb.EmitSeq) -> EmitSeq:
+    return EmitSeq(msg.epoch_id.bucket_uuid, msg.epoch_id.epoch_counter, msg.commit_index)
+
+
+def _domain_error(exc: grpc.RpcError) -> SevenDBError | None:
+    trailers = dict(exc.trailing_metadata() or ())
+    code = trailers.get(ERROR_CODE_KEY)
+    if isinstance(code, str) and code in ErrorCode.__members__:
+        return ERROR_TYPES[ErrorCode(code)](exc.details())
+    if exc.code() in (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ):
+        return ERROR_TYPES[ErrorCode.INVALID_ARGUMENT](exc.details())
+    return None
+
+
+class Client:
+    """A connection to a sevendb cluster through any of its nodes' client endpoints."""
+
+    def __init__(self, endpoints: Sequence[str], *, retry: RetryPolicy | None = None) -> None:
+        if not endpoints:
+            raise ValueError("a Client needs at least one endpoint (host:port)")
+        self._endpoints = list(endpoints)
+        self._retry = retry or RetryPolicy()
+        self._channels: dict[str, grpc.Channel] = {}
+        self._preferred = 0
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            for channel in self._channels.values():
+                channel.close()
+            self._channels.clear()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _stub(self, address: str) -> pb_grpc.SevenDBStub:
+        with self._lock:
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = self._channels[address] = grpc.insecure_channel(address)
+        return pb_grpc.SevenDBStub(channel)
+
+    def _call(self, fn: Callable[[pb_grpc.SevenDBStub, float], T]) -> T:
+        policy = self._retry
+        deadline = time.monotonic() + policy.deadline_s
+        backoff = policy.backoff_initial_s
+        target = self._endpoints[self._preferred % len(self._endpoints)]
+        last: grpc.RpcError | None = None
+        for _attempt in range(policy.attempts_max):
+            try:
+                return fn(self._stub(target), policy.call_timeout_s)
+            except grpc.RpcError as exc:
+                domain = _domain_error(exc)
+                if domain is not None:
+                    raise domain from None
+                code = exc.code()
+                if code not in (
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    grpc.StatusCode.ABORTED,
+                ):
+                    raise SevenDBError(f"{code.name}: {exc.details()}") from None
+                last = exc
+                hint = dict(exc.trailing_metadata() or ()).get(LEADER_HINT_KEY)
+                if hint:
+                    target = hint
+                else:
+                    self._preferred += 1
+                    target = self._endpoints[self._preferred % len(self._endpoints)]
+            if time.monotonic() + backoff > deadline:
+                break
+            time.sleep(backoff * (0.5 + random.random()))
+            backoff = min(backoff * 2, policy.backoff_max_s)
+        detail = last.details() if last is not None else "no attempt"
+        raise Unavailable(f"cluster unavailable after retries: {detail}")
+
+    # ---- API -----------------------------------------------------------------------
+
+    def write(self, ops: Sequence[pb.Op], producer: pb.ProducerRef | None = None) -> WriteResult:
+        request = pb.WriteRequest(ops=list(ops), producer=producer)
+        response: pb.WriteResponse = self._call(lambda s, t: s.Write(request, timeout=t))
+        return WriteResult(
+            _emit_seq(response.committed),
+            response.bucket,
+            {kv.key: kv.version for kv in response.versions},
+            response.duplicate,
+        )
+
+    def put(
+        self,
+        key: str,
+        value: bytes,
+        *,
+        expected_version: int | None = None,
+        must_not_exist: bool = False,
+    ) -> WriteResult:
+        return self.write(
+            [set_op(key, value, expected_version=expected_version, must_not_exist=must_not_exist)]
+        )
+
+    def delete(self, key: str, *, expected_version: int | None = None) -> WriteResult:
+        expected = pb.ExpectedVersion(exact=expected_version) if expected_version else None
+        return self.write([pb.Op(kind=pb.Op.DEL, key=key, expected=expected)])
+
+    def get(self, key: str) -> Record | None:
+        response: pb.GetResponse = self._call(lambda s, t: s.Get(pb.GetRequest(key=key), timeout=t))
+        if not response.found:
+            return None
+        return Record(key, response.value, response.version, response.mod_commit_index)
+
+    def status(self, endpoint: str) -> pb.StatusResponse:
+        response: pb.StatusResponse = self._stub(endpoint).Status(
+            pb.StatusRequest(), timeout=self._retry.call_timeout_s
+        )
+        return response
+
+    def producer(self, bucket_count: int) -> IdempotentProducer:
+        return IdempotentProducer(self, bucket_count)
+
+
+def set_op(
+    key: str, value: bytes, *, expected_version: int | None = None, must_not_exist: bool = False
+) -> pb.Op:
+    expected = None
+    if must_not_exist:
+        expected = pb.ExpectedVersion(not_exists=True)
+    elif expected_version:
+        expected = pb.ExpectedVersion(exact=expected_version)
+    return pb.Op(kind=pb.Op.SET, key=key, value=value, expected=expected)
+
+
+class IdempotentProducer:
+    """Writes whose retries never double-commit (seed 003): one producer id, one epoch
+    and sequence per bucket, obtained lazily with InitProducer."""
+
+    def __init__(self, client: Client, bucket_count: int) -> None:
+        self._client = client
+        self._buckets = bucket_count
+        self._producer_id = 0
+        self._state: dict[int, tuple[int, int]] = {}  # bucket -> (epoch, next sequence)
+        self._lock = threading.Lock()
+
+    @property
+    def producer_id(self) -> int:
+        return self._producer_id
+
+    def _init(self, bucket: int) -> tuple[int, int]:
+        request = pb.InitProducerRequest(producer_id=self._producer_id, bucket=bucket)
+        response: pb.InitProducerResponse = self._client._call(
+            lambda s, t: s.InitProducer(request, timeout=t)
+        )
+        self._producer_id = response.producer_id
+        return response.producer_epoch, 0
+
+    def put(self, key: str, value: bytes, *, expected_version: int | None = None) -> WriteResult:
+        from sevendb.cluster.topology import bucket_of
+
+        bucket = bucket_of(key, self._buckets)
+        with self._lock:
+            if bucket not in self._state:
+                self._state[bucket] = self._init(bucket)
+            epoch, seq = self._state[bucket]
+            self._state[bucket] = (epoch, seq + 1)
+        ref = pb.ProducerRef(producer_id=self._producer_id, producer_epoch=epoch, sequence=seq)
+        # _call retries UNAVAILABLE with the same sequence: a retry of a write that
+        # did commit returns the original commit (duplicate=True), never a second one.
+        return self._client.write([set_op(key, value, expected_version=expected_version)], ref)

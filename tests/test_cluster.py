@@ -1,0 +1,129 @@
+"""Real processes: acknowledged writes survive kill -9 of a leader, a follower, or
+every node; replicas converge to identical state."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cluster_harness import LocalCluster, wait_for
+
+from sevendb.outbox.errors import PreconditionFailed
+from sevendb.sdk.client import Client, WriteResult
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    c = LocalCluster.start(tmp_path / "data")
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def write_batch(client: Client, prefix: str, count: int) -> dict[str, WriteResult]:
+    return {f"{prefix}{i}": client.put(f"{prefix}{i}", f"v{i}".encode()) for i in range(count)}
+
+
+def verify_acked(client: Client, acked: dict[str, WriteResult]) -> None:
+    """Every acknowledged write is there, at the log position it was acknowledged at."""
+    for key, result in acked.items():
+        record = client.get(key)
+        assert record is not None, f"acknowledged write {key} lost"
+        assert record.value == f"v{key.rsplit('-', 1)[-1]}".encode(), key
+        assert record.mod_commit_index == result.committed.commit_index, key
+
+
+def test_write_get_and_preconditions(cluster: LocalCluster) -> None:
+    with cluster.client() as client:
+        first = client.put("k", b"1")
+        assert first.versions == {"k": 1}
+        assert client.put("k", b"2", expected_version=1).versions == {"k": 2}
+        with pytest.raises(PreconditionFailed):
+            client.put("k", b"3", expected_version=1)
+        with pytest.raises(PreconditionFailed):
+            client.put("k", b"3", must_not_exist=True)
+        record = client.get("k")
+        assert record is not None and record.value == b"2" and record.version == 2
+        assert client.get("missing") is None
+
+
+@pytest.mark.parametrize("victim", ["leader", "follower"])
+def test_acknowledged_writes_survive_kill9(cluster: LocalCluster, victim: str) -> None:
+    with cluster.client() as client:
+        acked = write_batch(client, "a-", 60)
+        leader = cluster.leader_node(0)
+        node = (
+            leader
+            if victim == "leader"
+            else next(n.node_id for n in cluster.spec.nodes if n.node_id != leader)
+        )
+        cluster.kill9(node)
+        acked |= write_batch(client, "b-", 60)  # the client rides over the failover
+        cluster.restart()
+        acked |= write_batch(client, "c-", 20)
+        cluster.wait_converged()
+        verify_acked(client, acked)
+
+
+def test_acknowledged_writes_survive_kill9_of_every_node(cluster: LocalCluster) -> None:
+    with cluster.client() as client:
+        acked = write_batch(client, "a-", 100)
+    for node in cluster.spec.nodes:
+        cluster.kill9(node.node_id)
+    cluster.restart()
+    cluster.wait_converged()
+    with cluster.client() as client:
+        verify_acked(client, acked)
+
+
+def test_writes_under_concurrent_load_and_leader_kill(cluster: LocalCluster) -> None:
+    acked: dict[str, WriteResult] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def writer(w: int) -> None:
+        with cluster.client() as client:
+            i = 0
+            while not stop.is_set():
+                key = f"w{w}-{i}"
+                result = client.put(key, f"v{i}".encode())
+                with lock:
+                    acked[key] = result
+                i += 1
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: len(acked) > 100, 30, "100 acknowledged writes")
+    cluster.kill9(cluster.leader_node(0))
+    wait_for(lambda: len(acked) > 300, 60, "writes to continue after the leader died")
+    stop.set()
+    for t in threads:
+        t.join(30)
+    cluster.restart()
+    cluster.wait_converged()
+    with cluster.client() as client:
+        verify_acked(client, acked)
+
+
+def test_idempotent_producer_retries_across_leader_change_commit_once(
+    cluster: LocalCluster,
+) -> None:
+    with cluster.client() as client:
+        producer = client.producer(len(cluster.spec.buckets))
+        puts = 0
+        for i in range(40):
+            producer.put("counter", str(i).encode())
+            puts += 1
+        cluster.kill9(cluster.leader_node(cluster.spec.bucket_for_key("counter").bucket))
+        for i in range(40, 80):
+            producer.put("counter", str(i).encode())
+            puts += 1
+        record = client.get("counter")
+        assert record is not None and record.value == b"79"
+        assert record.version == puts  # no retry committed twice

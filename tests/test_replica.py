@@ -1,0 +1,425 @@
+"""BucketReplica: the pure bucket core replicated by real pysyncobj groups.
+
+Several replicas run in this one process on 127.0.0.1 with distinct free ports; the
+replication, elections, snapshots and catch-up are pysyncobj's real ones, over its
+encrypted TCP transport. The helpers here are shared with test_raft_hardening.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sevendb.cluster.replica import (
+    SNAPSHOT_FILE,
+    ApplyOutcome,
+    BucketReplica,
+    RaftTuning,
+    ReplicaUnavailable,
+)
+from sevendb.outbox.entries import ANY, Op, OpKind, Write, encode_entry
+from sevendb.outbox.errors import LimitExceeded
+from sevendb.outbox.model import Applied, WriteResult
+from sevendb.outbox.state import BucketStateMachine
+
+BUCKET_UUID = "bucket-test-0001"
+PASSWORD = "test-cluster-password"
+
+#: Faster elections than production so a test's leader change takes well under a second.
+FAST = RaftTuning(
+    heartbeat_s=0.05, tick_s=0.05, election_min_s=0.3, election_max_s=0.6, connection_retry_s=0.2
+)
+
+
+def fast(**overrides: Any) -> RaftTuning:
+    return dataclasses.replace(FAST, **overrides)
+
+
+# ------------------------------------------------------------------------ helpers
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def wait_until(pred: Callable[[], object], timeout_s: float = 10.0, what: str = "") -> None:
+    """Poll ``pred`` until it is truthy; fail the test with ``what`` on the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what or pred}")
+        time.sleep(0.01)
+
+
+def write(key: str, value: bytes = b"v", now_ms: int = 1_000) -> bytes:
+    return encode_entry(Write((Op(OpKind.SET, key, value, ANY),), None, now_ms))
+
+
+def num(replica: BucketReplica | None, key: str) -> int:
+    """A numeric field of ``replica.status()``."""
+    assert replica is not None
+    value = replica.status()[key]
+    assert isinstance(value, int), (key, value)
+    return value
+
+
+def members(replica: BucketReplica | None) -> list[str]:
+    assert replica is not None
+    value = replica.status()["members"]
+    assert isinstance(value, list)
+    return value
+
+
+def state(replica: BucketReplica) -> tuple[int, str]:
+    return replica.read(lambda sm: (sm.applied_index, sm.digest()))
+
+
+class Cluster:
+    """N replicas of one bucket in this process, each with its own data dir."""
+
+    def __init__(self, root: Path, n: int = 3, tuning: RaftTuning = FAST) -> None:
+        self.root = root
+        self.tuning = tuning
+        self.addrs = [f"127.0.0.1:{p}" for p in free_ports(n)]
+        self.replicas: list[BucketReplica | None] = [None] * n
+        self.applied: list[list[Applied]] = [[] for _ in range(n)]
+
+    def data_dir(self, i: int) -> Path:
+        return self.root / f"replica-{i}"
+
+    def start(self, i: int, partners: list[str] | None = None) -> BucketReplica:
+        assert self.replicas[i] is None
+        replica = BucketReplica(
+            bucket=0,
+            bucket_uuid=BUCKET_UUID,
+            self_addr=self.addrs[i],
+            partners=self.addrs if partners is None else partners,
+            data_dir=self.data_dir(i),
+            password=PASSWORD,
+            tuning=self.tuning,
+            on_applied=self.applied[i].append,
+        )
+        self.replicas[i] = replica
+        return replica
+
+    def start_all(self) -> Cluster:
+        for i in range(len(self.addrs)):
+            self.start(i)
+        return self
+
+    def stop(self, i: int) -> None:
+        replica = self.replicas[i]
+        assert replica is not None
+        replica.close()
+        self.replicas[i] = None
+
+    def close(self) -> None:
+        for i, replica in enumerate(self.replicas):
+            if replica is not None:
+                replica.close()
+                self.replicas[i] = None
+
+    @property
+    def live(self) -> list[BucketReplica]:
+        return [r for r in self.replicas if r is not None]
+
+    def index_of(self, replica: BucketReplica) -> int:
+        return self.replicas.index(replica)
+
+    def leader(self, timeout_s: float = 10.0) -> BucketReplica:
+        """The one live replica that leads and is ready, once every live one agrees."""
+
+        def agreed() -> bool:
+            leaders = [r for r in self.live if r.is_leader]
+            return (
+                len(leaders) == 1
+                and leaders[0].wait_ready(0)
+                and all(r.leader == leaders[0].self_addr for r in self.live)
+            )
+
+        wait_until(agreed, timeout_s, "one agreed, ready leader")
+        return next(r for r in self.live if r.is_leader)
+
+    def followers(self) -> list[BucketReplica]:
+        leader = self.leader()
+        return [r for r in self.live if r is not leader]
+
+    def converge(self, timeout_s: float = 10.0) -> str:
+        """Wait until every live replica applied the same log; return the common digest."""
+        leader = self.leader()
+
+        def same() -> bool:
+            target = num(leader, "commit_index")
+            if any(r.status()["applied_index"] != target for r in self.live):
+                return False
+            return len({state(r) for r in self.live}) == 1
+
+        wait_until(same, timeout_s, "replicas to converge")
+        return state(leader)[1]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    try:
+        yield c.start_all()
+    finally:
+        c.close()
+
+
+def raft_entry_bytes(replica: BucketReplica, index: int) -> bytes:
+    """The entry bytes pysyncobj stored at raft ``index`` for our replicated method."""
+    journal = replica._journal
+    command, idx, _term = journal[index - journal[0][1]]
+    assert idx == index
+    assert command[:1] == b"\x00"  # pysyncobj _COMMAND_TYPE.REGULAR
+    _func_id, args = pickle.loads(command[1:])
+    (entry,) = args
+    assert isinstance(entry, bytes)
+    return entry
+
+
+# -------------------------------------------------------------------------- tests
+
+
+def test_propose_commits_and_applies_identically_on_every_replica(cluster: Cluster) -> None:
+    leader = cluster.leader()
+    follower = cluster.followers()[0]
+    outcomes: list[ApplyOutcome] = []
+    for n in range(10):
+        source = leader if n % 2 else follower  # a follower forwards to the leader
+        outcomes.append(source.propose(write(f"k{n}", b"value-%d" % n, 1_000 + n)))
+    for outcome in outcomes:
+        assert outcome.error is None and outcome.applied is not None
+        assert isinstance(outcome.applied.result, WriteResult)
+        assert outcome.applied.result.error is None
+    indexes = [o.commit_index for o in outcomes]
+    assert indexes == sorted(indexes) and len(set(indexes)) == len(indexes)
+
+    digest = cluster.converge()
+    # The commit index the core saw is the Raft log index of that very entry.
+    for n, outcome in enumerate(outcomes):
+        for replica in cluster.live:
+            assert raft_entry_bytes(replica, outcome.commit_index) == write(
+                f"k{n}", b"value-%d" % n, 1_000 + n
+            )
+    # Every replica holds byte-identical state, equal to replaying the log by hand.
+    reference = BucketStateMachine(BUCKET_UUID)
+    for n, outcome in enumerate(outcomes):
+        reference.apply(outcome.commit_index, write(f"k{n}", b"value-%d" % n, 1_000 + n))
+    assert reference.digest() == digest
+    # on_applied saw every entry, in log order, on every replica.
+    for applied in cluster.applied:
+        assert [a.commit_index for a in applied] == indexes
+    status = leader.status()
+    assert status["is_leader"] and status["quarantined"] is None
+    assert status["commit_index"] == status["applied_index"] == status["durable_index"]
+
+
+def test_malformed_entry_is_an_error_outcome_and_the_group_moves_on(cluster: Cluster) -> None:
+    leader = cluster.leader()
+    before = leader.propose(write("a"))
+    bad = leader.propose(b"\xc1 not msgpack")
+    assert bad.applied is None and bad.error is not None
+    assert bad.error.startswith("MalformedEntry")
+    assert bad.commit_index > before.commit_index
+    unknown = cluster.followers()[0].propose(encode_entry_of_unknown_type())
+    assert unknown.error is not None and unknown.error.startswith("UnknownEntryType")
+    after = leader.propose(write("b"))
+    assert after.error is None and after.commit_index > unknown.commit_index
+    cluster.converge()
+    for replica in cluster.live:
+        assert replica.status()["entry_errors"] == 2
+        assert replica.quarantined is None
+        assert replica.read(lambda sm: sm.get("b")) is not None
+
+
+def encode_entry_of_unknown_type() -> bytes:
+    import msgpack
+
+    return msgpack.packb([1, 99, "x"], use_bin_type=True)
+
+
+def test_a_restarted_follower_catches_up_from_its_data_dir(cluster: Cluster) -> None:
+    leader = cluster.leader()
+    for n in range(5):
+        leader.propose(write(f"before-{n}"))
+    cluster.converge()
+    gone = cluster.index_of(cluster.followers()[0])
+    cluster.stop(gone)
+    for n in range(20):
+        leader.propose(write(f"while-down-{n}"))
+    restarted = cluster.start(gone)
+    digest = cluster.converge()
+    assert state(restarted)[1] == digest
+    assert restarted.read(lambda sm: len(sm)) == 25
+    # It replayed its own journal and fetched only what it missed.
+    assert restarted.status()["snapshots_loaded"] == 0
+
+
+def test_a_follower_catches_up_from_a_snapshot_after_compaction(tmp_path: Path) -> None:
+    c = Cluster(
+        tmp_path,
+        tuning=fast(compaction_min_entries=20),
+    ).start_all()
+    try:
+        leader = c.leader()
+        for n in range(5):
+            leader.propose(write(f"early-{n}"))
+        c.converge()
+        gone = c.index_of(c.followers()[0])
+        last_seen = num(c.replicas[gone], "log_last_index")
+        c.stop(gone)
+        for n in range(80):
+            leader.propose(write(f"late-{n}"))
+        # The leader compacted past everything the stopped follower has.
+        wait_until(
+            lambda: num(leader, "log_first_index") > last_seen + 1,
+            what="leader compaction past the follower",
+        )
+        assert not (c.data_dir(gone) / SNAPSHOT_FILE).exists()  # it never compacted itself
+        restarted = c.start(gone)
+        digest = c.converge()
+        assert state(restarted)[1] == digest
+        assert num(restarted, "snapshots_loaded") >= 1  # installed from the leader
+        assert restarted.read(lambda sm: len(sm)) == 85
+        # A restart from its own data dir (snapshot + journal) keeps everything.
+        c.stop(gone)
+        again = c.start(gone)
+        assert c.converge() == digest
+        assert again.read(lambda sm: len(sm)) == 85
+    finally:
+        c.close()
+
+
+def test_proposals_work_after_a_leader_change(cluster: Cluster) -> None:
+    old = cluster.leader()
+    old_index = cluster.index_of(old)
+    old.propose(write("first"))
+    cluster.converge()
+    term = num(old, "term")
+    cluster.stop(old_index)
+    new = cluster.leader()
+    assert new.self_addr != cluster.addrs[old_index]
+    assert num(new, "term") > term
+    outcome = cluster.followers()[0].propose(write("second"))
+    assert outcome.error is None
+    new.propose(write("third"))
+    rejoined = cluster.start(old_index)
+    digest = cluster.converge()
+    assert state(rejoined)[1] == digest
+    assert rejoined.read(
+        lambda sm: sorted(k for k in ("first", "second", "third") if sm.get(k))
+    ) == ["first", "second", "third"]
+
+
+def test_a_full_cluster_restart_keeps_state_and_term(cluster: Cluster) -> None:
+    leader = cluster.leader()
+    for n in range(10):
+        leader.propose(write(f"k{n}"))
+    digest = cluster.converge()
+    term = num(leader, "term")
+    cluster.close()
+    cluster.start_all()
+    leader = cluster.leader()
+    assert cluster.converge() == digest
+    assert num(leader, "term") > term
+    assert leader.propose(write("after")).error is None
+
+
+def test_api_edges(cluster: Cluster, tmp_path: Path) -> None:
+    leader = cluster.leader()
+    status = leader.status()
+    for key in (
+        "leader",
+        "term",
+        "commit_index",
+        "applied_index",
+        "log_len",
+        "has_quorum",
+        "epoch",
+        "quarantined",
+        "fsyncs",
+        "members",
+    ):
+        assert key in status
+    assert status["members"] == sorted(cluster.addrs)
+    assert status["epoch"] == 1 and status["has_quorum"] is True
+    with pytest.raises(TypeError):
+        leader.propose("not bytes")  # type: ignore[arg-type]
+    with pytest.raises(LimitExceeded):
+        leader.propose(b"x" * (2 * 1024 * 1024 + 1))
+    # The data dir is locked against a second replica.
+    with pytest.raises(RuntimeError, match="in use"):
+        BucketReplica(
+            bucket=0,
+            bucket_uuid=BUCKET_UUID,
+            self_addr=f"127.0.0.1:{free_ports(1)[0]}",
+            partners=[],
+            data_dir=cluster.data_dir(0),
+            password=PASSWORD,
+        )
+    with pytest.raises(ValueError, match="password"):
+        BucketReplica(
+            bucket=0,
+            bucket_uuid=BUCKET_UUID,
+            self_addr="127.0.0.1:1",
+            partners=[],
+            data_dir=tmp_path / "nopw",
+            password="",
+        )
+    with pytest.raises(ValueError, match="host:port"):
+        BucketReplica(
+            bucket=0,
+            bucket_uuid=BUCKET_UUID,
+            self_addr="localhost",
+            partners=[],
+            data_dir=tmp_path / "badaddr",
+            password=PASSWORD,
+        )
+    with pytest.raises(ValueError):
+        RaftTuning(heartbeat_s=0.2, election_min_s=0.5)
+    # A proposal blocked on a closing replica fails instead of hanging.
+    follower = cluster.followers()[0]
+    index = cluster.index_of(follower)
+    cluster.stop(index)
+    follower.close()  # idempotent
+    with pytest.raises(ReplicaUnavailable) as info:
+        follower.propose(write("x"))
+    assert info.value.reason == "closed"
+
+
+def test_reads_are_consistent_under_concurrent_applies(cluster: Cluster) -> None:
+    leader = cluster.leader()
+    stop = threading.Event()
+    seen: list[int] = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            seen.append(leader.read(lambda sm: sm.applied_index))
+            time.sleep(0.001)  # pacing only: leave the GIL to the tick threads
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for n in range(30):
+            leader.propose(write(f"k{n}"))
+    finally:
+        stop.set()
+        thread.join()
+    assert seen == sorted(seen)  # reads never see the apply order go backwards

@@ -1,0 +1,85 @@
+"""Placement, routing and the persisted cluster spec."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from sevendb.cluster.topology import (
+    ClusterSpec,
+    ConfigError,
+    bucket_of,
+    new_cluster,
+    rendezvous,
+)
+
+
+def spec(nodes: int = 3, buckets: int = 8, replicas: int = 3) -> ClusterSpec:
+    ports = [30000 + i * 100 for i in range(2 * nodes)]
+    return new_cluster(
+        nodes=nodes, buckets=buckets, replicas=replicas, host="127.0.0.1", ports=ports
+    )
+
+
+def test_bucket_of_is_stable_and_spreads_keys() -> None:
+    assert bucket_of("orders/1", 8) == bucket_of("orders/1", 8)
+    counts = [0] * 8
+    for i in range(8000):
+        counts[bucket_of(f"key-{i}", 8)] += 1
+    assert min(counts) > 800  # roughly uniform
+
+
+def test_rendezvous_moves_only_buckets_whose_top_set_changes() -> None:
+    uuids = [f"bucket-{i}" for i in range(200)]
+    before = {u: rendezvous(u, ["n1", "n2", "n3"], 3) for u in uuids}
+    after = {u: rendezvous(u, ["n1", "n2", "n3", "n4"], 3) for u in uuids}
+    moved = [u for u in uuids if set(before[u]) != set(after[u])]
+    # Each bucket moves only if n4 enters its top 3 (≈ 3/4 of them), and then exactly
+    # one replica changes.
+    assert 0 < len(moved) < len(uuids)
+    for u in moved:
+        assert len(set(before[u]) - set(after[u])) == 1 and "n4" in after[u]
+    for u in uuids:
+        if u not in moved:
+            assert set(before[u]) == set(after[u])
+
+
+def test_new_cluster_mints_ids_once_and_round_trips(tmp_path: Path) -> None:
+    s = spec()
+    assert len({b.bucket_uuid for b in s.buckets}) == 8
+    s.save(tmp_path)
+    loaded = ClusterSpec.load(tmp_path)
+    assert loaded == s
+    assert loaded.replica_addresses(2) == [s.node(n).raft_address(2) for n in s.buckets[2].nodes]
+
+
+def test_load_without_a_cluster_says_how_to_make_one(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="sevendb cluster up"):
+        ClusterSpec.load(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.update(replicas=4), "replicas must be"),
+        (lambda d: d["buckets"][0].update(nodes=["n1", "n1", "n2"]), "distinct"),
+        (lambda d: d["buckets"][1].update(nodes=["n1", "n2", "n9"]), "no node 'n9'"),
+        (lambda d: d["nodes"][1].update(grpc_port=d["nodes"][0]["grpc_port"]), "used twice"),
+        (lambda d: d.update(format=99), "format"),
+        (lambda d: d.pop("password"), "unreadable"),
+    ],
+)
+def test_invalid_specs_are_refused_with_clear_errors(mutate: object, message: str) -> None:
+    raw = json.loads(spec().to_json())
+    mutate(raw)  # type: ignore[operator]
+    with pytest.raises(ConfigError, match=message):
+        ClusterSpec.from_json(json.dumps(raw))
+
+
+def test_key_routing_uses_the_bucket_count() -> None:
+    s = spec(buckets=4)
+    assert s.bucket_for_key("x").bucket == bucket_of("x", 4)
+    assert dataclasses.replace(s, buckets=s.buckets[:1]).bucket_for_key("x").bucket == 0
