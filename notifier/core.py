@@ -1,0 +1,348 @@
+"""The notifier's decisions for one bucket, pure (seed 000 §4-§6, §10).
+
+The replica that holds a bucket's notifier lease streams the bucket's outbox to
+its subscribers. This module decides *what* to do; the gRPC notifier and the
+simulator perform it:
+
+* who should hold the lease (`default_lease_holder`, `rendezvous_lease_holder`)
+  and when to propose a LEASE entry (`needs_lease`);
+* per connected subscriber stream (`NotifierCore`): where it is, what to send
+  next within a flow-control window, when to resend, which client acks to batch
+  into one OUTBOX_PURGE, and which OUTBOX_WRITE re-proposes the rows a
+  predecessor left un-outboxed.
+
+No I/O, clock, randomness or threads: time arrives as `now_ms`, the bucket state
+as a `BucketStateMachine` the caller keeps applying committed entries to.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Final
+
+import xxhash
+
+from sevendb.outbox import limits
+from sevendb.outbox.emitseq import EmitSeq
+from sevendb.outbox.entries import Ack, Lease, OutboxPurge, OutboxWrite
+from sevendb.outbox.model import (
+    AckOutcome,
+    AckStatus,
+    OutboxRow,
+    ReconnectDecision,
+    ReconnectStatus,
+)
+from sevendb.outbox.state import BucketStateMachine
+
+WINDOW_EVENTS_DEFAULT: Final = 256
+"""Events sent on one stream and not yet acknowledged before sending pauses."""
+RESEND_AFTER_MS_DEFAULT: Final = 2_000
+"""A stream whose acks made no progress this long is rewound to its acked point."""
+BATCH_EVENTS_MAX: Final = 1024
+"""Most events `next_batches` returns per call, all streams together."""
+
+
+@dataclass(frozen=True, slots=True)
+class NotifierConfig:
+    """Per-stream flow control and batching (all bounded; see the constants)."""
+
+    window_events: int = WINDOW_EVENTS_DEFAULT
+    resend_after_ms: int = RESEND_AFTER_MS_DEFAULT
+    acks_per_purge_max: int = limits.ACKS_PER_PURGE_MAX
+    expires_per_purge_max: int = limits.EXPIRES_PER_PURGE_MAX
+
+    def __post_init__(self) -> None:
+        if self.window_events < 1:
+            raise ValueError("window_events must be >= 1")
+        if self.resend_after_ms < 1:
+            raise ValueError("resend_after_ms must be >= 1")
+        if not 1 <= self.acks_per_purge_max <= limits.ACKS_PER_PURGE_MAX:
+            raise ValueError(f"acks_per_purge_max must be in [1, {limits.ACKS_PER_PURGE_MAX}]")
+        if not 1 <= self.expires_per_purge_max <= limits.EXPIRES_PER_PURGE_MAX:
+            raise ValueError(
+                f"expires_per_purge_max must be in [1, {limits.EXPIRES_PER_PURGE_MAX}]"
+            )
+
+
+# ---- the lease ---------------------------------------------------------------------
+
+
+def default_lease_holder(leader: str) -> str:
+    """By default the Raft leader emits (seed 000 §6)."""
+    return leader
+
+
+def rendezvous_lease_holder(bucket_uuid: str, epoch_counter: int, replicas: Iterable[str]) -> str:
+    """Rendezvous choice keyed on `(bucket_uuid, epoch)`: the replica with the highest
+    xxh64 of `"{bucket_uuid}/{epoch_counter}/{replica}"`; equal hashes go to the
+    smaller name. Every replica computes the same answer from the same inputs."""
+    best = ""
+    best_hash = -1
+    for replica in sorted(replicas):
+        score = xxhash.xxh64_intdigest(f"{bucket_uuid}/{epoch_counter}/{replica}".encode())
+        if score > best_hash:
+            best, best_hash = replica, score
+    if not best:
+        raise ValueError("rendezvous_lease_holder needs at least one replica")
+    return best
+
+
+def needs_lease(
+    sm: BucketStateMachine, me: str, desired_holder: str, now_ms: int = 0
+) -> Lease | None:
+    """The LEASE entry `me` should propose, if the committed holder is not the desired
+    one and `me` is. Until it commits (and fences the previous holder), `me` emits
+    nothing."""
+    if desired_holder != me or sm.lease_holder == me:
+        return None
+    return Lease(me, now_ms)
+
+
+# ---- streams -----------------------------------------------------------------------
+
+
+class AttachStatus(StrEnum):
+    ATTACHED = "ATTACHED"
+    """The stream is registered; `next_batches` sends what follows `after`."""
+    NOT_HOLDER = "NOT_HOLDER"
+    """This replica does not hold the lease (per its applied state): try `holder`."""
+    BEHIND = "BEHIND"
+    """The client has processed more than this replica applied: a newer holder exists
+    or this one is catching up. Retry later or elsewhere; never judge from stale state."""
+    REFUSED = "REFUSED"
+    """`decision` says why (STALE_SEQUENCE, INVALID_SEQUENCE, SUBSCRIPTION_NOT_FOUND)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Attach:
+    status: AttachStatus
+    decision: ReconnectDecision | None = None
+    holder: str = ""
+    message: str = ""
+
+
+@dataclass(slots=True)
+class _Stream:
+    sub_id: str
+    principal: str
+    position: EmitSeq
+    """emit_seq of the last event sent (or the attach point)."""
+    acked: EmitSeq
+    """The client confirmed everything up to here (attach point or its acks)."""
+    last_progress_ms: int
+    in_flight: deque[EmitSeq] = field(default_factory=deque)
+    """Sent after `acked`, in emit_seq order: the flow-control window."""
+
+
+class NotifierCore:
+    """The lease holder's per-bucket notifier state: streams, window, queued acks.
+
+    Everything it returns is derived from the caller's state machine, so a new
+    holder with an empty `NotifierCore` resumes exactly where the log says.
+    """
+
+    def __init__(self, me: str, config: NotifierConfig | None = None) -> None:
+        self._me = me
+        self._config = config if config is not None else NotifierConfig()
+        self._streams: dict[str, _Stream] = {}
+        self._acks: dict[str, Ack] = {}
+
+    @property
+    def me(self) -> str:
+        return self._me
+
+    @property
+    def config(self) -> NotifierConfig:
+        return self._config
+
+    def holds_lease(self, sm: BucketStateMachine) -> bool:
+        """Fencing: emit only while the applied state names this replica."""
+        return sm.lease_holder == self._me
+
+    # ---- attach / detach -------------------------------------------------------
+
+    def attach(
+        self, sm: BucketStateMachine, sub_id: str, principal: str, after: EmitSeq, now_ms: int
+    ) -> Attach:
+        """A client (re)connects after `after`, the last emit_seq it processed."""
+        if not self.holds_lease(sm):
+            return Attach(
+                AttachStatus.NOT_HOLDER,
+                holder=sm.lease_holder,
+                message=f"{self._me} does not hold the lease of {sm.bucket_uuid}",
+            )
+        if after.bucket_uuid == sm.bucket_uuid and after.commit_index > sm.applied_index:
+            return Attach(
+                AttachStatus.BEHIND,
+                holder=sm.lease_holder,
+                message=f"client is at {after}; {self._me} applied only {sm.applied_index}",
+            )
+        decision = sm.decide_reconnect(sub_id, principal, after)
+        if decision.status is not ReconnectStatus.OK:
+            return Attach(AttachStatus.REFUSED, decision, message=decision.message)
+        return self._register(sm, sub_id, principal, after, now_ms, decision)
+
+    def _register(
+        self,
+        sm: BucketStateMachine,
+        sub_id: str,
+        principal: str,
+        after: EmitSeq,
+        now_ms: int,
+        decision: ReconnectDecision,
+    ) -> Attach:
+        self._streams[sub_id] = _Stream(sub_id, principal, after, after, now_ms)
+        # Reconnecting after `after` says the client processed it: an ack.
+        self._queue_ack(sm, sub_id, principal, after)
+        return Attach(AttachStatus.ATTACHED, decision)
+
+    def detach(self, sub_id: str) -> None:
+        self._streams.pop(sub_id, None)
+
+    def streams(self) -> tuple[str, ...]:
+        return tuple(sorted(self._streams))
+
+    def position(self, sub_id: str) -> EmitSeq | None:
+        stream = self._streams.get(sub_id)
+        return None if stream is None else stream.position
+
+    def in_flight(self, sub_id: str) -> int:
+        stream = self._streams.get(sub_id)
+        return 0 if stream is None else len(stream.in_flight)
+
+    def closed_streams(self, sm: BucketStateMachine) -> tuple[str, ...]:
+        """Attached streams whose subscription is gone or was dropped for stalling:
+        the adapter ends them (the client's reconnect then learns why)."""
+        gone = []
+        for sub_id in sorted(self._streams):
+            sub = sm.subscription(sub_id)
+            if sub is None or sub.stale or sub.principal != self._streams[sub_id].principal:
+                gone.append(sub_id)
+        return tuple(gone)
+
+    # ---- sending ---------------------------------------------------------------
+
+    def next_batches(
+        self, sm: BucketStateMachine, max_events: int, now_ms: int
+    ) -> list[tuple[str, tuple[OutboxRow, ...]]]:
+        """Outboxed rows to send now, per stream (sub_id order), each in emit_seq order.
+
+        Only rows after the stream's position and within its window. A stream whose
+        acks stalled for `resend_after_ms` is first rewound to its acked point
+        (at-least-once: the client's cursor drops what it already processed).
+        """
+        if not self.holds_lease(sm):
+            return []
+        budget = min(max_events, BATCH_EVENTS_MAX)
+        out: list[tuple[str, tuple[OutboxRow, ...]]] = []
+        for sub_id in sorted(self._streams):
+            if budget <= 0:
+                break
+            stream = self._streams[sub_id]
+            if (
+                stream.in_flight
+                and now_ms - stream.last_progress_ms >= self._config.resend_after_ms
+            ):
+                stream.position = stream.acked
+                stream.in_flight.clear()
+                stream.last_progress_ms = now_ms
+            room = min(budget, self._config.window_events - len(stream.in_flight))
+            if room <= 0:
+                continue
+            rows = sm.outbox_rows(sub_id, stream.position)[:room]
+            if not rows:
+                continue
+            if not stream.in_flight:
+                stream.last_progress_ms = now_ms
+            stream.in_flight.extend(row.emit_seq for row in rows)
+            stream.position = rows[-1].emit_seq
+            budget -= len(rows)
+            out.append((sub_id, rows))
+        return out
+
+    # ---- acks and purges -------------------------------------------------------
+
+    def on_client_ack(
+        self, sm: BucketStateMachine, sub_id: str, principal: str, up_to: EmitSeq, now_ms: int
+    ) -> AckOutcome:
+        """A cumulative client ack. Validated against the applied state
+        (`check_ack`), opens the stream's window and is queued for the next purge."""
+        outcome = self._queue_ack(sm, sub_id, principal, up_to)
+        stream = self._streams.get(sub_id)
+        if (
+            stream is not None
+            and stream.principal == principal
+            and outcome.status in (AckStatus.ACCEPTED, AckStatus.DUPLICATE)
+            and up_to > stream.acked
+        ):
+            stream.acked = up_to
+            while stream.in_flight and stream.in_flight[0] <= up_to:
+                stream.in_flight.popleft()
+            stream.position = max(stream.position, up_to)
+            stream.last_progress_ms = now_ms
+        return outcome
+
+    def _queue_ack(
+        self, sm: BucketStateMachine, sub_id: str, principal: str, up_to: EmitSeq
+    ) -> AckOutcome:
+        outcome = sm.check_ack(sub_id, principal, up_to)
+        if outcome.status is not AckStatus.ACCEPTED:
+            return outcome
+        queued = self._acks.get(sub_id)
+        if queued is not None and queued.principal == principal and queued.up_to >= up_to:
+            status = AckStatus.DUPLICATE if queued.up_to == up_to else AckStatus.REGRESSIVE
+            return AckOutcome(sub_id, status, f"{queued.up_to} is already queued")
+        self._acks[sub_id] = Ack(sub_id, principal, up_to)
+        return outcome
+
+    def queued_acks(self) -> tuple[Ack, ...]:
+        return tuple(self._acks[sub_id] for sub_id in sorted(self._acks))
+
+    def purge_entry(
+        self, sm: BucketStateMachine, lease_index: int, now_ms: int, stall_window_ms: int
+    ) -> OutboxPurge | None:
+        """One OUTBOX_PURGE batching the queued acks (and the stalled subscriptions to
+        drop), or None. Acks stay queued until the applied state covers them, so a
+        purge lost with a leader change is proposed again."""
+        if not self.holds_lease(sm):
+            return None
+        acks = []
+        for sub_id in sorted(self._acks):
+            ack = self._acks[sub_id]
+            if sm.check_ack(ack.sub_id, ack.principal, ack.up_to).status is AckStatus.ACCEPTED:
+                acks.append(ack)
+            else:
+                del self._acks[sub_id]  # covered (or moot): nothing left to propose
+        acks = acks[: self._config.acks_per_purge_max]
+        expire = sm.stalled_subscriptions(now_ms, stall_window_ms)[
+            : self._config.expires_per_purge_max
+        ]
+        if not acks and not expire:
+            return None
+        return OutboxPurge(lease_index, tuple(acks), expire, stall_window_ms, now_ms)
+
+    def outbox_entry(
+        self, sm: BucketStateMachine, lease_index: int, now_ms: int
+    ) -> OutboxWrite | None:
+        """The OUTBOX_WRITE for every computed, un-outboxed row, including what a
+        predecessor left behind (the range starts where the log says it stopped)."""
+        if not self.holds_lease(sm):
+            return None
+        return sm.propose_outbox_write(lease_index, now_ms)
+
+
+__all__ = [
+    "BATCH_EVENTS_MAX",
+    "RESEND_AFTER_MS_DEFAULT",
+    "WINDOW_EVENTS_DEFAULT",
+    "Attach",
+    "AttachStatus",
+    "NotifierConfig",
+    "NotifierCore",
+    "default_lease_holder",
+    "needs_lease",
+    "rendezvous_lease_holder",
+]

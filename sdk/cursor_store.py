@@ -1,0 +1,123 @@
+"""A durable store of "last processed emit_seq" per subscription.
+
+The SDK persists here after the application has processed events and *before*
+the ack that covers them, so a purge can never overtake the durable cursor: a
+restarted process resumes exactly after the last event it processed. Writes are
+tmp file + fsync + atomic rename + directory fsync; a crash leaves either the
+old or the new content, never a torn file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from sevendb.outbox.emitseq import EmitSeq
+
+FORMAT_VERSION: Final = 1
+
+
+class CursorStoreError(Exception):
+    """The cursor file exists but cannot be read: refuse rather than start over."""
+
+
+@dataclass(frozen=True, slots=True)
+class SavedCursor:
+    sub_id: str
+    bucket: int
+    query: str
+    position: EmitSeq
+
+
+class CursorStore:
+    """A JSON file of cursors, one entry per (query, bucket) subscription."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+        self._cursors: dict[str, SavedCursor] = self._load()
+        self.writes = 0
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    def _load(self) -> dict[str, SavedCursor]:
+        try:
+            raw = json.loads(self._path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            raise CursorStoreError(f"cursor file {self._path} is unreadable: {exc}") from None
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT_VERSION:
+            raise CursorStoreError(f"cursor file {self._path} has an unknown format")
+        try:
+            return {
+                c["sub_id"]: SavedCursor(
+                    c["sub_id"],
+                    int(c["bucket"]),
+                    c["query"],
+                    EmitSeq(c["position"][0], int(c["position"][1]), int(c["position"][2])),
+                )
+                for c in raw["cursors"]
+            }
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise CursorStoreError(f"cursor file {self._path} is corrupt: {exc!r}") from None
+
+    def get(self, sub_id: str) -> SavedCursor | None:
+        with self._lock:
+            return self._cursors.get(sub_id)
+
+    def all(self) -> list[SavedCursor]:
+        with self._lock:
+            return [self._cursors[k] for k in sorted(self._cursors)]
+
+    def save(self, cursors: list[SavedCursor]) -> None:
+        """Record these positions durably (one fsync for the whole batch)."""
+        with self._lock:
+            for cursor in cursors:
+                self._cursors[cursor.sub_id] = cursor
+            self._write()
+
+    def forget(self, sub_id: str) -> None:
+        with self._lock:
+            if self._cursors.pop(sub_id, None) is not None:
+                self._write()
+
+    def _write(self) -> None:
+        body = json.dumps(
+            {
+                "format": FORMAT_VERSION,
+                "cursors": [
+                    {
+                        "sub_id": c.sub_id,
+                        "bucket": c.bucket,
+                        "query": c.query,
+                        "position": [
+                            c.position.bucket_uuid,
+                            c.position.epoch_counter,
+                            c.position.commit_index,
+                        ],
+                    }
+                    for c in (self._cursors[k] for k in sorted(self._cursors))
+                ],
+            },
+            indent=1,
+        )
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._path.with_name(self._path.name + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._path)
+        fd = os.open(self._path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.writes += 1

@@ -1,0 +1,49 @@
+"""The SDK's durable cursor store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sevendb.outbox.emitseq import EmitSeq
+from sevendb.sdk.cursor_store import CursorStore, CursorStoreError, SavedCursor
+
+
+def cursor(sub: str, index: int) -> SavedCursor:
+    return SavedCursor(sub, 0, "prefix:a", EmitSeq("u", 1, index))
+
+
+def test_positions_survive_reopen(tmp_path: Path) -> None:
+    store = CursorStore(tmp_path / "c.json")
+    store.save([cursor("s1", 5), cursor("s2", 7)])
+    store.save([cursor("s1", 9)])
+    again = CursorStore(tmp_path / "c.json")
+    assert again.get("s1") == cursor("s1", 9) and again.get("s2") == cursor("s2", 7)
+    again.forget("s2")
+    assert CursorStore(tmp_path / "c.json").all() == [cursor("s1", 9)]
+
+
+def test_one_fsynced_write_per_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    calls: list[int] = []
+    real = os.fsync
+
+    def counting_fsync(fd: int) -> None:
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    store = CursorStore(tmp_path / "c.json")
+    store.save([cursor(f"s{i}", i) for i in range(50)])
+    assert len(calls) == 2  # the file, then its directory
+    assert not (tmp_path / "c.json.tmp").exists()
+
+
+def test_a_corrupt_file_is_refused_not_reset(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text('{"format": 1, "cursors": [{"sub_id": "s"')
+    with pytest.raises(CursorStoreError, match="unreadable"):
+        CursorStore(path)
+    assert path.read_text().startswith('{"format"')

@@ -1,0 +1,427 @@
+"""The notifier's pure decisions, and its conversation with the SDK cursor in memory."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from helpers import BUCKET, Driver
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sevendb.notifier.core import (
+    AttachStatus,
+    NotifierConfig,
+    NotifierCore,
+    default_lease_holder,
+    needs_lease,
+    rendezvous_lease_holder,
+)
+from sevendb.outbox.emitseq import EmitSeq
+from sevendb.outbox.entries import Lease, Op, OpKind, OutboxPurge, Write
+from sevendb.outbox.errors import ErrorCode
+from sevendb.outbox.model import (
+    AckStatus,
+    OutboxRow,
+    OutboxWriteResult,
+    PurgeResult,
+    ReconnectStatus,
+    RowsPending,
+)
+from sevendb.sdk.cursor import StreamCursor
+
+
+def holder_with_sub(query: str = "prefix:a/", holder: str = "n1") -> tuple[Driver, EmitSeq]:
+    d = Driver(holder=holder)
+    d.lease()
+    d.subscribe("s", query)
+    sub = d.sm.subscription("s")
+    assert sub is not None
+    return d, sub.start
+
+
+def write(d: Driver, key: str, value: bytes = b"v") -> None:
+    d.apply(Write((Op(OpKind.SET, key, value),), now_ms=d.tick()))
+
+
+# ---- the lease --------------------------------------------------------------------
+
+
+def test_default_lease_holder_is_the_leader() -> None:
+    assert default_lease_holder("n2") == "n2"
+
+
+def test_rendezvous_is_deterministic_and_order_independent() -> None:
+    replicas = ["n1", "n2", "n3", "n4"]
+    chosen = {
+        rendezvous_lease_holder("bucket-7", 3, list(p)) for p in itertools.permutations(replicas)
+    }
+    assert len(chosen) == 1
+    # Across epochs the choice spreads over the replicas (it is a hash, not "the first").
+    holders = {rendezvous_lease_holder("bucket-7", epoch, replicas) for epoch in range(1, 40)}
+    assert len(holders) > 1
+
+
+def test_rendezvous_picks_the_highest_hash_and_needs_a_replica() -> None:
+    import xxhash
+
+    replicas = ["a", "b", "c"]
+    best = max(replicas, key=lambda r: xxhash.xxh64_intdigest(f"u/2/{r}".encode()))
+    assert rendezvous_lease_holder("u", 2, replicas) == best
+    with pytest.raises(ValueError):
+        rendezvous_lease_holder("u", 2, [])
+
+
+def test_needs_lease_only_for_the_desired_replica_that_lacks_it() -> None:
+    d = Driver(holder="n1")
+    assert needs_lease(d.sm, "n1", "n1", 5) == Lease("n1", 5)
+    assert needs_lease(d.sm, "n2", "n1") is None  # not me
+    d.lease("n1")
+    assert needs_lease(d.sm, "n1", "n1") is None  # already holds it
+    assert needs_lease(d.sm, "n2", "n2", 7) == Lease("n2", 7)
+
+
+# ---- attach ---------------------------------------------------------------------------
+
+
+def test_attach_requires_the_lease() -> None:
+    d, start = holder_with_sub(holder="n1")
+    outcome = NotifierCore("n2").attach(d.sm, "s", "alice", start, d.now_ms)
+    assert outcome.status is AttachStatus.NOT_HOLDER
+    assert outcome.holder == "n1"
+
+
+def test_attach_refuses_to_judge_a_client_ahead_of_the_applied_state() -> None:
+    d, _ = holder_with_sub()
+    ahead = EmitSeq(BUCKET, 1, d.sm.applied_index + 5)
+    outcome = NotifierCore("n1").attach(d.sm, "s", "alice", ahead, d.now_ms)
+    assert outcome.status is AttachStatus.BEHIND
+
+
+def test_attach_refusals_carry_the_reconnect_decision() -> None:
+    d, start = holder_with_sub()
+    core = NotifierCore("n1")
+    other = core.attach(d.sm, "s", "mallory", start, d.now_ms)
+    assert other.status is AttachStatus.REFUSED
+    assert other.decision is not None
+    assert other.decision.status is ReconnectStatus.SUBSCRIPTION_NOT_FOUND
+    assert other.decision.not_owner
+    before = core.attach(d.sm, "s", "alice", EmitSeq(BUCKET, 1, 0), d.now_ms)
+    assert before.decision is not None
+    assert before.decision.status is ReconnectStatus.INVALID_SEQUENCE
+    assert core.streams() == ()
+
+
+def test_attach_after_a_position_is_an_ack_of_it() -> None:
+    d, _ = holder_with_sub()
+    core = NotifierCore("n1")
+    write(d, "a/1")
+    write(d, "a/2")
+    d.outbox()
+    rows = d.rows("s")
+    outcome = core.attach(d.sm, "s", "alice", rows[0].emit_seq, d.now_ms)
+    assert outcome.status is AttachStatus.ATTACHED
+    assert [a.up_to for a in core.queued_acks()] == [rows[0].emit_seq]
+
+
+# ---- sending ----------------------------------------------------------------------------
+
+
+def test_next_batches_sends_outboxed_rows_after_the_position_in_order() -> None:
+    d, start = holder_with_sub()
+    core = NotifierCore("n1")
+    write(d, "a/1")
+    assert core.attach(d.sm, "s", "alice", start, d.now_ms).status is AttachStatus.ATTACHED
+    assert core.next_batches(d.sm, 100, d.now_ms) == []  # pending rows are never sent
+    d.outbox()
+    write(d, "a/2")
+    write(d, "b/1")  # not matched
+    d.outbox()
+    batches = core.next_batches(d.sm, 100, d.now_ms)
+    assert [(s, [r.emit_seq.commit_index for r in rows]) for s, rows in batches] == [("s", [3, 5])]
+    assert core.next_batches(d.sm, 100, d.now_ms) == []  # nothing new
+    assert core.position("s") == batches[0][1][-1].emit_seq
+
+
+def test_the_window_bounds_events_in_flight_and_acks_open_it() -> None:
+    d, start = holder_with_sub()
+    core = NotifierCore("n1", NotifierConfig(window_events=2, resend_after_ms=10_000))
+    for i in range(5):
+        write(d, f"a/{i}")
+    d.outbox()
+    core.attach(d.sm, "s", "alice", start, d.now_ms)
+    first = core.next_batches(d.sm, 100, d.now_ms)
+    assert len(first[0][1]) == 2
+    assert core.next_batches(d.sm, 100, d.now_ms) == []  # window full
+    outcome = core.on_client_ack(d.sm, "s", "alice", first[0][1][0].emit_seq, d.now_ms)
+    assert outcome.status is AckStatus.ACCEPTED
+    assert core.in_flight("s") == 1
+    second = core.next_batches(d.sm, 100, d.now_ms)
+    assert len(second[0][1]) == 1
+    assert core.next_batches(d.sm, 1, d.now_ms) == []
+
+
+def test_max_events_bounds_one_call() -> None:
+    d, start = holder_with_sub()
+    core = NotifierCore("n1")
+    for i in range(4):
+        write(d, f"a/{i}")
+    d.outbox()
+    core.attach(d.sm, "s", "alice", start, d.now_ms)
+    assert sum(len(rows) for _, rows in core.next_batches(d.sm, 3, d.now_ms)) == 3
+    assert sum(len(rows) for _, rows in core.next_batches(d.sm, 3, d.now_ms)) == 1
+
+
+def test_unacked_events_are_resent_after_the_resend_interval() -> None:
+    d, start = holder_with_sub()
+    core = NotifierCore("n1", NotifierConfig(resend_after_ms=100))
+    write(d, "a/1")
+    write(d, "a/2")
+    d.outbox()
+    core.attach(d.sm, "s", "alice", start, 0)
+    sent = core.next_batches(d.sm, 100, 0)[0][1]
+    assert core.next_batches(d.sm, 100, 50) == []
+    core.on_client_ack(d.sm, "s", "alice", sent[0].emit_seq, 60)
+    assert core.next_batches(d.sm, 100, 150) == []  # the ack was progress
+    again = core.next_batches(d.sm, 100, 160)
+    assert [r.emit_seq for r in again[0][1]] == [sent[1].emit_seq]
+
+
+def test_old_epoch_rows_precede_new_epoch_rows() -> None:
+    d, start = holder_with_sub()
+    core = NotifierCore("n1")
+    write(d, "a/1")
+    d.epoch()
+    write(d, "a/2")
+    d.outbox()
+    core.attach(d.sm, "s", "alice", start, d.now_ms)
+    rows = core.next_batches(d.sm, 100, d.now_ms)[0][1]
+    assert [r.emit_seq.epoch_counter for r in rows] == [1, 2]
+    assert rows[0].emit_seq < rows[1].emit_seq
+    assert rows[1].prev_emit_seq == rows[0].emit_seq
+
+
+def test_nothing_is_sent_once_the_lease_moved() -> None:
+    d, start = holder_with_sub(holder="n1")
+    core = NotifierCore("n1")
+    core.attach(d.sm, "s", "alice", start, d.now_ms)
+    write(d, "a/1")
+    d.outbox()
+    d.lease("n2")
+    assert core.next_batches(d.sm, 100, d.now_ms) == []
+    assert core.outbox_entry(d.sm, d.sm.lease_index, d.now_ms) is None
+    assert core.purge_entry(d.sm, d.sm.lease_index, d.now_ms, 1_000) is None
+
+
+def test_closed_streams_lists_dropped_subscriptions() -> None:
+    d, start = holder_with_sub()
+    core = NotifierCore("n1")
+    core.attach(d.sm, "s", "alice", start, d.now_ms)
+    assert core.closed_streams(d.sm) == ()
+    d.unsubscribe("s")
+    assert core.closed_streams(d.sm) == ("s",)
+    core.detach("s")
+    assert core.streams() == ()
+
+
+# ---- acks and purges -------------------------------------------------------------------
+
+
+def test_acks_are_validated_cumulative_and_batched_into_one_purge() -> None:
+    d = Driver(holder="n1")
+    d.lease()
+    d.subscribe("s1", "all", "alice")
+    d.subscribe("s2", "all", "bob")
+    core = NotifierCore("n1")
+    for i in range(3):
+        write(d, f"k{i}")
+    d.outbox()
+    r1, r2 = d.rows("s1"), d.rows("s2")
+    assert core.on_client_ack(d.sm, "s1", "bob", r1[0].emit_seq, 0).status is AckStatus.NOT_OWNER
+    assert core.on_client_ack(d.sm, "s1", "alice", r1[0].emit_seq, 0).status is AckStatus.ACCEPTED
+    assert core.on_client_ack(d.sm, "s1", "alice", r1[1].emit_seq, 0).status is AckStatus.ACCEPTED
+    assert core.on_client_ack(d.sm, "s1", "alice", r1[0].emit_seq, 0).status is (
+        AckStatus.REGRESSIVE
+    )
+    assert core.on_client_ack(d.sm, "s2", "bob", r2[2].emit_seq, 0).status is AckStatus.ACCEPTED
+    future = EmitSeq(BUCKET, 1, 999)
+    assert core.on_client_ack(d.sm, "s2", "bob", future, 0).status is AckStatus.FUTURE
+    purge = core.purge_entry(d.sm, d.sm.lease_index, d.tick(), 10_000)
+    assert purge is not None
+    assert [(a.sub_id, a.principal, a.up_to) for a in purge.acks] == [
+        ("s1", "alice", r1[1].emit_seq),
+        ("s2", "bob", r2[2].emit_seq),
+    ]
+    # Lost with a leader change? Proposed again until the applied state covers it.
+    assert core.purge_entry(d.sm, d.sm.lease_index, d.tick(), 10_000) == OutboxPurge(
+        purge.lease_index, purge.acks, (), 10_000, d.now_ms
+    )
+    result = d.apply(purge).result
+    assert isinstance(result, PurgeResult)
+    assert [o.status for o in result.acks] == [AckStatus.ACCEPTED, AckStatus.ACCEPTED]
+    assert [r.emit_seq for r in d.rows("s1")] == [r1[2].emit_seq]
+    assert d.rows("s2") == ()
+    assert core.purge_entry(d.sm, d.sm.lease_index, d.tick(), 10_000) is None
+
+
+def test_purge_expires_stalled_subscriptions() -> None:
+    d, start = holder_with_sub()
+    core = NotifierCore("n1")
+    write(d, "a/1")
+    d.outbox()
+    purge = core.purge_entry(d.sm, d.sm.lease_index, d.now_ms + 5_000, 1_000)
+    assert purge is not None
+    assert purge.expire == ("s",)
+    assert purge.acks == ()
+    result = d.apply(purge).result
+    assert isinstance(result, PurgeResult)
+    assert result.expired == ("s",)
+    decision = d.sm.decide_reconnect("s", "alice", start)
+    assert decision.status is ReconnectStatus.STALE_SEQUENCE
+
+
+def test_purge_batches_are_bounded() -> None:
+    d = Driver(holder="n1")
+    d.lease()
+    for i in range(5):
+        d.subscribe(f"s{i}", "all")
+    write(d, "k")
+    d.outbox()
+    core = NotifierCore("n1", NotifierConfig(acks_per_purge_max=2))
+    for i in range(5):
+        core.on_client_ack(d.sm, f"s{i}", "alice", d.rows(f"s{i}")[0].emit_seq, 0)
+    purge = core.purge_entry(d.sm, d.sm.lease_index, d.tick(), 10_000)
+    assert purge is not None and len(purge.acks) == 2
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ValueError):
+        NotifierConfig(window_events=0)
+    with pytest.raises(ValueError):
+        NotifierConfig(resend_after_ms=0)
+    with pytest.raises(ValueError):
+        NotifierConfig(acks_per_purge_max=10**6)
+
+
+# ---- outbox writes and failover ------------------------------------------------------
+
+
+def test_a_new_holder_reproposes_what_its_predecessor_left() -> None:
+    d, start = holder_with_sub(holder="n1")
+    write(d, "a/1")
+    write(d, "a/2")
+    old = NotifierCore("n1")
+    proposal = old.outbox_entry(d.sm, d.sm.lease_index, d.tick())
+    assert proposal is not None  # ... but n1 dies before it commits
+    d.lease("n2")
+    stale = d.apply(proposal).result
+    assert isinstance(stale, OutboxWriteResult) and stale.error is not None
+    assert stale.error.code is ErrorCode.STALE_LEASE  # fenced
+    new = NotifierCore("n2")
+    retry = new.outbox_entry(d.sm, d.sm.lease_index, d.tick())
+    assert retry is not None and retry.from_index == 0
+    applied = d.apply(retry)
+    assert isinstance(applied.result, OutboxWriteResult) and applied.result.rows == 2
+    assert new.outbox_entry(d.sm, d.sm.lease_index, d.tick()) is None
+    assert new.attach(d.sm, "s", "alice", start, d.now_ms).status is AttachStatus.ATTACHED
+    rows = new.next_batches(d.sm, 10, d.now_ms)[0][1]
+    assert [r.delta.changes[0].key for r in rows] == ["a/1", "a/2"]
+
+
+# ---- the conversation: notifier and SDK cursor joined in memory ------------------------
+
+
+class Conversation:
+    """A holder's NotifierCore and a client's StreamCursor joined by a lossy channel
+    (h11 style: two state machines, no network). The bucket log is a Driver."""
+
+    def __init__(self, reorder_buffer_max: int = 2) -> None:
+        self.d, self.start = holder_with_sub(holder="n1")
+        self.core = NotifierCore("n1", NotifierConfig(window_events=3, resend_after_ms=50))
+        self.cursor: StreamCursor[OutboxRow] = StreamCursor(self.start, reorder_buffer_max=2)
+        self.persisted = self.start
+        self.processed: list[OutboxRow] = []
+        self.channel: list[OutboxRow] = []
+        self.acks: list[EmitSeq] = []
+        self.committed: list[OutboxRow] = []
+        self.reorder_buffer_max = reorder_buffer_max
+        self.attach()
+
+    def attach(self) -> None:
+        outcome = self.core.attach(self.d.sm, "s", "alice", self.persisted, self.d.now_ms)
+        assert outcome.status is AttachStatus.ATTACHED, outcome
+        self.cursor = StreamCursor(self.persisted, reorder_buffer_max=self.reorder_buffer_max)
+        self.channel.clear()
+
+    def write(self, key: str) -> None:
+        applied = self.d.apply(Write((Op(OpKind.SET, key, b"x"),), now_ms=self.d.tick()))
+        for effect in applied.effects:
+            if isinstance(effect, RowsPending):
+                self.committed.extend(r for r in effect.rows if r.sub_id == "s")
+
+    def server_turn(self) -> None:
+        sm = self.d.sm
+        proposal = self.core.outbox_entry(sm, sm.lease_index, self.d.tick())
+        if proposal is not None:
+            self.d.apply(proposal)
+        for _, rows in self.core.next_batches(sm, 100, self.d.now_ms):
+            self.channel.extend(rows)
+        for up_to in self.acks:
+            self.core.on_client_ack(sm, "s", "alice", up_to, self.d.now_ms)
+        self.acks.clear()
+        purge = self.core.purge_entry(sm, sm.lease_index, self.d.now_ms, 10**9)
+        if purge is not None:
+            self.d.apply(purge)
+
+    def deliver(self, row: OutboxRow) -> None:
+        offered = self.cursor.offer(row)
+        for ready in offered.ready:
+            self.processed.append(ready)
+            self.persisted = ready.emit_seq
+        if offered.duplicate or offered.ready:
+            self.acks.append(self.persisted)
+        if offered.gap:
+            self.attach()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    script=st.lists(
+        st.sampled_from(["write", "server", "deliver", "drop", "dup", "swap", "reconnect", "tick"]),
+        max_size=150,
+    ),
+    buffer=st.integers(1, 4),
+)
+def test_conversation_is_effective_once_through_a_lossy_channel(
+    script: list[str], buffer: int
+) -> None:
+    c = Conversation(buffer)
+    for i, step in enumerate(script):
+        if step == "write":
+            c.write(["a/1", "a/2", "b/1"][i % 3])
+        elif step == "server":
+            c.server_turn()
+        elif step == "deliver" and c.channel:
+            c.deliver(c.channel.pop(0))
+        elif step == "drop" and c.channel:
+            c.channel.pop(0)
+        elif step == "dup" and c.channel:
+            c.deliver(c.channel[0])
+        elif step == "swap" and len(c.channel) > 1:
+            c.channel[0], c.channel[1] = c.channel[1], c.channel[0]
+        elif step == "reconnect":
+            c.attach()
+        elif step == "tick":
+            c.d.tick(60)
+        # Invariant at every step: what was processed is a prefix of the committed stream.
+        assert c.processed == c.committed[: len(c.processed)]
+    # Faults stop: the conversation converges (resends cover every loss).
+    for _ in range(4 * len(c.committed) + 8):
+        c.d.tick(60)
+        c.server_turn()
+        while c.channel:
+            c.deliver(c.channel.pop(0))
+    c.server_turn()
+    assert c.processed == c.committed
+    assert c.d.sm.outbox_size() == 0
+    assert c.d.sm.pending_rows() == ()
