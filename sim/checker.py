@@ -1,0 +1,705 @@
+"""The invariants of DESIGN.md, checked from outside the code under test.
+
+The checker keeps its own model of the bucket, written from the contract
+(seed 000 and docs/core.md), not from `outbox/state.py`: it follows the globally
+committed log and computes, per subscription, the stream of deltas the
+application must see. Everything the simulated system does is compared with it:
+
+1. determinism   — replicas that applied the same raft index hold identical digests,
+                   and every entry's result/rows equal the model's (differential)
+2. effective-once — each application processes exactly the model's stream of its
+                   subscription, in order: no gap, duplicate or reorder
+4. visibility    — every event a client receives is a committed, outboxed row
+5. purge safety  — a committed purge never passes what the owner acknowledged,
+                   and no replica drops a row its owner did not acknowledge
+6. bounded       — no replica truncates its log past the safety point, and the
+                   outbox drains once acks stop lagging
+7. monotonic     — emit_seq strictly increases along each processed stream
+8. isolation     — no principal receives, acks or reconnects to another's stream
++  reconnect     — a well-behaved owner never gets INVALID_SEQUENCE / NOT_FOUND, and
+                   gets STALE_SEQUENCE only for a subscription dropped for stalling
++  liveness      — after faults stop, everything committed is delivered and purged
+
+A violation raises `Violation` at once, naming the invariant.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Final
+
+from sevendb.notifier.core import Attach, AttachStatus
+from sevendb.outbox.emitseq import EmitSeq
+from sevendb.outbox.entries import (
+    EpochCreate,
+    ExpectKind,
+    InitProducer,
+    Lease,
+    OpKind,
+    OutboxPurge,
+    OutboxWrite,
+    Subscribe,
+    Unsubscribe,
+    Write,
+    WriteBatch,
+    decode_entry,
+)
+from sevendb.outbox.model import (
+    Applied,
+    EpochResult,
+    InitProducerResult,
+    LeaseResult,
+    OutboxRow,
+    OutboxWriteResult,
+    PurgeResult,
+    ReconnectStatus,
+    RowsPending,
+    RowsPurged,
+    SubscribeResult,
+    UnsubscribeResult,
+    WriteBatchResult,
+    WriteResult,
+)
+from sevendb.outbox.query import QueryKind
+from sevendb.outbox.state import BucketStateMachine
+
+INVARIANTS: Final = (
+    "raft-safety",
+    "determinism",
+    "effective-once",
+    "visibility",
+    "purge-safety",
+    "bounded",
+    "monotonic",
+    "isolation",
+    "reconnect",
+    "liveness",
+)
+
+RowKey = tuple[object, ...]
+"""A row as plain data: (sub_id, emit_seq, prev_emit_seq, changes, commit_time_ms)."""
+
+
+class Violation(Exception):
+    def __init__(self, invariant: str, message: str) -> None:
+        assert invariant in INVARIANTS, invariant
+        super().__init__(f"{invariant}: {message}")
+        self.invariant = invariant
+        self.message = message
+
+
+def _seq(seq: EmitSeq) -> tuple[str, int, int]:
+    return (seq.bucket_uuid, seq.epoch_counter, seq.commit_index)
+
+
+def row_key(row: OutboxRow) -> RowKey:
+    changes = tuple((c.key, int(c.op), c.value, c.version) for c in row.delta.changes)
+    return (
+        row.sub_id,
+        _seq(row.emit_seq),
+        _seq(row.prev_emit_seq),
+        changes,
+        row.delta.commit_time_ms,
+    )
+
+
+# ---- the model -----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class MSub:
+    """One incarnation of a subscription (a sub_id may be reused after UNSUBSCRIBE)."""
+
+    sub_id: str
+    incarnation: int
+    principal: str
+    kind: QueryKind
+    arg: str
+    start: EmitSeq
+    head: EmitSeq
+    acked: EmitSeq
+    last_active_ms: int
+    stale: bool = False
+    ended: str = ""
+    rows: list[tuple[EmitSeq, RowKey]] = field(default_factory=list)
+    """Outboxed, not acknowledged."""
+    stream: list[RowKey] = field(default_factory=list)
+    """Every row computed for it, in order: what its application must process."""
+
+    def matches(self, key: str) -> bool:
+        if self.kind is QueryKind.KEY:
+            return key == self.arg
+        if self.kind is QueryKind.PREFIX:
+            return key.startswith(self.arg)
+        return True
+
+    @property
+    def last_outboxed(self) -> EmitSeq:
+        return self.rows[-1][0] if self.rows else self.acked
+
+
+Summary = tuple[object, ...]
+
+
+class Model:
+    """The bucket as the contract describes it, fed the committed log in order."""
+
+    def __init__(self, bucket_uuid: str) -> None:
+        self.bucket_uuid = bucket_uuid
+        self.epoch = 1
+        self.lease_holder = ""
+        self.lease_index = 0
+        self.applied = 0
+        self.outboxed_through = 0
+        self.versions: dict[str, int] = {}
+        self.subs: dict[str, MSub] = {}
+        """Current incarnation by sub_id (ended ones stay until replaced)."""
+        self.incarnations: dict[tuple[str, tuple[str, int, int]], MSub] = {}
+        self.pending: list[tuple[int, list[tuple[MSub, EmitSeq, RowKey]]]] = []
+        self.outboxed: dict[str, dict[EmitSeq, RowKey]] = {}
+        """Every row ever outboxed, by sub_id and emit_seq (for visibility)."""
+        self.summaries: dict[int, Summary] = {}
+        self.accepted_acks: list[tuple[str, str, EmitSeq]] = []
+        self._next_incarnation = 0
+
+    def seq(self, index: int) -> EmitSeq:
+        return EmitSeq(self.bucket_uuid, self.epoch, index)
+
+    def incarnation(self, sub_id: str, start: EmitSeq) -> MSub | None:
+        return self.incarnations.get((sub_id, _seq(start)))
+
+    def live(self) -> list[MSub]:
+        return [s for s in self.subs.values() if not s.ended]
+
+    def stalled(self, now_ms: int, window_ms: int) -> list[str]:
+        return [
+            s.sub_id
+            for s in sorted(self.live(), key=lambda s: s.sub_id)
+            if not s.stale and s.rows and now_ms - s.last_active_ms > window_ms
+        ]
+
+    def apply(self, index: int, data: bytes) -> Summary:
+        """Apply one committed entry; returns the result the core must also reach."""
+        self.applied = index
+        entry = decode_entry(data)
+        summary: Summary
+        if isinstance(entry, Write):
+            summary = self._write(index, entry)
+        elif isinstance(entry, WriteBatch):
+            summary = self._write_batch(index, entry)
+        elif isinstance(entry, Subscribe):
+            summary = self._subscribe(index, entry)
+        elif isinstance(entry, Unsubscribe):
+            sub = self.subs.get(entry.sub_id)
+            if sub is None or sub.ended == "unsubscribed":
+                summary = ("U", "SUBSCRIPTION_NOT_FOUND")
+            elif sub.principal != entry.principal:
+                summary = ("U", "NOT_OWNER")
+            else:
+                sub.ended = "unsubscribed"
+                sub.rows.clear()
+                summary = ("U", None)
+        elif isinstance(entry, OutboxWrite):
+            summary = self._outbox_write(index, entry)
+        elif isinstance(entry, OutboxPurge):
+            summary = self._purge(entry)
+        elif isinstance(entry, EpochCreate):
+            if entry.epoch_counter != self.epoch + 1:
+                summary = ("E", self.epoch, "STALE_EPOCH")
+            else:
+                self.epoch = entry.epoch_counter
+                summary = ("E", self.epoch, None)
+        elif isinstance(entry, Lease):
+            self.lease_holder, self.lease_index = entry.holder, index
+            summary = ("L", entry.holder)
+        else:
+            assert isinstance(entry, InitProducer)
+            raise Violation("determinism", "the model does not cover idempotent producers")
+        self.summaries[index] = summary
+        return summary
+
+    def _write_ops(self, entry: Write) -> tuple[str | None, list[tuple[str, int, bytes, int]]]:
+        """One write, atomically: its refusal code, or the changes it made."""
+        if entry.producer is not None:
+            raise Violation("determinism", "the model does not cover idempotent producers")
+        for op in entry.ops:
+            version = self.versions.get(op.key)
+            exp = op.expected
+            ok = (
+                exp.kind is ExpectKind.ANY
+                or (exp.kind is ExpectKind.NOT_EXISTS and version is None)
+                or (exp.kind is ExpectKind.EXACT and version == exp.version)
+            )
+            if not ok:
+                return "PRECONDITION_FAILED", []
+        changes: list[tuple[str, int, bytes, int]] = []
+        for op in entry.ops:
+            version = self.versions.get(op.key)
+            if op.kind is OpKind.SET:
+                new = 1 if version is None else version + 1
+                self.versions[op.key] = new
+                changes.append((op.key, int(OpKind.SET), op.value, new))
+            elif version is not None:
+                del self.versions[op.key]
+                changes.append((op.key, int(OpKind.DEL), b"", version))
+        return None, changes
+
+    def _rows(
+        self, index: int, changes: list[tuple[str, int, bytes, int]], now_ms: int
+    ) -> tuple[RowKey, ...]:
+        """One row per live subscription any change matches (sub_id order): the delta of
+        one committed source entry for that subscription."""
+        emit = self.seq(index)
+        made: list[tuple[MSub, EmitSeq, RowKey]] = []
+        for sub_id in sorted(self.subs):
+            sub = self.subs[sub_id]
+            if sub.ended or sub.stale:
+                continue
+            picked = tuple(c for c in changes if sub.matches(c[0]))
+            if not picked:
+                continue
+            key: RowKey = (sub_id, _seq(emit), _seq(sub.head), picked, now_ms)
+            sub.head = emit
+            sub.stream.append(key)
+            made.append((sub, emit, key))
+        if made:
+            self.pending.append((index, made))
+        return tuple(k for _, _, k in made)
+
+    def _write(self, index: int, entry: Write) -> Summary:
+        code, changes = self._write_ops(entry)
+        return ("W", code, self._rows(index, changes, entry.now_ms))
+
+    def _write_batch(self, index: int, entry: WriteBatch) -> Summary:
+        codes = []
+        changes: list[tuple[str, int, bytes, int]] = []
+        for write in entry.writes:
+            code, some = self._write_ops(write)
+            codes.append(code)
+            changes.extend(some)
+        return ("WB", tuple(codes), self._rows(index, changes, entry.writes[-1].now_ms))
+
+    def _subscribe(self, index: int, entry: Subscribe) -> Summary:
+        existing = self.subs.get(entry.sub_id)
+        if existing is not None and existing.ended != "unsubscribed":
+            if existing.principal != entry.principal:
+                return ("S", None, False, "NOT_OWNER")
+            if (existing.kind, existing.arg) != (entry.query.kind, entry.query.arg):
+                return ("S", None, False, "SUBSCRIPTION_EXISTS")
+            return ("S", _seq(existing.start), True, None)
+        start = self.seq(index)
+        arg = "" if entry.query.kind is QueryKind.ALL else entry.query.arg
+        self._next_incarnation += 1
+        sub = MSub(
+            entry.sub_id,
+            self._next_incarnation,
+            entry.principal,
+            entry.query.kind,
+            arg,
+            start,
+            start,
+            start,
+            entry.now_ms,
+        )
+        self.subs[entry.sub_id] = sub
+        self.incarnations[(entry.sub_id, _seq(start))] = sub
+        return ("S", _seq(start), False, None)
+
+    def _lease_ok(self, lease_index: int) -> bool:
+        return self.lease_index != 0 and lease_index == self.lease_index
+
+    def _outbox_write(self, index: int, entry: OutboxWrite) -> Summary:
+        if not self._lease_ok(entry.lease_index):
+            return ("O", 0, False, "STALE_LEASE")
+        if entry.through_index <= self.outboxed_through:
+            return ("O", 0, True, None)
+        if entry.from_index != self.outboxed_through:
+            return ("O", 0, False, "STALE_RANGE")
+        if entry.through_index >= index:
+            return ("O", 0, False, "INVALID_ARGUMENT")
+        kept = 0
+        while self.pending and self.pending[0][0] <= entry.through_index:
+            _, made = self.pending.pop(0)
+            for sub, emit, key in made:
+                if self.subs.get(sub.sub_id) is sub and not sub.ended and not sub.stale:
+                    sub.rows.append((emit, key))
+                    self.outboxed.setdefault(sub.sub_id, {})[emit] = key
+                    kept += 1
+        self.outboxed_through = entry.through_index
+        return ("O", kept, False, None)
+
+    def check_ack(self, sub_id: str, principal: str, up_to: EmitSeq) -> str:
+        sub = self.subs.get(sub_id)
+        if sub is None or sub.ended == "unsubscribed":
+            return "SUBSCRIPTION_NOT_FOUND"
+        if sub.principal != principal:
+            return "NOT_OWNER"
+        if sub.stale:
+            return "STALE"
+        if up_to.bucket_uuid != self.bucket_uuid:
+            return "FUTURE"
+        if up_to < sub.acked:
+            return "REGRESSIVE"
+        if up_to == sub.acked:
+            return "DUPLICATE"
+        if up_to > sub.last_outboxed:
+            return "FUTURE"
+        return "ACCEPTED"
+
+    def _purge(self, entry: OutboxPurge) -> Summary:
+        if not self._lease_ok(entry.lease_index):
+            return ("P", "STALE_LEASE", (), (), 0)
+        statuses = []
+        purged = 0
+        self.accepted_acks = []
+        for ack in entry.acks:
+            status = self.check_ack(ack.sub_id, ack.principal, ack.up_to)
+            statuses.append(status)
+            if status == "ACCEPTED":
+                sub = self.subs[ack.sub_id]
+                while sub.rows and sub.rows[0][0] <= ack.up_to:
+                    sub.rows.pop(0)
+                    purged += 1
+                sub.acked = ack.up_to
+                sub.last_active_ms = entry.now_ms
+                self.accepted_acks.append((ack.sub_id, ack.principal, ack.up_to))
+        stalled = self.stalled(entry.now_ms, entry.stall_window_ms)
+        expired = []
+        for sub_id in entry.expire:
+            if sub_id in stalled:
+                sub = self.subs[sub_id]
+                sub.stale = True
+                sub.ended = "stale"
+                sub.rows.clear()
+                stalled.remove(sub_id)
+                expired.append(sub_id)
+        return ("P", None, tuple(statuses), tuple(expired), purged)
+
+
+def summarize(applied: Applied) -> Summary:
+    """The core's answer for one entry, in the model's terms."""
+    result = applied.result
+    rows: list[RowKey] = []
+    for effect in applied.effects:
+        if isinstance(effect, RowsPending):
+            rows.extend(row_key(r) for r in effect.rows)
+    if isinstance(result, WriteBatchResult):
+        codes = tuple(None if r.error is None else str(r.error.code) for r in result.results)
+        return ("WB", codes, tuple(rows))
+    code = None if result.error is None else str(result.error.code)
+    if isinstance(result, WriteResult):
+        return ("W", code, tuple(rows))
+    if isinstance(result, SubscribeResult):
+        start = None if result.start is None else _seq(result.start)
+        return ("S", start, result.existing, code)
+    if isinstance(result, UnsubscribeResult):
+        return ("U", code)
+    if isinstance(result, OutboxWriteResult):
+        return ("O", result.rows, result.already, code)
+    if isinstance(result, PurgeResult):
+        if code is not None:
+            return ("P", code, (), (), 0)
+        statuses = tuple(str(o.status) for o in result.acks)
+        return ("P", None, statuses, result.expired, result.purged_rows)
+    if isinstance(result, EpochResult):
+        return ("E", result.epoch.epoch_counter, code)
+    if isinstance(result, LeaseResult):
+        return ("L", result.holder)
+    assert isinstance(result, InitProducerResult)
+    return ("I", code)
+
+
+# ---- the checker ---------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class AppStream:
+    """What one application processed for one subscription incarnation."""
+
+    sub_id: str
+    start: EmitSeq
+    principal: str
+    processed: list[RowKey] = field(default_factory=list)
+    last: EmitSeq | None = None
+    active: bool = True
+
+
+class Checker:
+    def __init__(self, bucket_uuid: str, *, tolerate_divergence: bool = False) -> None:
+        self.model = Model(bucket_uuid)
+        self.tolerate_divergence = tolerate_divergence
+        """PLN-01: a replica may diverge (a broken planner) if it quarantines itself
+        and nothing it computed reaches a client; `diverged` names such replicas."""
+        self.diverged: dict[str, str] = {}
+        self.committed: list[tuple[int, bytes]] = [(0, b"")]
+        """Index -> (term, data) of every committed entry; index 0 is a sentinel."""
+        self.digests: dict[int, str] = {}
+        self.confirmed: dict[str, EmitSeq] = {}
+        """sub_id -> the highest position its owner acknowledged or reconnected from."""
+        self.apps: dict[tuple[str, tuple[str, int, int]], AppStream] = {}
+        self.receipts: Counter[tuple[str, EmitSeq, str]] = Counter()
+        """(sub_id, emit_seq, sending replica) -> how often a client received it."""
+        self.checks = 0
+        self.received = 0
+        self.processed = 0
+        self.duplicates_dropped = 0
+
+    # ---- the log -------------------------------------------------------------------
+
+    @property
+    def commit_index(self) -> int:
+        return len(self.committed) - 1
+
+    def on_commit(self, index: int, term: int, data: bytes) -> None:
+        """The leader committed `index` (called in index order, once each)."""
+        self.checks += 1
+        if index <= self.commit_index:
+            if self.committed[index] != (term, data):
+                raise Violation("raft-safety", f"index {index} committed twice, differently")
+            return
+        if index != self.commit_index + 1:
+            raise Violation("raft-safety", f"commit jumped from {self.commit_index} to {index}")
+        self.committed.append((term, data))
+        if data:
+            summary = self.model.apply(index, data)
+            if summary[0] == "P" and summary[1] is None:
+                self._check_purge_acks(index)
+
+    def _check_purge_acks(self, index: int) -> None:
+        for sub_id, principal, up_to in self.model.accepted_acks:
+            sub = self.model.subs[sub_id]
+            if principal != sub.principal:
+                raise Violation("isolation", f"{principal} acked {sub_id} of {sub.principal}")
+            confirmed = self.confirmed.get(sub_id)
+            if confirmed is None or up_to > confirmed:
+                raise Violation(
+                    "purge-safety",
+                    f"OUTBOX_PURGE at {index} acks {sub_id} up to {up_to}; its owner "
+                    f"acknowledged only {confirmed}",
+                )
+
+    def on_apply(self, replica: str, index: int, data: bytes, applied: Applied | None) -> None:
+        """A replica applied `index` (a no-op or a rejected entry has `applied` None)."""
+        self.checks += 1
+        if index > self.commit_index:
+            raise Violation("visibility", f"{replica} applied {index} before it committed")
+        if data and self.committed[index][1] != data:
+            raise Violation("raft-safety", f"{replica} applied a different entry at {index}")
+        if applied is None or replica in self.diverged:
+            return
+        expected = self.model.summaries.get(index)
+        actual = summarize(applied)
+        if expected != actual:
+            message = f"{replica} at {index}: the core reached {actual}, the model {expected}"
+            if not self.tolerate_divergence:
+                raise Violation("determinism", message)
+            self.diverged[replica] = message
+            return
+        for effect in applied.effects:
+            if isinstance(effect, RowsPurged):
+                for row in effect.rows:
+                    confirmed = self.confirmed.get(row.sub_id)
+                    if confirmed is None or row.emit_seq > confirmed:
+                        raise Violation(
+                            "purge-safety",
+                            f"{replica} purged {row.sub_id} {row.emit_seq}; "
+                            f"owner acked {confirmed}",
+                        )
+
+    def on_digest(self, replica: str, index: int, digest: str) -> None:
+        self.checks += 1
+        if replica in self.diverged:
+            return
+        seen = self.digests.setdefault(index, digest)
+        if seen != digest:
+            raise Violation(
+                "determinism", f"{replica} at raft index {index}: digest {digest}, others {seen}"
+            )
+
+    def on_compact(
+        self, replica: str, new_base: int, sm: BucketStateMachine, now_ms: int, window_ms: int
+    ) -> None:
+        """A replica truncated its log through `new_base`: never past the safety point."""
+        self.checks += 1
+        bound = sm.applied_index
+        for sub in sm.subscriptions():
+            stalled = now_ms - sub.last_active_ms > window_ms
+            if sub.rows and not sub.stale and not stalled:
+                bound = min(bound, sub.acked.commit_index)
+        if new_base > bound:
+            raise Violation(
+                "bounded", f"{replica} truncated its log through {new_base}, past {bound}"
+            )
+
+    # ---- clients -------------------------------------------------------------------
+
+    def on_subscribed(self, principal: str, sub_id: str, start: EmitSeq) -> None:
+        """A client learned its stream's start (SubAck) and will process from there."""
+        key = (sub_id, _seq(start))
+        sub = self.model.incarnation(sub_id, start)
+        if sub is None:
+            raise Violation(
+                "visibility", f"{principal} got SubAck {sub_id} at {start}, uncommitted"
+            )
+        if sub.principal != principal:
+            raise Violation("isolation", f"{principal} was handed {sub_id} of {sub.principal}")
+        self.apps.setdefault(key, AppStream(sub_id, start, principal))
+
+    def on_confirm(self, principal: str, sub_id: str, position: EmitSeq) -> None:
+        """The owner says it processed everything up to `position` (ack or reconnect)."""
+        sub = self.model.subs.get(sub_id)
+        if sub is None or sub.principal != principal:
+            return  # not an owner's word: it must never purge anything
+        if position > self.confirmed.get(sub_id, position):
+            self.confirmed[sub_id] = position
+        else:
+            self.confirmed.setdefault(sub_id, position)
+
+    def on_receive(self, principal: str, sub_id: str, row: OutboxRow, replica: str = "") -> None:
+        """A client received an event (maybe a duplicate, maybe on a stale stream)."""
+        self.checks += 1
+        self.received += 1
+        self.receipts[(sub_id, row.emit_seq, replica)] += 1
+        if row.sub_id != sub_id:
+            raise Violation("isolation", f"event of {row.sub_id} sent on a stream of {sub_id}")
+        outboxed = self.model.outboxed.get(sub_id, {}).get(row.emit_seq)
+        if outboxed is None:
+            raise Violation(
+                "visibility", f"{principal} received {sub_id} {row.emit_seq}, never outboxed"
+            )
+        if outboxed != row_key(row):
+            raise Violation("visibility", f"{sub_id} {row.emit_seq} differs from the committed row")
+        owner = self._owner_of_row(sub_id, row.emit_seq)
+        if owner != principal:
+            raise Violation("isolation", f"{principal} received {sub_id} of {owner}")
+        if not row.prev_emit_seq < row.emit_seq:
+            raise Violation("monotonic", f"{sub_id} {row.emit_seq} chains from {row.prev_emit_seq}")
+
+    def _owner_of_row(self, sub_id: str, emit: EmitSeq) -> str:
+        sub = self.model.subs.get(sub_id)
+        owner = "" if sub is None else sub.principal
+        for (sid, _), inc in self.model.incarnations.items():
+            if sid == sub_id and inc.start < emit <= inc.head:
+                owner = inc.principal
+        return owner
+
+    def on_process(self, principal: str, sub_id: str, start: EmitSeq, row: OutboxRow) -> None:
+        """The application processed an event of its subscription `(sub_id, start)`."""
+        self.checks += 1
+        self.processed += 1
+        app = self.apps.get((sub_id, _seq(start)))
+        sub = self.model.incarnation(sub_id, start)
+        if app is None or sub is None:
+            raise Violation("effective-once", f"{principal} processed {sub_id} it never subscribed")
+        key = row_key(row)
+        pos = len(app.processed)
+        if app.last is not None and row.emit_seq <= app.last:
+            raise Violation(
+                "effective-once" if key in app.processed else "monotonic",
+                f"{principal} processed {sub_id} {row.emit_seq} after {app.last} "
+                f"({'duplicate' if key in app.processed else 'reorder'})",
+            )
+        if pos >= len(sub.stream) or sub.stream[pos] != key:
+            missing = sub.stream[pos][1] if pos < len(sub.stream) else None
+            raise Violation(
+                "effective-once",
+                f"{principal} processed {sub_id} {row.emit_seq} as event #{pos + 1}; "
+                f"the committed stream has {missing} there (gap or foreign event)",
+            )
+        app.processed.append(key)
+        app.last = row.emit_seq
+
+    def on_attach(
+        self, principal: str, sub_id: str, after: EmitSeq, attach: Attach, owner_client: bool
+    ) -> None:
+        """A (re)connect got an answer; `owner_client` is False for an impostor."""
+        self.checks += 1
+        sub = self.model.subs.get(sub_id)
+        owner = "" if sub is None else sub.principal
+        if attach.status is AttachStatus.ATTACHED and owner != principal:
+            raise Violation("isolation", f"{principal} attached to {sub_id} of {owner}")
+        if attach.status is not AttachStatus.REFUSED or not owner_client:
+            return
+        assert attach.decision is not None
+        status = attach.decision.status
+        if status is ReconnectStatus.STALE_SEQUENCE:
+            inc = self._incarnation_at(sub_id, after)
+            if inc is None or not inc.stale:
+                raise Violation(
+                    "reconnect", f"STALE_SEQUENCE for {sub_id} after {after}, which is not stale"
+                )
+            return
+        inc = self._incarnation_at(sub_id, after)
+        if inc is not None and inc.ended == "unsubscribed":
+            return
+        raise Violation(
+            "reconnect",
+            f"{status.name} for {principal}'s {sub_id} after {after}: {attach.decision.message}",
+        )
+
+    def _incarnation_at(self, sub_id: str, after: EmitSeq) -> MSub | None:
+        found = None
+        for (sid, _), inc in self.model.incarnations.items():
+            if sid == sub_id and inc.start <= after:
+                found = inc
+        return found
+
+    def model_has_live(self, sub_id: str) -> bool:
+        sub = self.model.subs.get(sub_id)
+        return sub is not None and not sub.ended
+
+    def end_stream(self, sub_id: str, start: EmitSeq) -> None:
+        app = self.apps.get((sub_id, _seq(start)))
+        if app is not None:
+            app.active = False
+
+    # ---- the end -------------------------------------------------------------------
+
+    def pending_work(self) -> list[str]:
+        """What still keeps the run from quiescence (empty: everything is delivered)."""
+        todo = []
+        if self.model.pending:
+            todo.append(f"{sum(len(m) for _, m in self.model.pending)} rows not outboxed")
+        for sub in self.model.live():
+            if sub.rows:
+                todo.append(f"{sub.sub_id}: {len(sub.rows)} rows unacknowledged")
+        for app in self.apps.values():
+            inc = self.model.incarnation(app.sub_id, app.start)
+            if app.active and inc is not None and not inc.ended:
+                outstanding = len(inc.stream) - len(app.processed)
+                if outstanding:
+                    todo.append(f"{app.sub_id}: {outstanding} events not processed")
+        return todo
+
+    def final(
+        self,
+        replicas: Iterable[tuple[str, int, BucketStateMachine]],
+        quarantined: Iterable[str] = (),
+    ) -> None:
+        """After quiescence: everything delivered, outbox drained, replicas agree,
+        every diverged replica quarantined."""
+        todo = self.pending_work()
+        if todo:
+            raise Violation("liveness", "; ".join(todo[:6]))
+        out = set(quarantined)
+        for name in sorted(self.diverged):
+            if name not in out:
+                raise Violation(
+                    "determinism",
+                    f"{name} diverged and never quarantined itself: {self.diverged[name]}",
+                )
+        digests: dict[int, tuple[str, str]] = {}
+        for name, applied, sm in replicas:
+            self.checks += 1
+            if sm.outbox_size():
+                raise Violation(
+                    "bounded", f"{name} still holds {sm.outbox_size()} rows after every ack"
+                )
+            digest = sm.digest()
+            other = digests.setdefault(applied, (name, digest))
+            if other[1] != digest:
+                raise Violation(
+                    "determinism", f"{name} and {other[0]} differ at raft index {applied}"
+                )

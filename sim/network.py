@@ -1,0 +1,197 @@
+"""The simulated network between clients and replicas, and the messages on it.
+
+Delay, loss, duplication, reordering and partitions, all drawn from the
+simulation's one `random.Random`. No sockets: a heap of (deliver_at, seq) entries.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import dataclass, field
+
+from sevendb.notifier.core import Attach
+from sevendb.outbox.emitseq import EmitSeq
+from sevendb.outbox.model import OutboxRow, SubscribeResult
+from sevendb.outbox.query import Query
+
+# ---- messages ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribeReq:
+    client: str
+    sub_id: str
+    principal: str
+    query: Query
+    plan_hash: int
+
+
+@dataclass(frozen=True, slots=True)
+class SubAck:
+    sub_id: str
+    result: SubscribeResult
+
+
+@dataclass(frozen=True, slots=True)
+class UnsubscribeReq:
+    sub_id: str
+    principal: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReconnectReq:
+    conn: int
+    client: str
+    sub_id: str
+    principal: str
+    after: EmitSeq
+
+
+@dataclass(frozen=True, slots=True)
+class AttachReply:
+    conn: int
+    sub_id: str
+    attach: Attach
+    replica: str
+
+
+@dataclass(frozen=True, slots=True)
+class Events:
+    conn: int
+    sub_id: str
+    rows: tuple[OutboxRow, ...]
+    replica: str
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    conn: int
+    sub_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    conn: int
+    sub_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class AckReq:
+    sub_id: str
+    principal: str
+    up_to: EmitSeq
+
+
+Body = (
+    SubscribeReq
+    | SubAck
+    | UnsubscribeReq
+    | ReconnectReq
+    | AttachReply
+    | Events
+    | Heartbeat
+    | Close
+    | AckReq
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    src: str
+    dst: str
+    body: Body
+
+
+# ---- the network -------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Faults:
+    """What the network does to messages right now (all off: a healthy network)."""
+
+    drop: float = 0.0
+    duplicate: float = 0.0
+    jitter_ms: int = 0
+    spike: float = 0.0
+    spike_ms: int = 0
+
+
+@dataclass(slots=True)
+class NetStats:
+    sent: int = 0
+    delivered: int = 0
+    dropped: int = 0
+    duplicated: int = 0
+    partitioned: int = 0
+
+
+@dataclass(slots=True)
+class Network:
+    rng: random.Random
+    latency_ms: tuple[int, int] = (1, 4)
+    faults: Faults = field(default_factory=Faults)
+    side: dict[str, int] = field(default_factory=dict)
+    stats: NetStats = field(default_factory=NetStats)
+    _queue: list[tuple[int, int, Message]] = field(default_factory=list)
+    _seq: int = 0
+
+    raft_side: dict[str, int] = field(default_factory=dict)
+    """A partition between replicas only: clients still reach every replica."""
+
+    def reachable(self, a: str, b: str) -> bool:
+        return self.side.get(a, 0) == self.side.get(b, 0)
+
+    def reachable_raft(self, a: str, b: str) -> bool:
+        return self.reachable(a, b) and self.raft_side.get(a, 0) == self.raft_side.get(b, 0)
+
+    def partition(self, sides: dict[str, int], *, replicas_only: bool = False) -> None:
+        if replicas_only:
+            self.raft_side = dict(sides)
+        else:
+            self.side = dict(sides)
+
+    def heal(self) -> None:
+        self.side = {}
+        self.raft_side = {}
+
+    @property
+    def partitioned(self) -> bool:
+        return any(self.side.values()) or any(self.raft_side.values())
+
+    def send(self, now_ms: int, src: str, dst: str, body: Body) -> None:
+        self.stats.sent += 1
+        if not self.reachable(src, dst):
+            self.stats.partitioned += 1
+            return
+        f = self.faults
+        if f.drop and self.rng.random() < f.drop:
+            self.stats.dropped += 1
+            return
+        copies = 1
+        if f.duplicate and self.rng.random() < f.duplicate:
+            copies = 2
+            self.stats.duplicated += 1
+        for _ in range(copies):
+            delay = self.rng.randint(*self.latency_ms)
+            if f.jitter_ms:
+                delay += self.rng.randint(0, f.jitter_ms)
+            if f.spike and self.rng.random() < f.spike:
+                delay += self.rng.randint(f.spike_ms // 4, f.spike_ms)
+            self._seq += 1
+            heapq.heappush(self._queue, (now_ms + delay, self._seq, Message(src, dst, body)))
+
+    def due(self, now_ms: int) -> list[Message]:
+        """Messages whose delivery time has come, in delivery order."""
+        out = []
+        while self._queue and self._queue[0][0] <= now_ms:
+            message = heapq.heappop(self._queue)[2]
+            if not self.reachable(message.src, message.dst):
+                self.stats.partitioned += 1
+                continue
+            self.stats.delivered += 1
+            out.append(message)
+        return out
+
+    def in_flight(self) -> int:
+        return len(self._queue)

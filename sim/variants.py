@@ -1,0 +1,78 @@
+"""Deliberately broken notifier variants (`Bugs`), to prove the checker bites.
+
+They subclass the production `NotifierCore` and change one decision each; the
+simulation picks them through its configuration, never by editing production code.
+"""
+
+from __future__ import annotations
+
+from sevendb.notifier.core import Attach, AttachStatus, NotifierConfig, NotifierCore
+from sevendb.outbox.emitseq import EmitSeq
+from sevendb.outbox.entries import OutboxWrite
+from sevendb.outbox.model import OutboxRow, ReconnectStatus
+from sevendb.outbox.state import BucketStateMachine, rows_digest
+
+from .config import Bugs
+
+
+class PurgeBeforeAck(NotifierCore):
+    """Treats "sent" as "acknowledged": queues an ack for every batch it sends."""
+
+    def next_batches(
+        self, sm: BucketStateMachine, max_events: int, now_ms: int
+    ) -> list[tuple[str, tuple[OutboxRow, ...]]]:
+        batches = super().next_batches(sm, max_events, now_ms)
+        for sub_id, rows in batches:
+            sub = sm.subscription(sub_id)
+            if sub is not None:
+                self._queue_ack(sm, sub_id, sub.principal, rows[-1].emit_seq)
+        return batches
+
+
+class Unfenced(NotifierCore):
+    """Emits whenever its host believes it leads; judges reconnects from whatever it
+    applied so far (no lease check, no "client is ahead of me" check)."""
+
+    def holds_lease(self, sm: BucketStateMachine) -> bool:
+        return True
+
+    def attach(
+        self, sm: BucketStateMachine, sub_id: str, principal: str, after: EmitSeq, now_ms: int
+    ) -> Attach:
+        decision = sm.decide_reconnect(sub_id, principal, after)
+        if decision.status is not ReconnectStatus.OK:
+            return Attach(AttachStatus.REFUSED, decision, message=decision.message)
+        return self._register(sm, sub_id, principal, after, now_ms, decision)
+
+
+class ForgetsTail(NotifierCore):
+    """Outboxes only rows computed after it took the lease: what its predecessor left
+    un-outboxed is never proposed (so the range never lines up again)."""
+
+    def __init__(self, me: str, config: NotifierConfig | None, taken_at: int) -> None:
+        super().__init__(me, config)
+        self._taken_at = taken_at
+
+    def outbox_entry(
+        self, sm: BucketStateMachine, lease_index: int, now_ms: int
+    ) -> OutboxWrite | None:
+        if not self.holds_lease(sm):
+            return None
+        start = max(self._taken_at, sm.outboxed_through)
+        through = sm.applied_index
+        rows = tuple(r for r in sm.pending_rows(through) if r.emit_seq.commit_index > start)
+        if not rows or through <= start:
+            return None
+        count, digest = rows_digest(rows)
+        return OutboxWrite(lease_index, start, through, count, digest, now_ms)
+
+
+def make_core(me: str, config: NotifierConfig, bugs: Bugs, sm: BucketStateMachine) -> NotifierCore:
+    """The notifier core a replica runs: the production one unless a bug is injected."""
+    if bugs.purge_before_ack:
+        return PurgeBeforeAck(me, config)
+    if bugs.lease_without_fencing:
+        return Unfenced(me, config)
+    if bugs.forget_unoutboxed_tail:
+        return ForgetsTail(me, config, sm.applied_index)
+    return NotifierCore(me, config)

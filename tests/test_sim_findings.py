@@ -1,0 +1,75 @@
+"""What the simulator found in the core, pinned as strict expected failures.
+
+Each test states the *correct* behaviour and is marked `xfail(strict=True)`: it
+fails today because of the finding, and turns into an error (XPASS) the day the
+core is fixed, so the marker gets removed. The core itself is not edited here.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import Driver
+
+from sevendb.sim.config import SimConfig
+from sevendb.sim.planners import sneaky_planner
+from sevendb.sim.world import Simulation, run_seed
+
+REUSE = {
+    "reuse_sub_ids": True,
+    "faults": ("unsubscribe", "rendezvous", "holder_crash", "replica_crash", "pause"),
+    "fault_rate": 2.0,
+}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="outbox/state.py _apply_outbox_write attaches pending rows by sub_id, so a "
+    "resubscribed sub_id adopts its previous incarnation's rows",
+)
+def test_a_resubscribed_sub_id_does_not_adopt_its_previous_incarnations_rows() -> None:
+    d = Driver()
+    d.lease()
+    d.subscribe("s", "all")
+    d.set("k")  # a row for the first incarnation, still pending
+    d.unsubscribe("s")
+    d.subscribe("s", "all")  # a new incarnation starts here
+    d.outbox()
+    sub = d.sm.subscription("s")
+    assert sub is not None
+    # Today: rows == [the old row, emit_seq before sub.start]; no ack can ever
+    # cover it (acking sub.start is a DUPLICATE), so the outbox never drains and
+    # the new subscription is expired as stalled (STALE_SEQUENCE for a client
+    # that is fully caught up).
+    assert list(sub.rows) == []
+    assert d.sm.stalled_subscriptions(d.now_ms + 10**9, 1_000) == ()
+
+
+@pytest.mark.xfail(strict=True, reason="same finding, found by the simulator's checker")
+def test_the_swarm_is_clean_when_sub_ids_are_reused() -> None:
+    for seed in range(80):
+        report = run_seed(seed, **REUSE)
+        assert report.ok, report.describe()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="OUTBOX_WRITE carries the proposer's digest and every replica that disagrees "
+    "quarantines itself: a diverged lease holder takes the healthy majority down and "
+    "streams its own rows",
+)
+def test_a_diverged_lease_holder_is_contained() -> None:
+    report = run_seed(2, planners={"r0": sneaky_planner}, faults=())
+    assert report.ok, report.describe()
+
+
+def test_a_diverged_follower_quarantines_itself_at_the_next_outbox_write() -> None:
+    """The same broken planner on a replica that does not propose: contained."""
+    for seed in range(40):
+        sim = Simulation(SimConfig.from_seed(seed, planners={"r0": sneaky_planner}, faults=()))
+        report = sim.run()
+        r0 = sim.raft.replicas["r0"]
+        if report.ok and r0.quarantined:
+            assert "OUTBOX_WRITE" in r0.quarantine_reason
+            assert not any(r.quarantined for r in sim.raft.replicas.values() if r is not r0)
+            return
+    pytest.fail("no seed had the diverged replica outside the lease")
