@@ -538,7 +538,10 @@ class BucketStateMachine:
         kept = []
         for row in moving:
             sub = self._subs.get(row.sub_id)
-            if sub is not None and not sub.stale:
+            # A row older than the subscription's start was computed for an earlier
+            # incarnation of a reused sub_id (UNSUBSCRIBE, then SUBSCRIBE again):
+            # it is not on this stream's chain, and no ack could ever cover it.
+            if sub is not None and not sub.stale and row.emit_seq > sub.start:
                 sub.rows.append(row)
                 kept.append(row)
         if kept:

@@ -212,7 +212,8 @@ class SimConfig:
     planners: Mapping[str, Planner] = field(default_factory=dict)
     """Replica name -> planner (PLN-01 passes a broken one)."""
     reuse_sub_ids: bool = False
-    """Resubscribe with the sub_id of an ended subscription (finds a core bug)."""
+    """Resubscribe with the sub_id of an ended subscription (found a core bug, now fixed;
+    the swarm turns it on for ~30% of seeds)."""
     reorder_buffer_max: int = 4
     window_events: int = 8
     resend_after_ms: int = 400
@@ -235,6 +236,7 @@ class SimConfig:
             "reorder_buffer_max": rng.choice((1, 2, 4, 64)),
             "window_events": rng.choice((1, 3, 8, 64)),
             "resend_after_ms": rng.choice((150, 400, 1_000)),
+            "reuse_sub_ids": rng.random() < 0.3,
         }
         values.update({k: v for k, v in overrides.items() if k not in ("scripted", "net")})
         plan_rng = random.Random(f"sevendb-sim-plan/{seed}")

@@ -1,8 +1,8 @@
-"""What the simulator found in the core, pinned as strict expected failures.
+"""What the simulator found in the core, pinned.
 
-Each test states the *correct* behaviour and is marked `xfail(strict=True)`: it
-fails today because of the finding, and turns into an error (XPASS) the day the
-core is fixed, so the marker gets removed. The core itself is not edited here.
+Each test states the *correct* behaviour. A finding that is fixed keeps its test
+as a regression guard; one still open is marked `xfail(strict=True)`, so the day
+it is fixed the XPASS fails the suite and the marker gets removed.
 """
 
 from __future__ import annotations
@@ -21,11 +21,6 @@ REUSE = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="outbox/state.py _apply_outbox_write attaches pending rows by sub_id, so a "
-    "resubscribed sub_id adopts its previous incarnation's rows",
-)
 def test_a_resubscribed_sub_id_does_not_adopt_its_previous_incarnations_rows() -> None:
     d = Driver()
     d.lease()
@@ -36,15 +31,13 @@ def test_a_resubscribed_sub_id_does_not_adopt_its_previous_incarnations_rows() -
     d.outbox()
     sub = d.sm.subscription("s")
     assert sub is not None
-    # Today: rows == [the old row, emit_seq before sub.start]; no ack can ever
-    # cover it (acking sub.start is a DUPLICATE), so the outbox never drains and
-    # the new subscription is expired as stalled (STALE_SEQUENCE for a client
-    # that is fully caught up).
+    # Finding 1 (fixed): the old row, emit_seq before sub.start, was attached; no
+    # ack could ever cover it (acking sub.start is a DUPLICATE), so the outbox
+    # never drained and the caught-up subscription was expired as stalled.
     assert list(sub.rows) == []
     assert d.sm.stalled_subscriptions(d.now_ms + 10**9, 1_000) == ()
 
 
-@pytest.mark.xfail(strict=True, reason="same finding, found by the simulator's checker")
 def test_the_swarm_is_clean_when_sub_ids_are_reused() -> None:
     for seed in range(80):
         report = run_seed(seed, **REUSE)
