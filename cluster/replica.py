@@ -44,6 +44,8 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -58,7 +60,13 @@ from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import SyncObjExceptionWrongVer
 
 from sevendb.outbox import limits
-from sevendb.outbox.errors import EntryError, LimitExceeded, MalformedEntry, ReplicaDivergence
+from sevendb.outbox.errors import (
+    EntryError,
+    LimitExceeded,
+    MalformedEntry,
+    PlanMismatch,
+    ReplicaDivergence,
+)
 from sevendb.outbox.model import Applied
 from sevendb.outbox.state import BucketStateMachine
 
@@ -67,6 +75,7 @@ from .journal import DurableJournal, JournalError
 __all__ = [
     "ApplyOutcome",
     "BucketReplica",
+    "Connectivity",
     "MembershipChangeInProgress",
     "RaftTuning",
     "ReplicaUnavailable",
@@ -211,6 +220,13 @@ class ApplyOutcome:
     error: str | None
 
 
+@dataclass(frozen=True)
+class Connectivity:
+    leader: str | None
+    quorum: bool
+    connected: tuple[str, ...]
+
+
 class ReplicaUnavailable(Exception):
     """This replica cannot serve the request now: not leader, no quorum, quarantined,
     closed, or the proposal timed out. ``leader_hint`` names the last known leader.
@@ -237,6 +253,8 @@ class MembershipChangeInProgress(ReplicaUnavailable):
 @dataclass
 class _Counters:
     entry_errors: int = 0
+    plan_mismatches: int = 0
+    follower_regressions: int = 0
     snapshots_written: int = 0
     snapshots_loaded: int = 0
     compactions_deferred: int = 0
@@ -582,8 +600,9 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
     def _on_next_node_idx(self, node: Any, message: dict[str, Any]) -> None:
         """Leader side of syncobj.py:1070-1083, fixed: nextIndex/matchIndex only move
         forward on success (a late ack used to rewind a pipelined nextIndex, making
-        the follower truncate matching entries), never below matchIndex + 1 on a
-        reset, and responses from another term are ignored (Raft §5.1)."""
+        the follower truncate matching entries) and responses from another term are
+        ignored (Raft §5.1). A reset in this term is the follower's log end: trusted,
+        even below matchIndex (the follower lost entries it had acked)."""
         if self._SyncObj__raftState != _LEADER:
             return
         term = message.get("term")
@@ -603,7 +622,21 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
             if next_idx > next_index[node]:
                 next_index[node] = next_idx
         elif message["reset"]:
-            next_index[node] = max(next_idx, match_index[node] + 1)
+            if next_idx <= match_index[node]:
+                # In this term the follower acked through matchIndex, so a reset below it
+                # means its log really is shorter now: it lost acknowledged entries (a
+                # corrupt or truncated journal). Repair it from where its log ends;
+                # holding nextIndex above would leave it stuck forever.
+                self._counters.follower_regressions += 1
+                logger.warning(
+                    "follower %s lost acknowledged entries (its log ends at %d, it had "
+                    "acked %d); resending from there",
+                    node,
+                    next_idx - 1,
+                    match_index[node],
+                )
+                match_index[node] = next_idx - 1
+            next_index[node] = next_idx
         self._SyncObj__lastResponseTime[node] = _monotonic()
 
     def _on_append_entries(self, node: Any, message: dict[str, Any]) -> None:
@@ -830,7 +863,7 @@ class BucketReplica:
         self._counters = _Counters()
         self._snapshot_index = 0
         self._snapshot_cache: tuple[tuple[int, int, int], _Snapshot] | None = None
-        self._pending: set[_Waiter] = set()
+        self._pending: set[Future[ApplyOutcome]] = set()
         self._pending_lock = threading.Lock()
         self._membership_lock = threading.Lock()
         self._closed = False
@@ -887,12 +920,13 @@ class BucketReplica:
 
     # -- public API ----------------------------------------------------------------
 
-    def propose(self, entry: bytes, timeout_s: float = 5.0) -> ApplyOutcome:
-        """Replicate ``entry``; block until it is committed (durable on a majority) and
-        applied here. From a follower, pysyncobj forwards it to the leader.
+    def submit(self, entry: bytes) -> Future[ApplyOutcome]:
+        """Replicate ``entry`` without blocking: the future resolves with its
+        :class:`ApplyOutcome` once it is committed (durable on a majority) and applied
+        here, or fails with :class:`ReplicaUnavailable`. From a follower, pysyncobj
+        forwards it to the leader. The caller bounds the wait (``propose`` does).
 
-        :raises ReplicaUnavailable: no leader / quorum, quarantined, closed, timeout
-            (``reason="timeout"``: the entry may still commit later).
+        :raises ReplicaUnavailable: quarantined or closed.
         :raises LimitExceeded: the entry is larger than the core accepts.
         """
         if not isinstance(entry, bytes):
@@ -902,43 +936,64 @@ class BucketReplica:
                 f"entry is {len(entry)} bytes; the limit is {limits.ENTRY_BYTES_MAX}"
             )
         self._refuse_if_unavailable()
-        waiter = _Waiter()
+        future: Future[ApplyOutcome] = Future()
         with self._pending_lock:
-            self._pending.add(waiter)
-        try:
-            # The command is queued before the tick is woken through a pipe; if that
-            # pipe is full the tick is already busy and will drain the queue anyway.
-            with contextlib.suppress(BlockingIOError):
-                self._node.apply_entry(entry, callback=waiter.done)
-            if not waiter.event.wait(timeout_s):
-                raise ReplicaUnavailable(
-                    f"bucket {self.bucket}: not committed within {timeout_s} s "
-                    f"(outcome unknown; quorum connected: {self._has_quorum()})",
-                    leader_hint=self.leader,
-                    reason="timeout",
-                )
-        finally:
+            self._pending.add(future)
+
+        def done(result: object, error: int | str) -> None:  # the tick thread
             with self._pending_lock:
-                self._pending.discard(waiter)
-        if waiter.error != FAIL_REASON.SUCCESS:
-            reason = (
-                waiter.error
-                if isinstance(waiter.error, str)
-                else _FAIL_NAMES.get(waiter.error, str(waiter.error))
-            )
+                self._pending.discard(future)
+            with contextlib.suppress(InvalidStateError):  # close() failed it already
+                settle(result, error)
+
+        def settle(result: object, error: int | str) -> None:
+            if error != FAIL_REASON.SUCCESS:
+                reason = error if isinstance(error, str) else _FAIL_NAMES.get(error, str(error))
+                future.set_exception(
+                    ReplicaUnavailable(
+                        f"bucket {self.bucket}: proposal failed: {reason}",
+                        leader_hint=self.leader,
+                        reason=reason,
+                    )
+                )
+            elif not isinstance(result, ApplyOutcome):
+                future.set_exception(
+                    ReplicaUnavailable(
+                        f"bucket {self.bucket}: committed but not applied here "
+                        f"({self._quarantine or 'closed'})",
+                        leader_hint=self.leader,
+                        reason="quarantined",
+                    )
+                )
+            else:
+                future.set_result(result)
+
+        # The command is queued before the tick is woken through a pipe; if that pipe
+        # is full the tick is already busy and will drain the queue anyway.
+        with contextlib.suppress(BlockingIOError):
+            self._node.apply_entry(entry, callback=done)
+        return future
+
+    def propose(self, entry: bytes, timeout_s: float = 5.0) -> ApplyOutcome:
+        """Replicate ``entry``; block until it is committed (durable on a majority) and
+        applied here (see :meth:`submit`).
+
+        :raises ReplicaUnavailable: no leader / quorum, quarantined, closed, timeout
+            (``reason="timeout"``: the entry may still commit later).
+        :raises LimitExceeded: the entry is larger than the core accepts.
+        """
+        future = self.submit(entry)
+        try:
+            return future.result(timeout_s)
+        except FutureTimeout:
+            with self._pending_lock:
+                self._pending.discard(future)
             raise ReplicaUnavailable(
-                f"bucket {self.bucket}: proposal failed: {reason}",
+                f"bucket {self.bucket}: not committed within {timeout_s} s "
+                f"(outcome unknown; quorum connected: {self._has_quorum()})",
                 leader_hint=self.leader,
-                reason=reason,
-            )
-        if not isinstance(waiter.result, ApplyOutcome):
-            self._refuse_if_unavailable()
-            raise ReplicaUnavailable(
-                f"bucket {self.bucket}: committed but not applied here",
-                leader_hint=self.leader,
-                reason="quarantined",
-            )
-        return waiter.result
+                reason="timeout",
+            ) from None
 
     def read(self, fn: Callable[[BucketStateMachine], T]) -> T:
         """Run ``fn`` on the core under the apply lock (a consistent view). Reads on a
@@ -955,6 +1010,32 @@ class BucketReplica:
     def leader(self) -> str | None:
         node = self._node._getLeader()
         return None if node is None else str(node.id)
+
+    @property
+    def on_applied(self) -> Callable[[Applied], None] | None:
+        """Called in the tick thread after each applied entry (outside the lock); must
+        be quick. Exceptions are logged and ignored."""
+        return self._on_applied
+
+    @on_applied.setter
+    def on_applied(self, callback: Callable[[Applied], None] | None) -> None:
+        self._on_applied = callback
+
+    @property
+    def plan_mismatches(self) -> int:
+        """Times this replica's own plan hash or outbox digest disagreed with a committed
+        entry (each quarantined it)."""
+        return self._counters.plan_mismatches
+
+    def connectivity(self) -> Connectivity:
+        """The leader this replica knows, whether it reaches a quorum, and which other
+        members its transport is connected to (sorted)."""
+        node = self._node
+        for _ in range(3):
+            with contextlib.suppress(RuntimeError):  # a set changed size under us
+                connected = sorted(str(n.id) for n in node.otherNodes if node.isNodeConnected(n))
+                return Connectivity(self.leader, self._has_quorum(), tuple(connected))
+        return Connectivity(self.leader, False, ())
 
     @property
     def quarantined(self) -> str | None:
@@ -997,8 +1078,10 @@ class BucketReplica:
             "snapshots_loaded": counters.snapshots_loaded,
             "compactions_deferred": counters.compactions_deferred,
             "entry_errors": counters.entry_errors,
+            "plan_mismatches": counters.plan_mismatches,
             "stale_term_acks": counters.stale_term_acks,
             "rewinds_prevented": counters.rewinds_prevented,
+            "follower_regressions": counters.follower_regressions,
             "matching_entries_kept": counters.matching_entries_kept,
             "journal_trims_at_startup": counters.journal_trims_at_startup,
         }
@@ -1042,8 +1125,11 @@ class BucketReplica:
             pending = list(self._pending)
         self._node.destroy_synchronous()
         self._journal.close()
-        for waiter in pending:
-            waiter.done(None, "closed")
+        for future in pending:
+            with contextlib.suppress(InvalidStateError):
+                future.set_exception(
+                    ReplicaUnavailable(f"bucket {self.bucket}: replica is closed", reason="closed")
+                )
         os.close(self._lock_fd)
 
     # -- apply (tick thread) ---------------------------------------------------------
@@ -1062,6 +1148,7 @@ class BucketReplica:
                 logger.info("bucket %d: entry %d rejected: %s", self.bucket, index, exc)
                 return ApplyOutcome(index, None, f"{type(exc).__name__}: {exc}")
             except ReplicaDivergence as exc:
+                self._counters.plan_mismatches += isinstance(exc, PlanMismatch)
                 self._enter_quarantine(index, f"{type(exc).__name__}: {exc}")
                 return None
             except Exception as exc:

@@ -536,8 +536,10 @@ def test_leader_next_index_never_moves_backwards() -> None:
     """BEFORE: a late success ack sets nextIndex = nextNodeIdx even when the leader has
     already pipelined past it (syncobj.py:1079-1082); a stale reset can drop it below
     matchIndex; acks carry no term (1101-1106). Measured: 464 of 40,130 acks rewound.
-    AFTER: success only moves matchIndex/nextIndex forward, a reset never goes below
-    matchIndex + 1, and an ack from another term is ignored."""
+    AFTER: success only moves matchIndex/nextIndex forward and an ack from another
+    term is ignored. A reset in the current term is the follower's real log end: it
+    is trusted even below matchIndex (the follower lost acknowledged entries, e.g. a
+    corrupt journal tail), or that follower could never catch up."""
     stock, follower = _leader_stub(SyncObj)
     stock._SyncObj__onMessageReceived(follower, _ack(21))
     assert stock._SyncObj__raftNextIndex[follower] == 21  # rewound from 50
@@ -549,11 +551,17 @@ def test_leader_next_index_never_moves_backwards() -> None:
     assert ours._SyncObj__raftMatchIndex[follower] == 20
     assert ours._SyncObj__raftNextIndex[follower] == 50
     assert ours._counters.rewinds_prevented == 1
-    ours._SyncObj__onMessageReceived(follower, _ack(5, success=False, reset=True, term=3))
-    assert ours._SyncObj__raftNextIndex[follower] == 21
+    ours._SyncObj__onMessageReceived(follower, _ack(5, success=False, reset=True, term=2))
+    assert ours._SyncObj__raftNextIndex[follower] == 50  # a reset from an older term
     ours._SyncObj__onMessageReceived(follower, _ack(45, term=2))  # an older term
     assert ours._SyncObj__raftMatchIndex[follower] == 20
-    assert ours._counters.stale_term_acks == 1
+    assert ours._counters.stale_term_acks == 2
+    ours._SyncObj__onMessageReceived(follower, _ack(18, success=False, reset=True, term=3))
+    assert (ours._SyncObj__raftMatchIndex[follower], ours._SyncObj__raftNextIndex[follower]) == (
+        17,
+        18,
+    )
+    assert ours._counters.follower_regressions == 1
     ours._SyncObj__onMessageReceived(follower, _ack(60, term=3))
     assert (ours._SyncObj__raftMatchIndex[follower], ours._SyncObj__raftNextIndex[follower]) == (
         59,
