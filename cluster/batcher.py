@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -32,9 +33,7 @@ def write_size(write: Write) -> int:
 class _Waiting:
     write: Write
     size: int
-    done: threading.Event = field(default_factory=threading.Event)
-    result: WriteResult | None = None
-    error: Exception | None = None
+    future: Future[WriteResult] = field(default_factory=Future)
 
 
 class WriteBatcher:
@@ -56,18 +55,14 @@ class WriteBatcher:
         for t in self._threads:
             t.start()
 
-    def submit(self, write: Write) -> WriteResult:
-        """Commit `write` (possibly with others); raises ReplicaUnavailable on failure."""
+    def submit(self, write: Write) -> Future[WriteResult]:
+        """Commit `write` (possibly with others). The future fails with
+        ReplicaUnavailable if it cannot be committed; callers bound the wait."""
         if self._closed:
             raise ReplicaUnavailable("node is shutting down")
         waiting = _Waiting(write, write_size(write))
         self._queue.put(waiting)
-        if not waiting.done.wait(self._timeout_s * 3):
-            raise ReplicaUnavailable("timed out waiting for the write to commit")
-        if waiting.error is not None:
-            raise waiting.error
-        assert waiting.result is not None
-        return waiting.result
+        return waiting.future
 
     def close(self) -> None:
         self._closed = True
@@ -104,21 +99,19 @@ class WriteBatcher:
         try:
             if len(batch) == 1:
                 outcome = self._replica.propose(encode_entry(batch[0].write), self._timeout_s)
-                results = self._results(outcome, 1)
             else:
                 entry = WriteBatch(tuple(w.write for w in batch))
                 outcome = self._replica.propose(encode_entry(entry), self._timeout_s)
-                results = self._results(outcome, len(batch))
-            for waiting, result in zip(batch, results, strict=True):
-                waiting.result = result
+            results = self._results(outcome, len(batch))
         except Exception as exc:  # every waiter learns why, none hangs
             for waiting in batch:
-                waiting.error = exc
+                waiting.future.set_exception(exc)
+        else:
+            for waiting, result in zip(batch, results, strict=True):
+                waiting.future.set_result(result)
         finally:
             self.entries += 1
             self.writes += len(batch)
-            for waiting in batch:
-                waiting.done.set()
 
     @staticmethod
     def _results(outcome: ApplyOutcome, count: int) -> list[WriteResult]:

@@ -12,6 +12,11 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sevendb.sdk.client import Client
+    from sevendb.sdk.subscription import Event
 
 DEFAULT_DATA = ".sevendb"
 
@@ -28,6 +33,27 @@ def _endpoints(args: argparse.Namespace) -> list[str]:
         return [e.strip() for e in raw.split(",") if e.strip()]
     spec = ClusterSpec.load(_data_dir(args))
     return [n.grpc_address for n in spec.nodes]
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    """--token, else $SEVENDB_TOKEN, else one minted for --principal from the data dir's
+    cluster secret (a local cluster), else none."""
+    token = getattr(args, "token", None) or os.environ.get("SEVENDB_TOKEN")
+    if token:
+        return str(token)
+    from sevendb.cluster.local import local_token
+    from sevendb.cluster.topology import ConfigError
+
+    try:
+        return local_token(_data_dir(args), args.principal)
+    except ConfigError:
+        return None
+
+
+def _client(args: argparse.Namespace) -> Client:
+    from sevendb.sdk.client import Client
+
+    return Client(_endpoints(args), token=_token(args))
 
 
 def _progress(line: str) -> None:
@@ -110,9 +136,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_write(args: argparse.Namespace) -> int:
-    from sevendb.sdk.client import Client
-
-    with Client(_endpoints(args)) as client:
+    with _client(args) as client:
         result = client.put(
             args.key,
             args.value.encode(),
@@ -133,9 +157,7 @@ def cmd_write(args: argparse.Namespace) -> int:
 
 
 def cmd_get(args: argparse.Namespace) -> int:
-    from sevendb.sdk.client import Client
-
-    with Client(_endpoints(args)) as client:
+    with _client(args) as client:
         record = client.get(args.key)
     if record is None:
         print(f"{args.key}: not found", file=sys.stderr)
@@ -153,6 +175,64 @@ def cmd_get(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_token(args: argparse.Namespace) -> int:
+    from sevendb.cluster.local import local_token
+
+    print(local_token(_data_dir(args), args.name))
+    return 0
+
+
+def event_lines(event: Event) -> list[str]:
+    """`sevendb subscribe` output: one JSON line per change of a delivered event."""
+    return [
+        json.dumps(
+            {
+                "emit_seq": event.emit_seq.pack(),
+                "prev_emit_seq": event.prev_emit_seq.pack(),
+                "bucket": event.bucket,
+                "key": change.key,
+                "op": change.op.name,
+                "value": change.value.decode(errors="replace"),
+                "version": change.version,
+                "commit_time_ms": event.commit_time_ms,
+            }
+        )
+        for change in event.changes
+    ]
+
+
+def cmd_subscribe(args: argparse.Namespace) -> int:
+    from sevendb.sdk.subscription import StreamReset, SubscribeOptions
+
+    def on_reset(reset: StreamReset) -> None:
+        _progress(
+            f"bucket {reset.bucket}: {reset.reason}: subscription {reset.old_sub_id} could "
+            "not be resumed; continuing with a new one from the current end of the log"
+        )
+
+    options = SubscribeOptions(on_reset=on_reset, on_stale=args.on_stale)
+    delivered = 0
+    with _client(args) as client:
+        sub = client.subscribe(args.query, cursor=args.cursor, options=options)
+        _progress(f"subscribed to {args.query} in {sub.stats()['buckets']} bucket(s)")
+        try:
+            while args.count is None or delivered < args.count:
+                event = sub.poll(args.idle_exit if args.idle_exit else 3600.0)
+                if event is None:
+                    if args.idle_exit:
+                        break
+                    continue
+                # Printed (processed) before the next poll persists and acks it.
+                print("\n".join(event_lines(event)), flush=True)
+                delivered += 1
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sub.close()
+    _progress(f"delivered {delivered} event(s)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sevendb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -162,6 +242,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--data", help=f"cluster data dir (default ${{SEVENDB_DATA}} or ./{DEFAULT_DATA})"
     )
     common.add_argument("--endpoints", help="client endpoints host:port,... (instead of --data)")
+    common.add_argument(
+        "--token", help="bearer token (default $SEVENDB_TOKEN, or minted from the data dir)"
+    )
+    common.add_argument(
+        "--principal",
+        default="default",
+        help="with a local data dir and no token: act as this principal (default: default)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the demo (starts and stops a local cluster)")
     demo.add_argument(
@@ -194,6 +282,31 @@ def build_parser() -> argparse.ArgumentParser:
     get = sub.add_parser("get", parents=[common], help="read KEY")
     get.add_argument("key")
     get.set_defaults(fn=cmd_get)
+    token = sub.add_parser(
+        "token", parents=[common], help="print a token for principal NAME (local cluster)"
+    )
+    token.add_argument("name")
+    token.set_defaults(fn=cmd_token)
+    subscribe = sub.add_parser(
+        "subscribe",
+        parents=[common],
+        help="tail QUERY (key:K, prefix:P or all): one JSON line per change, acked as printed",
+    )
+    subscribe.add_argument("query")
+    subscribe.add_argument(
+        "--cursor", type=Path, help="cursor file: a restarted command resumes after its last event"
+    )
+    subscribe.add_argument("--count", type=int, help="exit after this many events")
+    subscribe.add_argument(
+        "--idle-exit", type=float, default=0.0, help="exit after this many idle seconds"
+    )
+    subscribe.add_argument(
+        "--on-stale",
+        choices=("resubscribe", "raise"),
+        default="resubscribe",
+        help="when a stream cannot be resumed (default: start afresh and say so on stderr)",
+    )
+    subscribe.set_defaults(fn=cmd_subscribe)
     return parser
 
 

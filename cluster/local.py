@@ -14,6 +14,7 @@ from pathlib import Path
 
 import grpc
 
+from sevendb.cluster.auth import DEFAULT_PRINCIPAL, mint_token
 from sevendb.cluster.node import node_dir
 from sevendb.cluster.topology import ClusterSpec, ConfigError, new_cluster
 from sevendb.proto import sevendb_pb2 as pb
@@ -35,23 +36,28 @@ def _port_free(port: int) -> bool:
 
 
 def allocate_ports(nodes: int, buckets: int, start: int = 21000) -> list[int]:
-    """A free gRPC port and a free block of `buckets` Raft ports per node."""
+    """Per node: a free gRPC port, a free block of `buckets` Raft ports and a free
+    metrics port."""
     ports: list[int] = []
     port = start + (os.getpid() * 7) % 20000
-    while len(ports) < 2 * nodes:
+    while len(ports) < 3 * nodes:
         if port + buckets >= 65000:
             port = start
-        if len(ports) % 2 == 0:
+        if len(ports) % 3 != 1:
             if _port_free(port):
                 ports.append(port)
             port += 1
+        elif all(_port_free(p) for p in range(port, port + buckets)):
+            ports.append(port)
+            port += buckets
         else:
-            if all(_port_free(p) for p in range(port, port + buckets)):
-                ports.append(port)
-                port += buckets
-            else:
-                port += 1
+            port += 1
     return ports
+
+
+def local_token(data_dir: Path, principal: str = DEFAULT_PRINCIPAL) -> str:
+    """A token for `principal`, minted with the secret of the cluster in `data_dir`."""
+    return mint_token(ClusterSpec.load(data_dir).password, principal)
 
 
 def pid_file(data_dir: Path, node_id: str) -> Path:

@@ -1,111 +1,197 @@
-"""A node process: hosts this node's replica of every bucket placed on it, and the
-gRPC API. Started by `sevendb cluster up`; `python -m sevendb.cluster.node`.
+"""A node process: hosts this node's replica of every bucket placed on it, their
+notifiers, the gRPC API and the metrics endpoint. Started by `sevendb cluster up`;
+`python -m sevendb.cluster.node --data DIR --node-id ID`.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import logging
 import os
 import signal
 import sys
 import threading
-from collections.abc import Mapping, Sequence
-from concurrent import futures
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
-import grpc
+from grpc import aio
 
+from sevendb.cluster.faults import KILL_BEFORE_SEND, FaultPoints
+from sevendb.cluster.metrics import NodeMetrics
 from sevendb.cluster.replica import BucketReplica, RaftTuning
 from sevendb.cluster.service import NodeService
 from sevendb.cluster.topology import ClusterSpec, ConfigError
+from sevendb.notifier.host import BucketNotifier, NotifierSettings
+from sevendb.outbox.model import Applied
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 
 log = logging.getLogger("sevendb.node")
 
-GRPC_WORKERS = 32
 GRPC_MESSAGE_BYTES_MAX = 4 * 1024 * 1024
 """Larger requests are refused by gRPC itself (RESOURCE_EXHAUSTED), before parsing."""
+TUNING_ENV_PREFIX = "SEVENDB_RAFT_"
+NOTIFIER_ENV_PREFIX = "SEVENDB_NOTIFIER_"
+STOP_GRACE_S = 2.0
+
+S = TypeVar("S")
 
 
 def node_dir(data_dir: Path, node_id: str) -> Path:
     return data_dir / "nodes" / node_id
 
 
-TUNING_ENV_PREFIX = "SEVENDB_RAFT_"
-
-
-def tuning_from_env(environ: Mapping[str, str]) -> RaftTuning:
-    """RaftTuning with overrides from SEVENDB_RAFT_<FIELD> (e.g. SEVENDB_RAFT_HEARTBEAT_S)."""
-    fields = {f.name: f for f in dataclasses.fields(RaftTuning)}
-    overrides: dict[str, object] = {}
+def settings_from_env(
+    cls: Callable[..., S], prefix: str, environ: Mapping[str, str], **fixed: Any
+) -> S:
+    """A settings dataclass with overrides from ``<prefix><FIELD>`` variables
+    (e.g. SEVENDB_RAFT_HEARTBEAT_S), each parsed as its field's type."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    overrides: dict[str, object] = dict(fixed)
     for name, raw in environ.items():
-        if not name.startswith(TUNING_ENV_PREFIX):
+        if not name.startswith(prefix):
             continue
-        field = name[len(TUNING_ENV_PREFIX) :].lower()
-        if field not in fields:
+        field = name[len(prefix) :].lower()
+        if field not in fields or field in fixed:
             raise ConfigError(
-                f"{name}: unknown Raft setting; known: "
-                + ", ".join(TUNING_ENV_PREFIX + f.upper() for f in fields)
+                f"{name}: unknown setting; known: "
+                + ", ".join(prefix + f.upper() for f in fields if f not in fixed)
             )
-        kind = int if fields[field].type in (int, "int") else float
+        kind = {"int": int, "float": float}.get(str(fields[field].type), str)
         try:
             overrides[field] = kind(raw)
         except ValueError:
             raise ConfigError(f"{name}={raw!r}: expected {kind.__name__}") from None
     try:
-        return RaftTuning(**overrides)  # type: ignore[arg-type]
+        return cls(**overrides)
     except ValueError as exc:
-        raise ConfigError(f"Raft settings from the environment: {exc}") from None
+        raise ConfigError(f"settings from the environment ({prefix}*): {exc}") from None
+
+
+def tuning_from_env(environ: Mapping[str, str]) -> RaftTuning:
+    """RaftTuning with overrides from SEVENDB_RAFT_<FIELD>."""
+    return settings_from_env(RaftTuning, TUNING_ENV_PREFIX, environ)
+
+
+def notifier_settings_from_env(environ: Mapping[str, str], tuning: RaftTuning) -> NotifierSettings:
+    """NotifierSettings with overrides from SEVENDB_NOTIFIER_<FIELD>; the stall window is
+    the one compaction uses (SEVENDB_RAFT_STALL_WINDOW_MS)."""
+    return settings_from_env(
+        NotifierSettings,
+        NOTIFIER_ENV_PREFIX,
+        environ,
+        stall_window_ms=tuning.stall_window_ms,
+    )
+
+
+class Node:
+    """Everything one node process runs; `start()` then `stop()`."""
+
+    def __init__(self, data_dir: Path, node_id: str, environ: Mapping[str, str]) -> None:
+        self.spec = ClusterSpec.load(data_dir)
+        self.node_id = node_id
+        self.me = self.spec.node(node_id)
+        tuning = tuning_from_env(environ)
+        settings = notifier_settings_from_env(environ, tuning)
+        home = node_dir(data_dir, node_id)
+        home.mkdir(parents=True, exist_ok=True)
+        faults = FaultPoints.from_env(home)
+        self.replicas: dict[int, BucketReplica] = {}
+        self.notifiers: dict[int, BucketNotifier] = {}
+        self.metrics = NodeMetrics(
+            plan_mismatches=lambda: sum(r.plan_mismatches for r in self.replicas.values())
+        )
+        try:
+            for bucket in self.spec.buckets:
+                if node_id not in bucket.nodes:
+                    continue
+                me = self.me.raft_address(bucket.bucket)
+                replica = BucketReplica(
+                    bucket=bucket.bucket,
+                    bucket_uuid=bucket.bucket_uuid,
+                    self_addr=me,
+                    partners=[a for a in self.spec.replica_addresses(bucket.bucket) if a != me],
+                    data_dir=home / f"bucket-{bucket.bucket}",
+                    password=self.spec.password,
+                    tuning=tuning,
+                )
+                self.replicas[bucket.bucket] = replica
+                notifier = BucketNotifier(
+                    replica,
+                    settings,
+                    metrics=self.metrics,
+                    before_send=(
+                        (lambda: faults.fire(KILL_BEFORE_SEND)) if faults.enabled else None
+                    ),
+                )
+                self.notifiers[bucket.bucket] = notifier
+                replica.on_applied = self._on_applied_hook(bucket.bucket, notifier)
+        except BaseException:
+            self.stop_replicas()
+            raise
+        self.service = NodeService(self.spec, node_id, self.replicas, self.notifiers, self.metrics)
+
+    def _on_applied_hook(self, bucket: int, notifier: BucketNotifier) -> Callable[[Applied], None]:
+        metrics = self.metrics
+
+        def hook(applied: Applied) -> None:
+            metrics.applied(bucket)
+            notifier.on_applied(applied)
+
+        return hook
+
+    def start_background(self) -> None:
+        for notifier in self.notifiers.values():
+            notifier.start()
+        if self.me.metrics_port:
+            self.metrics.serve(self.me.host, self.me.metrics_port)
+
+    def stop_replicas(self) -> None:
+        for notifier in self.notifiers.values():
+            notifier.stop()
+        for replica in self.replicas.values():
+            replica.close()
+
+    async def serve(self, stop: threading.Event) -> int:
+        server = aio.server(
+            options=[
+                ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES_MAX),
+                ("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_concurrent_streams", 100_000),
+            ]
+        )
+        pb_grpc.add_SevenDBServicer_to_server(self.service, server)
+        if server.add_insecure_port(self.me.grpc_address) == 0:
+            log.critical("cannot bind gRPC on %s", self.me.grpc_address)
+            return 1
+        await server.start()
+        self.start_background()
+        log.info(
+            "node %s serving gRPC on %s, metrics on %s, with %d replicas",
+            self.node_id,
+            self.me.grpc_address,
+            f"http://{self.me.host}:{self.me.metrics_port}/metrics"
+            if self.me.metrics_port
+            else "(off)",
+            len(self.replicas),
+        )
+        await asyncio.get_running_loop().run_in_executor(None, stop.wait)
+        log.info("node %s stopping", self.node_id)
+        await server.stop(STOP_GRACE_S)
+        await self.service.close()
+        return 0
 
 
 def serve(data_dir: Path, node_id: str, stop: threading.Event) -> int:
-    spec = ClusterSpec.load(data_dir)
-    tuning = tuning_from_env(os.environ)
-    node = spec.node(node_id)
-    home = node_dir(data_dir, node_id)
-    home.mkdir(parents=True, exist_ok=True)
-    replicas: dict[int, BucketReplica] = {}
-    for bucket in spec.buckets:
-        if node_id not in bucket.nodes:
-            continue
-        me = node.raft_address(bucket.bucket)
-        partners = [a for a in spec.replica_addresses(bucket.bucket) if a != me]
-        replicas[bucket.bucket] = BucketReplica(
-            bucket=bucket.bucket,
-            bucket_uuid=bucket.bucket_uuid,
-            self_addr=me,
-            partners=partners,
-            data_dir=home / f"bucket-{bucket.bucket}",
-            password=spec.password,
-            tuning=tuning,
-        )
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS, thread_name_prefix="grpc"),
-        options=[
-            ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES_MAX),
-            ("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
-            ("grpc.so_reuseport", 0),
-        ],
-    )
-    service = NodeService(spec, node_id, replicas)
-    pb_grpc.add_SevenDBServicer_to_server(service, server)
-    if server.add_insecure_port(node.grpc_address) == 0:
-        log.critical("cannot bind gRPC on %s", node.grpc_address)
-        return 1
-    server.start()
-    log.info(
-        "node %s serving gRPC on %s with %d replicas", node_id, node.grpc_address, len(replicas)
-    )
-    stop.wait()
-    log.info("node %s stopping", node_id)
-    server.stop(grace=2).wait()
-    service.close()
-    for replica in replicas.values():
-        replica.close()
-    log.info("node %s stopped", node_id)
-    return 0
+    node = Node(data_dir, node_id, os.environ)
+    try:
+        return asyncio.run(node.serve(stop))
+    finally:
+        node.stop_replicas()
+        log.info("node %s stopped", node_id)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

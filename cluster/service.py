@@ -1,82 +1,121 @@
-"""The gRPC servicer of one node: routes each request to its bucket's replica.
+"""The gRPC API of one node (grpc.aio): routes each request to its bucket's replica
+or notifier, and streams subscriptions.
 
-Thin by design: validation comes from the core's entry constructors, decisions
-from the core, replication from `BucketReplica`; this module only translates.
+Thin by design: validation comes from the core's entry constructors, decisions from
+the core and `NotifierCore`, replication from `BucketReplica`; this module only
+translates. Blocking work (replication, status digests) runs off the event loop;
+the notifier threads hand rows to streams through `_StreamSink`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import secrets
-import threading
 import time
-from collections.abc import Callable
-from typing import NoReturn, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import Future
+from typing import Any, Final, NoReturn, TypeAlias, TypeVar
 
 import grpc
+from grpc import aio
 
+from sevendb.cluster.auth import AUTH_METADATA_KEY, AuthError, principal_from_metadata
 from sevendb.cluster.batcher import WriteBatcher
 from sevendb.cluster.grpc_errors import ERROR_CODE_KEY, LEADER_HINT_KEY, STATUS_OF
+from sevendb.cluster.metrics import NodeMetrics
 from sevendb.cluster.replica import ApplyOutcome, BucketReplica, ReplicaUnavailable
 from sevendb.cluster.topology import ClusterSpec, bucket_of
+from sevendb.notifier.core import AttachStatus
+from sevendb.notifier.host import BucketNotifier
 from sevendb.outbox import limits
+from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import (
+    Entry,
     Expected,
     ExpectKind,
     InitProducer,
     Op,
     OpKind,
     ProducerRef,
+    Subscribe,
+    Unsubscribe,
     Write,
     check_key,
     encode_entry,
 )
 from sevendb.outbox.errors import Rejection, SevenDBError
-from sevendb.outbox.model import InitProducerResult
+from sevendb.outbox.model import (
+    AckStatus,
+    InitProducerResult,
+    OutboxRow,
+    ReconnectStatus,
+    SubscribeResult,
+    UnsubscribeResult,
+    WriteResult,
+)
+from sevendb.outbox.query import Query, QueryKind, plan_query
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Ctx: TypeAlias = "aio.ServicerContext[Any, Any]"
 
-FORWARD_KEY = "sevendb-forwarded"
-PROPOSE_TIMEOUT_S = 5.0
-FORWARD_TIMEOUT_S = 10.0
+FORWARD_KEY: Final = "sevendb-forwarded"
+PROPOSE_TIMEOUT_S: Final = 5.0
+FORWARD_TIMEOUT_S: Final = 10.0
+STREAM_BATCH_EVENTS_MAX: Final = 4096
+"""Most events one EventBatch message carries."""
 
-
-def _int(value: object) -> int:
-    return value if isinstance(value, int) else 0
+_ACK_STATUS: Final = {
+    AckStatus.ACCEPTED: pb.AckResult.ACCEPTED,
+    AckStatus.REGRESSIVE: pb.AckResult.REGRESSIVE,
+    AckStatus.DUPLICATE: pb.AckResult.DUPLICATE,
+    AckStatus.FUTURE: pb.AckResult.FUTURE,
+    AckStatus.NOT_OWNER: pb.AckResult.NOT_OWNER,
+    AckStatus.SUBSCRIPTION_NOT_FOUND: pb.AckResult.SUBSCRIPTION_NOT_FOUND,
+    AckStatus.STALE: pb.AckResult.STALE,
+}
+_RECONNECT_STATUS: Final = {
+    ReconnectStatus.OK: pb.ReconnectAck.OK,
+    ReconnectStatus.STALE_SEQUENCE: pb.ReconnectAck.STALE_SEQUENCE,
+    ReconnectStatus.INVALID_SEQUENCE: pb.ReconnectAck.INVALID_SEQUENCE,
+    ReconnectStatus.SUBSCRIPTION_NOT_FOUND: pb.ReconnectAck.SUBSCRIPTION_NOT_FOUND,
+}
 
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _abort(
-    context: grpc.ServicerContext,
-    code: grpc.StatusCode,
-    message: str,
-    *,
-    leader: str | None = None,
-    error: str | None = None,
-) -> NoReturn:
-    trailers = []
-    if leader:
-        trailers.append((LEADER_HINT_KEY, leader))
-    if error:
-        trailers.append((ERROR_CODE_KEY, error))
-    if trailers:
-        context.set_trailing_metadata(tuple(trailers))
-    context.abort(code, message)
-    raise AssertionError("unreachable")  # context.abort raises
+# ---- protobuf <-> core ---------------------------------------------------------------
 
 
-def _reject(context: grpc.ServicerContext, rejection: Rejection) -> NoReturn:
-    _abort(
-        context,
-        STATUS_OF[rejection.code],
-        f"{rejection.code}: {rejection.message}",
-        error=str(rejection.code),
+def seq_pb(seq: EmitSeq) -> pb.EmitSeq:
+    return pb.EmitSeq(
+        epoch_id=pb.EmitSeq.EpochId(bucket_uuid=seq.bucket_uuid, epoch_counter=seq.epoch_counter),
+        commit_index=seq.commit_index,
+    )
+
+
+def seq_from_pb(msg: pb.EmitSeq) -> EmitSeq:
+    return EmitSeq(msg.epoch_id.bucket_uuid, msg.epoch_id.epoch_counter, msg.commit_index)
+
+
+def event_pb(row: OutboxRow) -> pb.DataEvent:
+    return pb.DataEvent(
+        sub_id=row.sub_id,
+        emit_seq=seq_pb(row.emit_seq),
+        prev_emit_seq=seq_pb(row.prev_emit_seq),
+        delta=pb.Delta(
+            changes=[
+                pb.Change(key=c.key, op=int(c.op), value=c.value, version=c.version)  # type: ignore[arg-type]
+                for c in row.delta.changes
+            ],
+            commit_time_ms=row.delta.commit_time_ms,
+        ),
     )
 
 
@@ -91,106 +130,221 @@ def _op_from_pb(op: pb.Op) -> Op:
     return Op(OpKind(op.kind), op.key, op.value, expected)
 
 
-def _emit_seq_pb(seq: object) -> pb.EmitSeq:
-    from sevendb.outbox.emitseq import EmitSeq
+def query_from_pb(query: pb.Query) -> Query:
+    kind = QueryKind(query.kind)  # ValueError for an unknown kind
+    if kind is QueryKind.KEY or (kind is QueryKind.PREFIX and query.arg):
+        check_key(query.arg)
+    return Query(kind, query.arg)
 
-    assert isinstance(seq, EmitSeq)
-    return pb.EmitSeq(
-        epoch_id=pb.EmitSeq.EpochId(bucket_uuid=seq.bucket_uuid, epoch_counter=seq.epoch_counter),
-        commit_index=seq.commit_index,
+
+# ---- errors --------------------------------------------------------------------------
+
+
+async def _abort(
+    context: Ctx,
+    code: grpc.StatusCode,
+    message: str,
+    *,
+    leader: str | None = None,
+    error: str | None = None,
+) -> NoReturn:
+    trailers = []
+    if leader:
+        trailers.append((LEADER_HINT_KEY, leader))
+    if error:
+        trailers.append((ERROR_CODE_KEY, error))
+    await context.abort(code, message, trailing_metadata=tuple(trailers))
+    raise AssertionError("unreachable")  # context.abort raises
+
+
+async def _reject(context: Ctx, rejection: Rejection) -> NoReturn:
+    await _abort(
+        context,
+        STATUS_OF[rejection.code],
+        f"{rejection.code}: {rejection.message}",
+        error=str(rejection.code),
     )
+
+
+# ---- streams -------------------------------------------------------------------------
+
+
+class _StreamSink:
+    """Carries one stream's rows from a notifier thread to its handler on the loop.
+
+    The notifier's flow-control window bounds what can be queued here."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._queue: asyncio.Queue[tuple[OutboxRow, ...] | str] = asyncio.Queue()
+        self._closed: str | None = None
+
+    def deliver(self, rows: tuple[OutboxRow, ...]) -> None:
+        self._put(rows)
+
+    def close(self, reason: str) -> None:
+        self._put(reason)
+
+    def _put(self, item: tuple[OutboxRow, ...] | str) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone: the node is stopping
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    async def get(self) -> list[OutboxRow] | str:
+        """The rows queued so far (at least one), or why the stream closed."""
+        if self._closed is not None:
+            return self._closed
+        first = await self._queue.get()
+        if isinstance(first, str):
+            return first
+        rows = list(first)
+        while len(rows) < STREAM_BATCH_EVENTS_MAX and not self._queue.empty():
+            item = self._queue.get_nowait()
+            if isinstance(item, str):
+                self._closed = item
+                break
+            rows.extend(item)
+        return rows
+
+
+# ---- the servicer ----------------------------------------------------------------------
 
 
 class NodeService(pb_grpc.SevenDBServicer):
     """Client-facing API of one node; any node accepts any request."""
 
-    def __init__(self, spec: ClusterSpec, node_id: str, replicas: dict[int, BucketReplica]) -> None:
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        node_id: str,
+        replicas: dict[int, BucketReplica],
+        notifiers: dict[int, BucketNotifier],
+        metrics: NodeMetrics | None = None,
+    ) -> None:
         self._spec = spec
         self._node_id = node_id
+        self._me = spec.node(node_id).grpc_address
         self._replicas = replicas
+        self._notifiers = notifiers
+        self._metrics = metrics
         self._batchers = {
             b: WriteBatcher(r, timeout_s=PROPOSE_TIMEOUT_S) for b, r in replicas.items()
         }
-        self._channels: dict[str, pb_grpc.SevenDBStub] = {}
-        self._lock = threading.Lock()
+        self._bucket_of_uuid = {b.bucket_uuid: b.bucket for b in spec.buckets}
+        self._channels: dict[str, aio.Channel] = {}
 
-    # ---- routing -------------------------------------------------------------------
+    async def close(self) -> None:
+        for batcher in self._batchers.values():
+            batcher.close()
+        for channel in self._channels.values():
+            await channel.close()
+
+    # ---- plumbing ------------------------------------------------------------------
+
+    async def _principal(self, context: Ctx) -> str:
+        try:
+            return principal_from_metadata(self._spec.password, context.invocation_metadata() or ())
+        except AuthError as exc:
+            await _abort(context, grpc.StatusCode.UNAUTHENTICATED, str(exc))
 
     def _stub(self, address: str) -> pb_grpc.SevenDBStub:
-        with self._lock:
-            stub = self._channels.get(address)
-            if stub is None:
-                stub = pb_grpc.SevenDBStub(grpc.insecure_channel(address))
-                self._channels[address] = stub
-            return stub
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = aio.insecure_channel(address)
+        return pb_grpc.SevenDBStub(channel)
 
-    def _leader_client_address(self, bucket: int, replica: BucketReplica | None) -> str | None:
-        if replica is None or replica.leader is None:
+    def _client_address(self, bucket: int, raft_address: str | None) -> str | None:
+        if not raft_address:
             return None
-        node = self._spec.node_of_raft_address(bucket, replica.leader)
+        node = self._spec.node_of_raft_address(bucket, raft_address)
         return None if node is None else node.grpc_address
 
-    def _forward(
+    def _some_host(self, bucket: int) -> str:
+        """A node holding a replica of `bucket` (for requests this node cannot serve)."""
+        return self._spec.node(self._spec.buckets[bucket].nodes[0]).grpc_address
+
+    async def _check_bucket(self, context: Ctx, bucket: int) -> None:
+        if bucket >= len(self._spec.buckets):
+            await _abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"bucket {bucket} does not exist (0..{len(self._spec.buckets) - 1})",
+            )
+
+    async def _forward(
         self,
-        context: grpc.ServicerContext,
+        context: Ctx,
         bucket: int,
-        call: Callable[[pb_grpc.SevenDBStub, tuple[tuple[str, str], ...]], T],
+        call: Callable[[pb_grpc.SevenDBStub, tuple[tuple[str, str], ...]], Awaitable[T]],
         *,
         to_leader: bool,
     ) -> T:
         """Send the request to a node that can serve it (one hop at most)."""
-        if any(k == FORWARD_KEY for k, _ in context.invocation_metadata()):
-            _abort(
+        metadata = context.invocation_metadata() or ()
+        if any(k == FORWARD_KEY for k, _ in metadata):
+            await _abort(
                 context,
                 grpc.StatusCode.UNAVAILABLE,
                 f"bucket {bucket}: no leader here yet; retry",
-                leader=self._leader_client_address(bucket, self._replicas.get(bucket)),
+                leader=self._leader_address(bucket),
             )
-        replica = self._replicas.get(bucket)
-        if to_leader:
-            target = self._leader_client_address(bucket, replica)
-        else:
-            target = self._spec.node(self._spec.buckets[bucket].nodes[0]).grpc_address
-        if target is None and replica is None:
-            target = self._spec.node(self._spec.buckets[bucket].nodes[0]).grpc_address
-        if target is None or target == self._spec.node(self._node_id).grpc_address:
-            _abort(
+        target = self._leader_address(bucket) if to_leader else None
+        if target is None and bucket not in self._replicas:
+            target = self._some_host(bucket)
+        if target is None or target == self._me:
+            await _abort(
                 context,
                 grpc.StatusCode.UNAVAILABLE,
                 f"bucket {bucket} has no known leader; retry shortly",
             )
+        forwarded = [(FORWARD_KEY, self._node_id)]
+        forwarded += [(k, str(v)) for k, v in metadata if k == AUTH_METADATA_KEY]
         try:
-            return call(self._stub(target), ((FORWARD_KEY, self._node_id),))
-        except grpc.RpcError as exc:
-            _abort(
-                context,
-                exc.code(),
-                exc.details() or "forwarded call failed",
-                leader=target,
+            return await call(self._stub(target), tuple(forwarded))
+        except aio.AioRpcError as exc:
+            await _abort(
+                context, exc.code(), exc.details() or "forwarded call failed", leader=target
             )
 
-    def _unavailable(
-        self, context: grpc.ServicerContext, bucket: int, exc: ReplicaUnavailable
-    ) -> NoReturn:
-        hint = None
-        if exc.leader_hint:
-            node = self._spec.node_of_raft_address(bucket, exc.leader_hint)
-            hint = None if node is None else node.grpc_address
-        _abort(context, grpc.StatusCode.UNAVAILABLE, f"bucket {bucket}: {exc}", leader=hint)
+    def _leader_address(self, bucket: int) -> str | None:
+        replica = self._replicas.get(bucket)
+        return None if replica is None else self._client_address(bucket, replica.leader)
 
-    def _propose(self, context: grpc.ServicerContext, bucket: int, data: bytes) -> ApplyOutcome:
-        replica = self._replicas[bucket]
+    async def _unavailable(self, context: Ctx, bucket: int, exc: ReplicaUnavailable) -> NoReturn:
+        hint = self._client_address(bucket, exc.leader_hint)
+        await _abort(context, grpc.StatusCode.UNAVAILABLE, f"bucket {bucket}: {exc}", leader=hint)
+
+    async def _wait(
+        self,
+        context: Ctx,
+        bucket: int,
+        future: Future[T],
+    ) -> T:
         try:
-            outcome = replica.propose(data, PROPOSE_TIMEOUT_S)
+            return await asyncio.wait_for(asyncio.wrap_future(future), PROPOSE_TIMEOUT_S)
         except ReplicaUnavailable as exc:
-            self._unavailable(context, bucket, exc)
-        if outcome.error is not None:
-            _abort(context, grpc.StatusCode.INTERNAL, f"bucket {bucket}: {outcome.error}")
+            await self._unavailable(context, bucket, exc)
+        except TimeoutError:
+            await _abort(
+                context,
+                grpc.StatusCode.UNAVAILABLE,
+                f"bucket {bucket}: not committed within {PROPOSE_TIMEOUT_S} s (outcome unknown)",
+                leader=self._leader_address(bucket),
+            )
+
+    async def _propose(self, context: Ctx, bucket: int, entry: Entry) -> ApplyOutcome:
+        try:
+            future = self._replicas[bucket].submit(encode_entry(entry))
+        except ReplicaUnavailable as exc:
+            await self._unavailable(context, bucket, exc)
+        outcome = await self._wait(context, bucket, future)
+        if outcome.error is not None or outcome.applied is None:
+            await _abort(context, grpc.StatusCode.INTERNAL, f"bucket {bucket}: {outcome.error}")
         return outcome
 
     # ---- writes --------------------------------------------------------------------
 
-    def Write(self, request: pb.WriteRequest, context: grpc.ServicerContext) -> pb.WriteResponse:
+    async def Write(self, request: pb.WriteRequest, context: Ctx) -> pb.WriteResponse:
+        await self._principal(context)
         try:
             ops = tuple(_op_from_pb(op) for op in request.ops)
             producer = None
@@ -199,49 +353,46 @@ class NodeService(pb_grpc.SevenDBServicer):
                 producer = ProducerRef(p.producer_id, p.producer_epoch, p.sequence)
             entry = Write(ops, producer, now_ms())
         except SevenDBError as exc:
-            _abort(context, STATUS_OF[exc.code], str(exc), error=str(exc.code))
+            await _abort(context, STATUS_OF[exc.code], str(exc), error=str(exc.code))
         except ValueError as exc:
-            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"bad op: {exc}")
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"bad op: {exc}")
         buckets = sorted({bucket_of(op.key, len(self._spec.buckets)) for op in ops})
         if len(buckets) > 1:
-            _abort(
+            await _abort(
                 context,
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"ops route to buckets {buckets}; a write is atomic within one bucket",
             )
         bucket = buckets[0]
         if bucket not in self._replicas:
-            return self._forward(
+            return await self._forward(
                 context,
                 bucket,
                 lambda s, md: s.Write(request, timeout=FORWARD_TIMEOUT_S, metadata=md),
                 to_leader=False,
             )
         try:
-            result = self._batchers[bucket].submit(entry)
+            future = self._batchers[bucket].submit(entry)
         except ReplicaUnavailable as exc:
-            self._unavailable(context, bucket, exc)
+            await self._unavailable(context, bucket, exc)
+        result: WriteResult = await self._wait(context, bucket, future)
         if result.error is not None:
-            _reject(context, result.error)
+            await _reject(context, result.error)
         return pb.WriteResponse(
             bucket=bucket,
-            committed=_emit_seq_pb(result.commit),
+            committed=seq_pb(result.commit),
             duplicate=result.duplicate,
             versions=[pb.KeyVersion(key=k, version=v) for k, v in result.versions],
         )
 
-    def InitProducer(
-        self, request: pb.InitProducerRequest, context: grpc.ServicerContext
+    async def InitProducer(
+        self, request: pb.InitProducerRequest, context: Ctx
     ) -> pb.InitProducerResponse:
+        await self._principal(context)
         bucket = request.bucket
-        if bucket >= len(self._spec.buckets):
-            _abort(
-                context,
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"bucket {bucket} does not exist (0..{len(self._spec.buckets) - 1})",
-            )
+        await self._check_bucket(context, bucket)
         if bucket not in self._replicas:
-            return self._forward(
+            return await self._forward(
                 context,
                 bucket,
                 lambda s, md: s.InitProducer(request, timeout=FORWARD_TIMEOUT_S, metadata=md),
@@ -249,31 +400,32 @@ class NodeService(pb_grpc.SevenDBServicer):
             )
         # Ids are minted at the edge (randomness stays out of the core).
         pid = request.producer_id or (secrets.randbits(62) | 1)
-        outcome = self._propose(context, bucket, encode_entry(InitProducer(pid, now_ms())))
+        outcome = await self._propose(context, bucket, InitProducer(pid, now_ms()))
         assert outcome.applied is not None
         result = outcome.applied.result
         assert isinstance(result, InitProducerResult)
         if result.error is not None:
-            _reject(context, result.error)
+            await _reject(context, result.error)
         return pb.InitProducerResponse(producer_id=pid, producer_epoch=result.epoch, bucket=bucket)
 
     # ---- reads (served by the leader) ------------------------------------------------
 
-    def _leader_replica(self, context: grpc.ServicerContext, bucket: int) -> BucketReplica | None:
+    def _leader_replica(self, bucket: int) -> BucketReplica | None:
         replica = self._replicas.get(bucket)
         if replica is not None and replica.is_leader and not replica.quarantined:
             return replica
         return None
 
-    def Get(self, request: pb.GetRequest, context: grpc.ServicerContext) -> pb.GetResponse:
+    async def Get(self, request: pb.GetRequest, context: Ctx) -> pb.GetResponse:
+        await self._principal(context)
         try:
             key = check_key(request.key)
         except SevenDBError as exc:
-            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         bucket = bucket_of(key, len(self._spec.buckets))
-        replica = self._leader_replica(context, bucket)
+        replica = self._leader_replica(bucket)
         if replica is None:
-            return self._forward(
+            return await self._forward(
                 context,
                 bucket,
                 lambda s, md: s.Get(request, timeout=FORWARD_TIMEOUT_S, metadata=md),
@@ -289,13 +441,13 @@ class NodeService(pb_grpc.SevenDBServicer):
             mod_commit_index=record.mod_index,
         )
 
-    def Sync(self, request: pb.SyncRequest, context: grpc.ServicerContext) -> pb.SyncResponse:
+    async def Sync(self, request: pb.SyncRequest, context: Ctx) -> pb.SyncResponse:
+        await self._principal(context)
         bucket = request.bucket
-        if bucket >= len(self._spec.buckets):
-            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"bucket {bucket} does not exist")
-        replica = self._leader_replica(context, bucket)
+        await self._check_bucket(context, bucket)
+        replica = self._leader_replica(bucket)
         if replica is None:
-            return self._forward(
+            return await self._forward(
                 context,
                 bucket,
                 lambda s, md: s.Sync(request, timeout=FORWARD_TIMEOUT_S, metadata=md),
@@ -318,34 +470,314 @@ class NodeService(pb_grpc.SevenDBServicer):
             applied_index=page.applied_index,
         )
 
-    def close(self) -> None:
-        for batcher in self._batchers.values():
-            batcher.close()
+    # ---- subscriptions -------------------------------------------------------------
+
+    async def _holder(self, context: Ctx, bucket: int) -> BucketNotifier:
+        """This node's notifier of `bucket` if it is emitting; otherwise the client is
+        sent to the holder (UNAVAILABLE with its address as the leader hint)."""
+        notifier = self._notifiers.get(bucket)
+        if notifier is not None and notifier.emitting:
+            return notifier
+        if notifier is None:
+            hint: str | None = self._some_host(bucket)
+        else:
+            hint = self._client_address(bucket, notifier.holder())
+        await _abort(
+            context,
+            grpc.StatusCode.UNAVAILABLE,
+            f"bucket {bucket}: this node does not hold the notifier lease"
+            + (f"; try {hint}" if hint and hint != self._me else "; retry shortly"),
+            leader=hint if hint != self._me else None,
+        )
+
+    async def Subscribe(
+        self, request: pb.SubscribeRequest, context: Ctx
+    ) -> AsyncIterator[pb.StreamMessage]:
+        principal = await self._principal(context)
+        bucket = request.bucket
+        await self._check_bucket(context, bucket)
+        sub_id = request.sub_id or secrets.token_hex(16)
+        try:
+            query = query_from_pb(request.query)
+            entry = Subscribe(sub_id, principal, query, plan_query(query).plan_hash, now_ms())
+        except SevenDBError as exc:
+            await _abort(context, STATUS_OF[exc.code], str(exc), error=str(exc.code))
+        except ValueError as exc:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"bad query: {exc}")
+        notifier = await self._holder(context, bucket)
+        outcome = await self._propose(context, bucket, entry)
+        assert outcome.applied is not None
+        result = outcome.applied.result
+        assert isinstance(result, SubscribeResult)
+        if result.error is not None:
+            await _reject(context, result.error)
+        assert result.start is not None
+        sink = _StreamSink(asyncio.get_running_loop())
+        attach = notifier.attach(sub_id, principal, result.start, sink)
+        if attach.status is not AttachStatus.ATTACHED:
+            # The lease moved between the proposal and now: the client reconnects.
+            await _abort(
+                context,
+                grpc.StatusCode.UNAVAILABLE,
+                f"bucket {bucket}: subscribed, but the notifier moved ({attach.message}); "
+                "reconnect",
+                leader=self._client_address(bucket, attach.holder),
+            )
+        yield pb.StreamMessage(
+            sub_ack=pb.SubAck(
+                sub_id=sub_id,
+                start_emit_seq=seq_pb(result.start),
+                bucket=bucket,
+                plan_hash=result.plan_hash,
+            )
+        )
+        async for message in self._pump(context, notifier, sub_id, sink, None):
+            yield message
+
+    async def Reconnect(
+        self, request: pb.ReconnectRequest, context: Ctx
+    ) -> AsyncIterator[pb.StreamMessage]:
+        principal = await self._principal(context)
+        if not request.sub_id or not request.HasField("last_processed_emit_seq"):
+            await _abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "Reconnect needs sub_id and last_processed_emit_seq",
+            )
+        after = seq_from_pb(request.last_processed_emit_seq)
+        bucket = self._bucket_of_uuid.get(after.bucket_uuid)
+        if bucket is None:
+            self._count_reconnect("INVALID_SEQUENCE")
+            yield pb.StreamMessage(
+                reconnect_ack=pb.ReconnectAck(status=pb.ReconnectAck.INVALID_SEQUENCE)
+            )
+            return
+        notifier = await self._holder(context, bucket)
+        sink = _StreamSink(asyncio.get_running_loop())
+        attach = notifier.attach(request.sub_id, principal, after, sink)
+        if attach.status in (AttachStatus.NOT_HOLDER, AttachStatus.BEHIND):
+            await _abort(
+                context,
+                grpc.StatusCode.UNAVAILABLE,
+                f"bucket {bucket}: {attach.status}: {attach.message}; retry",
+                leader=self._client_address(bucket, attach.holder),
+            )
+        decision = attach.decision
+        assert decision is not None
+        if decision.not_owner:
+            await _abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"subscription {request.sub_id} belongs to another principal",
+                error="NOT_OWNER",
+            )
+        self._count_reconnect(decision.status.name)
+        yield pb.StreamMessage(
+            reconnect_ack=pb.ReconnectAck(
+                status=_RECONNECT_STATUS[decision.status],
+                current_epoch_id=pb.EmitSeq.EpochId(
+                    bucket_uuid=decision.current_epoch.bucket_uuid,
+                    epoch_counter=decision.current_epoch.epoch_counter,
+                ),
+                next_commit_index=decision.next_commit_index,
+            )
+        )
+        if attach.status is not AttachStatus.ATTACHED:
+            return
+        head = decision.resume[-1].emit_seq if decision.resume else after
+        if not decision.resume:
+            yield pb.StreamMessage(
+                caught_up=pb.CaughtUp(sub_id=request.sub_id, head_emit_seq=seq_pb(head))
+            )
+        async for message in self._pump(
+            context, notifier, request.sub_id, sink, head if decision.resume else None
+        ):
+            yield message
+
+    async def _pump(
+        self,
+        context: Ctx,
+        notifier: BucketNotifier,
+        sub_id: str,
+        sink: _StreamSink,
+        catch_up_head: EmitSeq | None,
+    ) -> AsyncIterator[pb.StreamMessage]:
+        """The stream's events until the notifier closes it or the client leaves.
+        While `catch_up_head` is set, `CaughtUp` follows the event that reaches it, so
+        no live event is ever interleaved before catch-up ends."""
+        head = catch_up_head
+        try:
+            while True:
+                item = await sink.get()
+                if isinstance(item, str):
+                    holder = self._client_address(notifier.bucket, notifier.holder())
+                    await _abort(
+                        context,
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"stream closed: {item}; reconnect",
+                        leader=holder if holder != self._me else None,
+                    )
+                events: list[pb.DataEvent] = []
+                for row in item:
+                    if head is not None and row.emit_seq > head:
+                        if events:
+                            yield pb.StreamMessage(events=pb.EventBatch(events=events))
+                            events = []
+                        yield pb.StreamMessage(
+                            caught_up=pb.CaughtUp(sub_id=sub_id, head_emit_seq=seq_pb(head))
+                        )
+                        head = None
+                    events.append(event_pb(row))
+                yield pb.StreamMessage(events=pb.EventBatch(events=events))
+                if head is not None and item[-1].emit_seq == head:
+                    yield pb.StreamMessage(
+                        caught_up=pb.CaughtUp(sub_id=sub_id, head_emit_seq=seq_pb(head))
+                    )
+                    head = None
+        finally:
+            notifier.detach(sub_id, sink)
+
+    def _count_reconnect(self, status: str) -> None:
+        if self._metrics is not None:
+            self._metrics.reconnected(status)
+
+    async def Ack(self, request: pb.AckBatch, context: Ctx) -> pb.AckResponse:
+        principal = await self._principal(context)
+        if len(request.acks) > limits.ACKS_PER_PURGE_MAX:
+            await _abort(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{len(request.acks)} acks in one batch; the limit is {limits.ACKS_PER_PURGE_MAX}",
+            )
+        results = []
+        for ack in request.acks:
+            results.append(self._ack_one(principal, ack))
+        return pb.AckResponse(results=results)
+
+    def _ack_one(self, principal: str, ack: pb.ClientAck) -> pb.AckResult:
+        if not ack.sub_id or not ack.HasField("up_to_emit_seq"):
+            return pb.AckResult(
+                sub_id=ack.sub_id,
+                status=pb.AckResult.SUBSCRIPTION_NOT_FOUND,
+                message="an ack needs sub_id and up_to_emit_seq",
+            )
+        up_to = seq_from_pb(ack.up_to_emit_seq)
+        bucket = self._bucket_of_uuid.get(up_to.bucket_uuid)
+        if bucket is None:
+            return pb.AckResult(
+                sub_id=ack.sub_id,
+                status=pb.AckResult.FUTURE,
+                message=f"no bucket {up_to.bucket_uuid} in this cluster",
+            )
+        notifier = self._notifiers.get(bucket)
+        outcome = None if notifier is None else notifier.ack(ack.sub_id, principal, up_to)
+        if outcome is None:
+            holder = None if notifier is None else notifier.holder()
+            where = self._client_address(bucket, holder) or "unknown yet"
+            return pb.AckResult(
+                sub_id=ack.sub_id,
+                status=pb.AckResult.NOT_HOLDER,
+                message=f"bucket {bucket}: this node does not hold the notifier lease "
+                f"(holder: {where})",
+            )
+        return pb.AckResult(
+            sub_id=ack.sub_id, status=_ACK_STATUS[outcome.status], message=outcome.message
+        )
+
+    async def Unsubscribe(
+        self, request: pb.UnsubscribeRequest, context: Ctx
+    ) -> pb.UnsubscribeResponse:
+        principal = await self._principal(context)
+        bucket = request.bucket
+        await self._check_bucket(context, bucket)
+        if bucket not in self._replicas:
+            return await self._forward(
+                context,
+                bucket,
+                lambda s, md: s.Unsubscribe(request, timeout=FORWARD_TIMEOUT_S, metadata=md),
+                to_leader=False,
+            )
+        try:
+            entry = Unsubscribe(request.sub_id, principal, now_ms())
+        except SevenDBError as exc:
+            await _abort(context, STATUS_OF[exc.code], str(exc), error=str(exc.code))
+        outcome = await self._propose(context, bucket, entry)
+        assert outcome.applied is not None
+        result = outcome.applied.result
+        assert isinstance(result, UnsubscribeResult)
+        if result.error is not None:
+            await _reject(context, result.error)
+        return pb.UnsubscribeResponse()
 
     # ---- operations --------------------------------------------------------------------
 
-    def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusResponse:
-        replicas = []
+    async def ClusterInfo(
+        self, request: pb.ClusterInfoRequest, context: Ctx
+    ) -> pb.ClusterInfoResponse:
+        spec = self._spec
+        return pb.ClusterInfoResponse(
+            cluster_id=spec.cluster_id,
+            buckets=[
+                pb.BucketInfo(
+                    bucket=b.bucket,
+                    bucket_uuid=b.bucket_uuid,
+                    nodes=[spec.node(n).grpc_address for n in b.nodes],
+                )
+                for b in spec.buckets
+            ],
+            nodes=[n.grpc_address for n in spec.nodes],
+        )
+
+    async def Status(self, request: pb.StatusRequest, context: Ctx) -> pb.StatusResponse:
+        # Digests snapshot the whole core: off the event loop.
+        replicas = await asyncio.to_thread(self._status)
+        return pb.StatusResponse(node_id=self._node_id, replicas=replicas)
+
+    def _status(self) -> list[pb.ReplicaStatus]:
+        out = []
         for bucket, replica in sorted(self._replicas.items()):
             st = replica.status()
-            digest = "" if replica.quarantined else replica.read(lambda sm: sm.digest())
-            epoch = replica.read(lambda sm: sm.epoch.epoch_counter)
-            replicas.append(
+            core = (
+                None
+                if replica.quarantined
+                else replica.read(
+                    lambda sm: (
+                        sm.digest(),
+                        sm.lease_holder,
+                        len(sm.subscriptions()),
+                        sm.outbox_size(),
+                    )
+                )
+            )
+            digest, holder, subs, outbox = core or ("", "", 0, 0)
+            notifier = self._notifiers.get(bucket)
+            out.append(
                 pb.ReplicaStatus(
                     bucket=bucket,
                     bucket_uuid=self._spec.buckets[bucket].bucket_uuid,
-                    address=self._spec.node(self._node_id).raft_address(bucket),
+                    address=replica.self_addr,
                     leader=str(st.get("leader") or ""),
-                    is_leader=replica.is_leader,
+                    is_leader=bool(st.get("is_leader")),
                     term=_int(st.get("term")),
                     commit_index=_int(st.get("commit_index")),
                     applied_index=_int(st.get("applied_index")),
                     log_len=_int(st.get("log_len")),
-                    epoch_counter=epoch,
+                    epoch_counter=_int(st.get("epoch")),
                     digest=digest,
                     quarantined=replica.quarantined or "",
                     members=self._spec.replica_addresses(bucket),
                     fsyncs=_int(st.get("fsyncs")),
+                    lease_holder=holder,
+                    emitting=notifier is not None and notifier.emitting,
+                    subscriptions=subs,
+                    outbox_rows=outbox,
                 )
             )
-        return pb.StatusResponse(node_id=self._node_id, replicas=replicas)
+        return out
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) else 0
+
+
+__all__ = ["NodeService", "event_pb", "query_from_pb", "seq_from_pb", "seq_pb"]

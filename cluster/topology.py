@@ -53,6 +53,8 @@ class NodeSpec:
     grpc_port: int
     raft_port_base: int
     """Bucket b's replica on this node listens on raft_port_base + b."""
+    metrics_port: int = 0
+    """HTTP port of the node's Prometheus ``/metrics`` (0: not served)."""
 
     @property
     def grpc_address(self) -> str:
@@ -126,6 +128,7 @@ class ClusterSpec:
                         str(n["host"]),
                         int(n["grpc_port"]),
                         int(n["raft_port_base"]),
+                        int(n.get("metrics_port", 0)),
                     )
                     for n in raw["nodes"]
                 ),
@@ -167,6 +170,7 @@ class ClusterSpec:
             for port in (
                 n.grpc_port,
                 *range(n.raft_port_base, n.raft_port_base + len(self.buckets)),
+                *([n.metrics_port] if n.metrics_port else []),
             ):
                 if not 1 <= port <= 65535:
                     raise ConfigError(f"{origin}: node {n.node_id} port {port} out of range")
@@ -207,13 +211,14 @@ def new_cluster(
 ) -> ClusterSpec:
     """Mint a cluster: ids, password and bucket uuids are chosen once, here.
 
-    `ports` gives each node its gRPC port then its Raft port base (2 per node); every
-    node's Raft ports are base..base+buckets-1.
+    `ports` gives each node its gRPC port, its Raft port base and its metrics port
+    (3 per node); every node's Raft ports are base..base+buckets-1.
     """
-    if len(ports) != 2 * nodes:
-        raise ConfigError(f"need {2 * nodes} ports for {nodes} nodes, got {len(ports)}")
+    if len(ports) != 3 * nodes:
+        raise ConfigError(f"need {3 * nodes} ports for {nodes} nodes, got {len(ports)}")
     node_specs = tuple(
-        NodeSpec(f"n{i + 1}", host, ports[2 * i], ports[2 * i + 1]) for i in range(nodes)
+        NodeSpec(f"n{i + 1}", host, ports[3 * i], ports[3 * i + 1], ports[3 * i + 2])
+        for i in range(nodes)
     )
     node_ids = [n.node_id for n in node_specs]
     bucket_specs = []

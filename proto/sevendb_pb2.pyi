@@ -177,6 +177,7 @@ class AckResult(_message.Message):
         NOT_OWNER: _ClassVar[AckResult.Status]
         SUBSCRIPTION_NOT_FOUND: _ClassVar[AckResult.Status]
         STALE: _ClassVar[AckResult.Status]
+        NOT_HOLDER: _ClassVar[AckResult.Status]
     ACCEPTED: AckResult.Status
     REGRESSIVE: AckResult.Status
     DUPLICATE: AckResult.Status
@@ -184,6 +185,7 @@ class AckResult(_message.Message):
     NOT_OWNER: AckResult.Status
     SUBSCRIPTION_NOT_FOUND: AckResult.Status
     STALE: AckResult.Status
+    NOT_HOLDER: AckResult.Status
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
@@ -355,7 +357,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("bucket", "bucket_uuid", "address", "leader", "is_leader", "term", "commit_index", "applied_index", "log_len", "epoch_counter", "digest", "quarantined", "members", "fsyncs")
+    __slots__ = ("bucket", "bucket_uuid", "address", "leader", "is_leader", "term", "commit_index", "applied_index", "log_len", "epoch_counter", "digest", "quarantined", "members", "fsyncs", "lease_holder", "emitting", "subscriptions", "outbox_rows")
     BUCKET_FIELD_NUMBER: _ClassVar[int]
     BUCKET_UUID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -370,6 +372,10 @@ class ReplicaStatus(_message.Message):
     QUARANTINED_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     FSYNCS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_HOLDER_FIELD_NUMBER: _ClassVar[int]
+    EMITTING_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    OUTBOX_ROWS_FIELD_NUMBER: _ClassVar[int]
     bucket: int
     bucket_uuid: str
     address: str
@@ -384,7 +390,11 @@ class ReplicaStatus(_message.Message):
     quarantined: str
     members: _containers.RepeatedScalarFieldContainer[str]
     fsyncs: int
-    def __init__(self, bucket: _Optional[int] = ..., bucket_uuid: _Optional[str] = ..., address: _Optional[str] = ..., leader: _Optional[str] = ..., is_leader: _Optional[bool] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., log_len: _Optional[int] = ..., epoch_counter: _Optional[int] = ..., digest: _Optional[str] = ..., quarantined: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., fsyncs: _Optional[int] = ...) -> None: ...
+    lease_holder: str
+    emitting: bool
+    subscriptions: int
+    outbox_rows: int
+    def __init__(self, bucket: _Optional[int] = ..., bucket_uuid: _Optional[str] = ..., address: _Optional[str] = ..., leader: _Optional[str] = ..., is_leader: _Optional[bool] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., log_len: _Optional[int] = ..., epoch_counter: _Optional[int] = ..., digest: _Optional[str] = ..., quarantined: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., fsyncs: _Optional[int] = ..., lease_holder: _Optional[str] = ..., emitting: _Optional[bool] = ..., subscriptions: _Optional[int] = ..., outbox_rows: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("node_id", "replicas")
@@ -393,3 +403,27 @@ class StatusResponse(_message.Message):
     node_id: str
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
     def __init__(self, node_id: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ...) -> None: ...
+
+class ClusterInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class BucketInfo(_message.Message):
+    __slots__ = ("bucket", "bucket_uuid", "nodes")
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_UUID_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    bucket: int
+    bucket_uuid: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, bucket: _Optional[int] = ..., bucket_uuid: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ClusterInfoResponse(_message.Message):
+    __slots__ = ("cluster_id", "buckets", "nodes")
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    cluster_id: str
+    buckets: _containers.RepeatedCompositeFieldContainer[BucketInfo]
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, cluster_id: _Optional[str] = ..., buckets: _Optional[_Iterable[_Union[BucketInfo, _Mapping]]] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...

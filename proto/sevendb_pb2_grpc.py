@@ -80,6 +80,11 @@ class SevenDBStub:
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.StatusRequest.SerializeToString,
                 response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.ClusterInfo = channel.unary_unary(
+                '/sevendb.v1.SevenDB/ClusterInfo',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.ClusterInfoRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.ClusterInfoResponse.FromString,
+                _registered_method=True)
 
 
 class SevenDBServicer:
@@ -150,6 +155,13 @@ class SevenDBServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ClusterInfo(self, request, context):
+        """The cluster's buckets and nodes (clients route with it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SevenDBServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -197,6 +209,11 @@ def add_SevenDBServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.StatusRequest.FromString,
                     response_serializer=sevendb_dot_proto_dot_sevendb__pb2.StatusResponse.SerializeToString,
+            ),
+            'ClusterInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClusterInfo,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.ClusterInfoRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.ClusterInfoResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -443,6 +460,33 @@ class SevenDB:
             '/sevendb.v1.SevenDB/Status',
             sevendb_dot_proto_dot_sevendb__pb2.StatusRequest.SerializeToString,
             sevendb_dot_proto_dot_sevendb__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClusterInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sevendb.v1.SevenDB/ClusterInfo',
+            sevendb_dot_proto_dot_sevendb__pb2.ClusterInfoRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.ClusterInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,7 +1,15 @@
-"""The client: writes, reads and idempotent producers against any cluster node.
+"""The client: writes, reads, idempotent producers and subscriptions, against any
+cluster node.
 
-Any node accepts any request (it forwards to the bucket's leader); on UNAVAILABLE
-the client follows the leader hint or tries the next endpoint, with backoff.
+    with Client(["127.0.0.1:7001", "127.0.0.1:7002"], token=token) as client:
+        client.put("orders/1", b"paid")
+        for event in client.subscribe("prefix:orders/", cursor="orders.cursor"):
+            ...
+
+Any node accepts any request (it forwards to the bucket's leader, or redirects a
+subscription to the bucket's notifier lease holder); on UNAVAILABLE the client
+follows the leader hint or tries the next endpoint, with jittered backoff.
+Domain errors arrive as the typed exceptions of `sevendb.outbox.errors`.
 """
 
 from __future__ import annotations
@@ -9,16 +17,25 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 import grpc
 
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.errors import ERROR_TYPES, ErrorCode, SevenDBError
+from sevendb.outbox.query import Query, QueryKind
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
+from sevendb.sdk.cursor_store import CursorStore
+from sevendb.sdk.subscription import (
+    SubscribeOptions,
+    Subscription,
+    _Engine,
+    parse_query,
+)
 
 T = TypeVar("T")
 LEADER_HINT_KEY = "sevendb-leader"
@@ -27,6 +44,10 @@ ERROR_CODE_KEY = "sevendb-error"
 
 class Unavailable(SevenDBError):
     """No node could serve the request within the retry budget."""
+
+
+class Unauthenticated(SevenDBError):
+    """The cluster refused the token (missing, malformed, or minted elsewhere)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +77,25 @@ class Record:
     mod_commit_index: int
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterLayout:
+    """What `ClusterInfo` says: buckets (uuid, replica nodes) and nodes."""
+
+    cluster_id: str
+    bucket_uuids: tuple[str, ...]
+    bucket_nodes: tuple[tuple[str, ...], ...]
+    nodes: tuple[str, ...]
+
+    @property
+    def buckets(self) -> int:
+        return len(self.bucket_uuids)
+
+    def bucket_of(self, key: str) -> int:
+        from sevendb.cluster.topology import bucket_of
+
+        return bucket_of(key, self.buckets)
+
+
 def _emit_seq(msg: pb.EmitSeq) -> EmitSeq:
     return EmitSeq(msg.epoch_id.bucket_uuid, msg.epoch_id.epoch_counter, msg.commit_index)
 
@@ -65,31 +105,51 @@ def _domain_error(exc: grpc.RpcError) -> SevenDBError | None:
     code = trailers.get(ERROR_CODE_KEY)
     if isinstance(code, str) and code in ErrorCode.__members__:
         return ERROR_TYPES[ErrorCode(code)](exc.details())
-    if exc.code() in (
-        grpc.StatusCode.INVALID_ARGUMENT,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ):
+    status = exc.code()
+    if status in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
         return ERROR_TYPES[ErrorCode.INVALID_ARGUMENT](exc.details())
+    if status is grpc.StatusCode.UNAUTHENTICATED:
+        return Unauthenticated(exc.details())
+    if status is grpc.StatusCode.PERMISSION_DENIED:
+        return ERROR_TYPES[ErrorCode.NOT_OWNER](exc.details())
     return None
 
 
 class Client:
-    """A connection to a sevendb cluster through any of its nodes' client endpoints."""
+    """A connection to a sevendb cluster through any of its nodes' client endpoints.
 
-    def __init__(self, endpoints: Sequence[str], *, retry: RetryPolicy | None = None) -> None:
+    `token` authenticates every call (`sevendb token NAME` mints one); a subscription
+    belongs to the token's principal. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        *,
+        token: str | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> None:
         if not endpoints:
             raise ValueError("a Client needs at least one endpoint (host:port)")
         self._endpoints = list(endpoints)
         self._retry = retry or RetryPolicy()
+        self.metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {token}"),) if token else ()
+        )
         self._channels: dict[str, grpc.Channel] = {}
         self._preferred = 0
         self._lock = threading.Lock()
+        self._layout: ClusterLayout | None = None
+        self._engine: _Engine | None = None
 
     def close(self) -> None:
         with self._lock:
+            engine, self._engine = self._engine, None
             for channel in self._channels.values():
                 channel.close()
             self._channels.clear()
+        if engine is not None:
+            engine.close()
 
     def __enter__(self) -> Client:
         return self
@@ -138,11 +198,35 @@ class Client:
         detail = last.details() if last is not None else "no attempt"
         raise Unavailable(f"cluster unavailable after retries: {detail}")
 
-    # ---- API -----------------------------------------------------------------------
+    # ---- cluster ---------------------------------------------------------------------
+
+    def layout(self, *, refresh: bool = False) -> ClusterLayout:
+        """The cluster's buckets and nodes (cached; `refresh` asks again)."""
+        if self._layout is None or refresh:
+            info: pb.ClusterInfoResponse = self._call(
+                lambda s, t: s.ClusterInfo(pb.ClusterInfoRequest(), timeout=t)
+            )
+            self._layout = ClusterLayout(
+                info.cluster_id,
+                tuple(b.bucket_uuid for b in info.buckets),
+                tuple(tuple(b.nodes) for b in info.buckets),
+                tuple(info.nodes),
+            )
+        return self._layout
+
+    def status(self, endpoint: str) -> pb.StatusResponse:
+        response: pb.StatusResponse = self._stub(endpoint).Status(
+            pb.StatusRequest(), timeout=self._retry.call_timeout_s
+        )
+        return response
+
+    # ---- writes and reads --------------------------------------------------------------
 
     def write(self, ops: Sequence[pb.Op], producer: pb.ProducerRef | None = None) -> WriteResult:
         request = pb.WriteRequest(ops=list(ops), producer=producer)
-        response: pb.WriteResponse = self._call(lambda s, t: s.Write(request, timeout=t))
+        response: pb.WriteResponse = self._call(
+            lambda s, t: s.Write(request, timeout=t, metadata=self.metadata)
+        )
         return WriteResult(
             _emit_seq(response.committed),
             response.bucket,
@@ -167,19 +251,62 @@ class Client:
         return self.write([pb.Op(kind=pb.Op.DEL, key=key, expected=expected)])
 
     def get(self, key: str) -> Record | None:
-        response: pb.GetResponse = self._call(lambda s, t: s.Get(pb.GetRequest(key=key), timeout=t))
+        response: pb.GetResponse = self._call(
+            lambda s, t: s.Get(pb.GetRequest(key=key), timeout=t, metadata=self.metadata)
+        )
         if not response.found:
             return None
         return Record(key, response.value, response.version, response.mod_commit_index)
 
-    def status(self, endpoint: str) -> pb.StatusResponse:
-        response: pb.StatusResponse = self._stub(endpoint).Status(
-            pb.StatusRequest(), timeout=self._retry.call_timeout_s
-        )
-        return response
+    def sync_bucket(self, bucket: int, *, page_size: int = 0) -> Iterator[Record]:
+        """Every key of a bucket, paged (seed 001: since, limit, has_more)."""
+        since_index, since_key = 0, ""
+        while True:
+            request = pb.SyncRequest(
+                bucket=bucket, since_commit_index=since_index, since_key=since_key, limit=page_size
+            )
+            page: pb.SyncResponse = self._call(
+                lambda s, t, r=request: s.Sync(r, timeout=t, metadata=self.metadata)  # type: ignore[misc]
+            )
+            for item in page.items:
+                yield Record(item.key, item.value, item.version, item.mod_commit_index)
+            if not page.has_more:
+                return
+            since_index, since_key = page.next_since_commit_index, page.next_since_key
 
-    def producer(self, bucket_count: int) -> IdempotentProducer:
-        return IdempotentProducer(self, bucket_count)
+    def producer(self, bucket_count: int | None = None) -> IdempotentProducer:
+        return IdempotentProducer(self, bucket_count or self.layout().buckets)
+
+    # ---- subscriptions ----------------------------------------------------------------
+
+    def subscribe(
+        self,
+        query: str | Query,
+        *,
+        cursor: CursorStore | str | Path | None = None,
+        name: str | None = None,
+        options: SubscribeOptions | None = None,
+    ) -> Subscription:
+        """Subscribe to `query` (``key:K``, ``prefix:P``, ``all`` or a `Query`) in every
+        bucket it spans. With `cursor` (a file or a `CursorStore`), a restarted process
+        resumes after the last event it processed; `name` tells apart several
+        subscriptions sharing one cursor file (default: the query).
+
+        Returns once every bucket's stream is established: a write made afterwards is
+        always delivered. Raises `SubscriptionBroken` if that takes over 30 s."""
+        parsed = parse_query(query)
+        layout = self.layout()
+        if parsed.kind is QueryKind.KEY:
+            buckets = [layout.bucket_of(parsed.arg)]
+        else:
+            buckets = list(range(layout.buckets))
+        with self._lock:
+            if self._engine is None:
+                self._engine = _Engine(self._endpoints)
+            engine = self._engine
+        return Subscription(
+            self, engine, parsed, buckets, cursor=cursor, name=name, options=options
+        )
 
 
 def set_op(
@@ -211,7 +338,7 @@ class IdempotentProducer:
     def _init(self, bucket: int) -> tuple[int, int]:
         request = pb.InitProducerRequest(producer_id=self._producer_id, bucket=bucket)
         response: pb.InitProducerResponse = self._client._call(
-            lambda s, t: s.InitProducer(request, timeout=t)
+            lambda s, t: s.InitProducer(request, timeout=t, metadata=self._client.metadata)
         )
         self._producer_id = response.producer_id
         return response.producer_epoch, 0
@@ -229,3 +356,16 @@ class IdempotentProducer:
         # _call retries UNAVAILABLE with the same sequence: a retry of a write that
         # did commit returns the original commit (duplicate=True), never a second one.
         return self._client.write([set_op(key, value, expected_version=expected_version)], ref)
+
+
+__all__ = [
+    "Client",
+    "ClusterLayout",
+    "IdempotentProducer",
+    "Record",
+    "RetryPolicy",
+    "Unauthenticated",
+    "Unavailable",
+    "WriteResult",
+    "set_op",
+]

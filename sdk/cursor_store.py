@@ -18,7 +18,7 @@ from typing import Final
 
 from sevendb.outbox.emitseq import EmitSeq
 
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2
 
 
 class CursorStoreError(Exception):
@@ -27,10 +27,19 @@ class CursorStoreError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class SavedCursor:
+    """One bucket's stream of one subscription.
+
+    `name` is the subscription's name (its query unless the application named it),
+    so one file can hold several subscriptions. `position` is the last emit_seq the
+    application processed, or None while the sub_id is chosen but its Subscribe has
+    not been answered yet (a restart subscribes again with the same sub_id, which is
+    idempotent, so a crash never leaves an orphaned subscription behind).
+    """
+
     sub_id: str
     bucket: int
-    query: str
-    position: EmitSeq
+    name: str
+    position: EmitSeq | None
 
 
 class CursorStore:
@@ -58,10 +67,14 @@ class CursorStore:
         try:
             return {
                 c["sub_id"]: SavedCursor(
-                    c["sub_id"],
+                    str(c["sub_id"]),
                     int(c["bucket"]),
-                    c["query"],
-                    EmitSeq(c["position"][0], int(c["position"][1]), int(c["position"][2])),
+                    str(c["name"]),
+                    None
+                    if c["position"] is None
+                    else EmitSeq(
+                        str(c["position"][0]), int(c["position"][1]), int(c["position"][2])
+                    ),
                 )
                 for c in raw["cursors"]
             }
@@ -83,9 +96,17 @@ class CursorStore:
                 self._cursors[cursor.sub_id] = cursor
             self._write()
 
-    def forget(self, sub_id: str) -> None:
+    def named(self, name: str) -> list[SavedCursor]:
+        """The cursors of one subscription, in bucket order."""
         with self._lock:
-            if self._cursors.pop(sub_id, None) is not None:
+            return sorted(
+                (c for c in self._cursors.values() if c.name == name), key=lambda c: c.bucket
+            )
+
+    def forget(self, sub_ids: list[str]) -> None:
+        with self._lock:
+            removed = [s for s in sub_ids if self._cursors.pop(s, None) is not None]
+            if removed:
                 self._write()
 
     def _write(self) -> None:
@@ -96,12 +117,8 @@ class CursorStore:
                     {
                         "sub_id": c.sub_id,
                         "bucket": c.bucket,
-                        "query": c.query,
-                        "position": [
-                            c.position.bucket_uuid,
-                            c.position.epoch_counter,
-                            c.position.commit_index,
-                        ],
+                        "name": c.name,
+                        "position": None if c.position is None else c.position.pack(),
                     }
                     for c in (self._cursors[k] for k in sorted(self._cursors))
                 ],

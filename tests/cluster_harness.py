@@ -10,7 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from sevendb.cluster.local import cluster_down, cluster_up, node_status, running_pid
+from sevendb.cluster.local import (
+    cluster_down,
+    cluster_up,
+    local_token,
+    node_status,
+    running_pid,
+)
 from sevendb.cluster.topology import ClusterSpec
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.sdk.client import Client, RetryPolicy
@@ -42,8 +48,13 @@ class LocalCluster:
         result = cluster_up(data_dir, nodes=nodes, buckets=buckets, replicas=min(3, nodes))
         return cls(data_dir.resolve(), result.spec)
 
-    def client(self, retry: RetryPolicy | None = None) -> Client:
-        return Client([n.grpc_address for n in self.spec.nodes], retry=retry)
+    def token(self, principal: str = "default") -> str:
+        return local_token(self.data_dir, principal)
+
+    def client(self, retry: RetryPolicy | None = None, principal: str = "default") -> Client:
+        return Client(
+            [n.grpc_address for n in self.spec.nodes], token=self.token(principal), retry=retry
+        )
 
     def restart(self) -> None:
         cluster_up(self.data_dir)
@@ -74,6 +85,23 @@ class LocalCluster:
         leader = wait_for(find, 30, f"a leader for bucket {bucket}")
         assert leader is not None
         return leader
+
+    def holder_node(self, bucket: int) -> str:
+        """The node whose replica of `bucket` is emitting (holds the notifier lease)."""
+
+        def find() -> str | None:
+            for node in self.spec.nodes:
+                status = self.status(node.node_id)
+                if status is None:
+                    continue
+                for r in status.replicas:
+                    if r.bucket == bucket and r.emitting:
+                        return node.node_id
+            return None
+
+        holder = wait_for(find, 30, f"a notifier lease holder for bucket {bucket}")
+        assert holder is not None
+        return holder
 
     def converged(self) -> bool:
         """Every replica of every bucket applied the same log to the same digest."""

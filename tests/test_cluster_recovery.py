@@ -6,14 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 from cluster_harness import LocalCluster, wait_for
 
 from sevendb.cluster.local import log_file
 from sevendb.cluster.node import node_dir
 from sevendb.proto import sevendb_pb2 as pb
-from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.slow
 
@@ -89,19 +87,19 @@ def test_a_retried_producer_write_after_leader_change_returns_the_original_commi
 ) -> None:
     with cluster.client() as client:
         bucket = cluster.spec.bucket_for_key("once").bucket
-        endpoints = [n.grpc_address for n in cluster.spec.nodes]
-        stub = pb_grpc.SevenDBStub(grpc.insecure_channel(endpoints[0]))  # type: ignore[no-untyped-call]
-        init = stub.InitProducer(pb.InitProducerRequest(bucket=bucket), timeout=10)
+        md = client.metadata
+        init_request = pb.InitProducerRequest(bucket=bucket)
+        init = client._call(lambda s, t: s.InitProducer(init_request, timeout=t, metadata=md))
         ref = pb.ProducerRef(
             producer_id=init.producer_id, producer_epoch=init.producer_epoch, sequence=0
         )
         request = pb.WriteRequest(ops=[pb.Op(key="once", value=b"1")], producer=ref)
-        first = client._call(lambda s, t: s.Write(request, timeout=t))
+        first = client._call(lambda s, t: s.Write(request, timeout=t, metadata=md))
         assert not first.duplicate
         # The response is "lost"; meanwhile the leader dies; the client retries the
         # same (producer, epoch, sequence) through another node.
         cluster.kill9(cluster.leader_node(bucket))
-        retry = client._call(lambda s, t: s.Write(request, timeout=t))
+        retry = client._call(lambda s, t: s.Write(request, timeout=t, metadata=md))
         assert retry.duplicate and retry.committed == first.committed
         record = client.get("once")
         assert record is not None and record.version == 1

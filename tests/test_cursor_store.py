@@ -20,7 +20,7 @@ def test_positions_survive_reopen(tmp_path: Path) -> None:
     store.save([cursor("s1", 9)])
     again = CursorStore(tmp_path / "c.json")
     assert again.get("s1") == cursor("s1", 9) and again.get("s2") == cursor("s2", 7)
-    again.forget("s2")
+    again.forget(["s2"])
     assert CursorStore(tmp_path / "c.json").all() == [cursor("s1", 9)]
 
 

@@ -134,6 +134,7 @@ def test_ack_result_statuses() -> None:
         "NOT_OWNER": 4,
         "SUBSCRIPTION_NOT_FOUND": 5,
         "STALE": 6,
+        "NOT_HOLDER": 7,
     }
 
 
@@ -167,6 +168,7 @@ def test_service_methods() -> None:
         "Ack": ("AckBatch", "AckResponse", False),
         "Unsubscribe": ("UnsubscribeRequest", "UnsubscribeResponse", False),
         "Status": ("StatusRequest", "StatusResponse", False),
+        "ClusterInfo": ("ClusterInfoRequest", "ClusterInfoResponse", False),
     }
     assert not any(method.client_streaming for method in service.methods)
 
@@ -250,6 +252,11 @@ MESSAGES: dict[str, Message] = {
     "ReplicaStatus": pb.ReplicaStatus(bucket=2, bucket_uuid="u", leader="127.0.0.1:1", digest="ab"),
     "StatusResponse": pb.StatusResponse(
         node_id="n1", replicas=[pb.ReplicaStatus(bucket=1, is_leader=True, commit_index=9)]
+    ),
+    "ClusterInfoRequest": pb.ClusterInfoRequest(),
+    "BucketInfo": pb.BucketInfo(bucket=3, bucket_uuid="u", nodes=["127.0.0.1:7001"]),
+    "ClusterInfoResponse": pb.ClusterInfoResponse(
+        cluster_id="c", buckets=[pb.BucketInfo(bucket=0, bucket_uuid="u")], nodes=["a:1"]
     ),
     "WriteRequest": pb.WriteRequest(
         ops=[

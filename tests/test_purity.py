@@ -33,6 +33,7 @@ BANNED = {
 CORE = [
     *sorted((ROOT / "outbox").glob("*.py")),
     ROOT / "sdk" / "cursor.py",
+    ROOT / "sdk" / "progress.py",
     ROOT / "notifier" / "core.py",
 ]
 

@@ -18,7 +18,7 @@ from sevendb.cluster.topology import (
 
 
 def spec(nodes: int = 3, buckets: int = 8, replicas: int = 3) -> ClusterSpec:
-    ports = [30000 + i * 100 for i in range(2 * nodes)]
+    ports = [30000 + i * 100 for i in range(3 * nodes)]
     return new_cluster(
         nodes=nodes, buckets=buckets, replicas=replicas, host="127.0.0.1", ports=ports
     )

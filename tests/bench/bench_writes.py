@@ -26,7 +26,7 @@ from pathlib import Path
 
 import grpc
 
-from sevendb.cluster.local import cluster_down, cluster_up, node_status
+from sevendb.cluster.local import cluster_down, cluster_up, local_token, node_status
 from sevendb.cluster.topology import bucket_of
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
@@ -64,29 +64,36 @@ def run_raw(inflight: int, seconds: float, tuned: bool) -> dict[str, float]:
         ]
         if tuned:
             cmd.append("--tuned")
-        procs.append(
-            subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        # stderr to a file: pysyncobj may log thousands of lines, which would fill a
+        # pipe nobody reads until the end and stall the node.
+        err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed below
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True
         )
+        procs.append((proc, err))
     result: dict[str, float] = {}
-    for proc in procs:
+    for proc, _ in procs:
         assert proc.stdout is not None
         line = json.loads(proc.stdout.readline() or "{}")
         if "ops_per_s" in line:
             result = line
     truncations = 0
-    for proc in procs:
-        assert proc.stdin is not None and proc.stderr is not None
+    for proc, err in procs:
+        assert proc.stdin is not None
         proc.stdin.close()
-        truncations += proc.stderr.read().count("truncating already-applied log entries")
-        proc.wait(10)
+        proc.wait(30)
+        err.seek(0)
+        truncations += err.read().count("truncating already-applied log entries")
+        err.close()
     # Stock pysyncobj's rewinding nextIndex hazard (docs/raft.md), counted per run.
     result["critical_truncations"] = truncations
     return result
 
 
 async def drive_sevendb(
-    leaders: dict[int, str], buckets: int, inflight: int, seconds: float
+    leaders: dict[int, str], buckets: int, inflight: int, seconds: float, token: str
 ) -> dict[str, float]:
+    md = (("authorization", f"Bearer {token}"),)
     channels = {a: grpc.aio.insecure_channel(a) for a in set(leaders.values())}
     stubs = {a: pb_grpc.SevenDBStub(c) for a, c in channels.items()}  # type: ignore[no-untyped-call]
     latencies: list[float] = []
@@ -102,7 +109,9 @@ async def drive_sevendb(
             stub = stubs[leaders[bucket_of(key, buckets)]]
             t = time.monotonic()
             try:
-                await stub.Write(pb.WriteRequest(ops=[pb.Op(key=key, value=value)]), timeout=10)
+                await stub.Write(
+                    pb.WriteRequest(ops=[pb.Op(key=key, value=value)]), timeout=10, metadata=md
+                )
                 latencies.append(time.monotonic() - t)
             except grpc.aio.AioRpcError:
                 errors += 1
@@ -139,7 +148,9 @@ def run_sevendb(buckets: int, inflights: list[int], seconds: float) -> dict[int,
             out = {}
             for inflight in inflights:
                 before = fsyncs(spec)
-                result = asyncio.run(drive_sevendb(leaders, buckets, inflight, seconds))
+                result = asyncio.run(
+                    drive_sevendb(leaders, buckets, inflight, seconds, local_token(data))
+                )
                 result["fsyncs_per_write"] = (fsyncs(spec) - before) / max(1, result["ops"])
                 out[inflight] = result
             return out

@@ -1,0 +1,48 @@
+"""Fault points for crash tests against real processes (FoundationDB's BUGGIFY, made
+explicit): a node started with ``SEVENDB_TEST_FAULTS=1`` checks, at a few named
+points, whether a file ``<node dir>/fault-<name>`` exists; if it does, the file is
+removed (so a restarted node does not fire again) and the process kills itself
+with SIGKILL - a crash at exactly that point. Off (no file system access at all)
+unless the environment variable is set.
+
+Points: ``kill-before-send`` - the lease holder has outboxed rows ready for a client
+stream and dies before sending any of them (seed 000 §12 FTO-02).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Final
+
+ENV: Final = "SEVENDB_TEST_FAULTS"
+KILL_BEFORE_SEND: Final = "kill-before-send"
+
+
+def fault_file(node_dir: Path, name: str) -> Path:
+    return node_dir / f"fault-{name}"
+
+
+class FaultPoints:
+    def __init__(self, node_dir: Path, enabled: bool) -> None:
+        self._dir = node_dir
+        self.enabled = enabled
+
+    @classmethod
+    def from_env(cls, node_dir: Path) -> FaultPoints:
+        return cls(node_dir, os.environ.get(ENV) == "1")
+
+    def fire(self, name: str) -> None:
+        """Die here (SIGKILL) if the fault is armed."""
+        if not self.enabled:
+            return
+        path = fault_file(self._dir, name)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+__all__ = ["ENV", "KILL_BEFORE_SEND", "FaultPoints", "fault_file"]

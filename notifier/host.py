@@ -1,0 +1,380 @@
+"""The notifier adapter of a real node: performs what `NotifierCore` decides for one
+bucket replica (seed 000 §4-§6).
+
+One `BucketNotifier` runs per local replica, in its own thread. It wakes when the
+replica applies an entry, when a client acks, or every `idle_wait_s`, and then:
+
+1. proposes a LEASE for this replica when it should hold the notifier lease and
+   the committed state names someone else (the Raft leader by default, or the
+   rendezvous choice over the connected members);
+2. while the committed state names this replica *and* it is still the Raft
+   leader (leader mode) or has a leader and quorum (rendezvous mode), runs a
+   `NotifierCore`: proposes OUTBOX_WRITE for the computed, un-outboxed rows
+   (including what a predecessor left), batches client acks into OUTBOX_PURGE,
+   and hands outboxed rows to the attached streams (`EventSink`s) within each
+   stream's flow-control window;
+3. when it stops holding the lease, closes every attached stream so clients
+   reconnect to the new holder (fencing: a deposed holder sends nothing more).
+
+Proposals never block the loop (`BucketReplica.submit`); at most one LEASE, one
+OUTBOX_WRITE and one OUTBOX_PURGE are in flight, each retried after `retry_ms`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+from sevendb.cluster.replica import ApplyOutcome, BucketReplica, ReplicaUnavailable
+from sevendb.notifier.core import (
+    Attach,
+    AttachStatus,
+    NotifierConfig,
+    NotifierCore,
+    needs_lease,
+    rendezvous_lease_holder,
+)
+from sevendb.outbox import limits
+from sevendb.outbox.emitseq import EmitSeq
+from sevendb.outbox.entries import Entry, encode_entry
+from sevendb.outbox.model import AckOutcome, AckStatus, Applied, OutboxRow, RowsPurged
+from sevendb.outbox.state import BucketStateMachine
+
+log = logging.getLogger(__name__)
+
+SEND_EVENTS_MAX: Final = 4096
+"""Events handed to streams per loop iteration, all streams together."""
+GAUGES_EVERY_MS: Final = 1000
+
+
+class EventSink(Protocol):
+    """One attached client stream. Called from the notifier thread: must not block."""
+
+    def deliver(self, rows: tuple[OutboxRow, ...]) -> None: ...
+
+    def close(self, reason: str) -> None: ...
+
+
+class NotifierMetrics(Protocol):
+    """What the notifier reports (the node's Prometheus exporter implements it)."""
+
+    def events_sent(self, bucket: int, rows: tuple[OutboxRow, ...], now_ms: int) -> None: ...
+
+    def rows_purged(self, bucket: int, count: int) -> None: ...
+
+    def gauges(self, bucket: int, outbox_rows: int, ack_lag: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class NotifierSettings:
+    """How a node's notifiers behave (all bounded)."""
+
+    lease_mode: str = "leader"
+    """``leader``: the Raft leader emits. ``rendezvous``: the rendezvous choice over
+    the members this replica is connected to, keyed on (bucket_uuid, epoch)."""
+    window_events: int = 1024
+    """Events sent on one stream and not yet acknowledged before sending pauses."""
+    resend_after_ms: int = 5_000
+    purge_interval_ms: int = 20
+    """Acks are batched into one OUTBOX_PURGE at most this often."""
+    retry_ms: int = 1_000
+    """An uncommitted LEASE / OUTBOX_WRITE / OUTBOX_PURGE is proposed again after this."""
+    stall_window_ms: int = limits.STALL_WINDOW_MS_DEFAULT
+    idle_wait_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.lease_mode not in ("leader", "rendezvous"):
+            raise ValueError(f"lease_mode must be leader or rendezvous, not {self.lease_mode!r}")
+        if self.purge_interval_ms < 1 or self.retry_ms < 1 or self.stall_window_ms < 1:
+            raise ValueError("purge_interval_ms, retry_ms and stall_window_ms must be >= 1")
+        if self.idle_wait_s <= 0:
+            raise ValueError("idle_wait_s must be positive")
+        NotifierConfig(self.window_events, self.resend_after_ms)  # validates both
+
+    @property
+    def core_config(self) -> NotifierConfig:
+        return NotifierConfig(self.window_events, self.resend_after_ms)
+
+
+@dataclass(slots=True)
+class _InFlight:
+    future: Future[ApplyOutcome]
+    at_ms: int
+    mark: object = None
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class BucketNotifier:
+    """The notifier of one local bucket replica (see the module docstring)."""
+
+    def __init__(
+        self,
+        replica: BucketReplica,
+        settings: NotifierSettings | None = None,
+        *,
+        metrics: NotifierMetrics | None = None,
+        clock_ms: Callable[[], int] = _wall_ms,
+        before_send: Callable[[], None] | None = None,
+    ) -> None:
+        self.replica = replica
+        self.bucket = replica.bucket
+        self.me = replica.self_addr
+        self.settings = settings or NotifierSettings()
+        self._metrics = metrics
+        self._clock_ms = clock_ms
+        self._before_send = before_send
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._core: NotifierCore | None = None
+        self._sinks: dict[str, EventSink] = {}
+        self._lease: _InFlight | None = None
+        self._outbox: _InFlight | None = None
+        self._purge: _InFlight | None = None
+        self._last_purge_ms = 0
+        self._last_gauges_ms = 0
+        self._thread = threading.Thread(
+            target=self._run, name=f"notifier-b{self.bucket}", daemon=True
+        )
+
+    # ---- lifecycle --------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+        with self._lock:
+            self._drop_core("the node is shutting down")
+
+    def on_applied(self, applied: Applied) -> None:
+        """The replica applied an entry (tick thread): look again soon."""
+        if self._metrics is not None:
+            for effect in applied.effects:
+                if isinstance(effect, RowsPurged):
+                    self._metrics.rows_purged(self.bucket, len(effect.rows))
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    # ---- what clients ask -----------------------------------------------------------
+
+    @property
+    def emitting(self) -> bool:
+        """True while this replica runs the bucket's notifier."""
+        return self._core is not None
+
+    def holder(self) -> str:
+        """The Raft address the committed state names as lease holder ('' if none)."""
+        try:
+            return self.replica.read(lambda sm: sm.lease_holder)
+        except ReplicaUnavailable:
+            return ""
+
+    def attach(self, sub_id: str, principal: str, after: EmitSeq, sink: EventSink) -> Attach:
+        """A client stream (re)starts after `after`, the last emit_seq it processed."""
+        now = self._clock_ms()
+        with self._lock:
+            core = self._core
+            if core is None:
+                return Attach(AttachStatus.NOT_HOLDER, holder=self.holder())
+            try:
+                result = self.replica.read(
+                    lambda sm: core.attach(sm, sub_id, principal, after, now)
+                )
+            except ReplicaUnavailable as exc:
+                return Attach(AttachStatus.NOT_HOLDER, message=str(exc))
+            if result.status is AttachStatus.ATTACHED:
+                old = self._sinks.get(sub_id)
+                if old is not None and old is not sink:
+                    old.close("the subscription was resumed on another stream")
+                self._sinks[sub_id] = sink
+        self._wake.set()
+        return result
+
+    def detach(self, sub_id: str, sink: EventSink) -> None:
+        with self._lock:
+            if self._sinks.get(sub_id) is sink:
+                del self._sinks[sub_id]
+                if self._core is not None:
+                    self._core.detach(sub_id)
+
+    def ack(self, sub_id: str, principal: str, up_to: EmitSeq) -> AckOutcome | None:
+        """A cumulative client ack; None if this replica does not hold the lease."""
+        now = self._clock_ms()
+        with self._lock:
+            core = self._core
+            if core is None:
+                return None
+            try:
+                outcome = self.replica.read(
+                    lambda sm: core.on_client_ack(sm, sub_id, principal, up_to, now)
+                )
+            except ReplicaUnavailable:
+                return None
+        if outcome.status is AckStatus.ACCEPTED:
+            self._wake.set()
+        return outcome
+
+    # ---- the loop -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        busy = False
+        while not self._stopped.is_set():
+            if not busy:
+                self._wake.wait(self.settings.idle_wait_s)
+            self._wake.clear()
+            try:
+                busy = self._step()
+            except Exception:
+                log.exception("bucket %d: notifier step failed; retrying", self.bucket)
+                busy = False
+                self._stopped.wait(0.2)
+
+    def _step(self) -> bool:
+        """One pass; True if more rows are ready to send right away."""
+        replica = self.replica
+        now = self._clock_ms()
+        if replica.quarantined is not None:
+            with self._lock:
+                self._drop_core(f"replica quarantined: {replica.quarantined}")
+            return False
+        confirmed, desired = self._lease_view()
+        with self._lock:
+            try:
+                return replica.read(lambda sm: self._step_locked(sm, now, confirmed, desired))
+            except ReplicaUnavailable as exc:
+                self._drop_core(str(exc))
+                return False
+
+    def _lease_view(self) -> tuple[bool, str]:
+        """(may this replica emit if the state names it, whom the lease should name)."""
+        replica = self.replica
+        if self.settings.lease_mode == "leader":
+            leader = replica.is_leader
+            return leader, self.me if leader else ""
+        status = replica.connectivity()
+        if status.leader is None or not status.quorum:
+            return False, ""
+        with contextlib.suppress(ReplicaUnavailable):
+            epoch = replica.read(lambda sm: sm.epoch.epoch_counter)
+            return True, rendezvous_lease_holder(
+                replica.bucket_uuid, epoch, (self.me, *status.connected)
+            )
+        return False, ""
+
+    def _step_locked(self, sm: BucketStateMachine, now: int, confirmed: bool, desired: str) -> bool:
+        lease = needs_lease(sm, self.me, desired, now)
+        if lease is not None and self._idle(self._lease, now):
+            self._lease = self._propose(lease, now)
+        if confirmed and sm.lease_holder == self.me:
+            if self._core is None:
+                self._core = NotifierCore(self.me, self.settings.core_config)
+                log.info(
+                    "bucket %d: %s holds the notifier lease (lease index %d)",
+                    self.bucket,
+                    self.me,
+                    sm.lease_index,
+                )
+        elif self._core is not None:
+            self._drop_core(f"{self.me} no longer holds the notifier lease")
+        core = self._core
+        if core is None:
+            return False
+        self._propose_outbox(core, sm, now)
+        self._propose_purge(core, sm, now)
+        for sub_id in core.closed_streams(sm):
+            sink = self._sinks.pop(sub_id, None)
+            core.detach(sub_id)
+            if sink is not None:
+                sink.close("the subscription ended or was dropped for stalling")
+        sent = 0
+        batches = core.next_batches(sm, SEND_EVENTS_MAX, now)
+        if batches and self._before_send is not None:
+            self._before_send()  # a test fault point (cluster/faults.py)
+        for sub_id, rows in batches:
+            sink = self._sinks.get(sub_id)
+            if sink is None:
+                core.detach(sub_id)
+                continue
+            sink.deliver(rows)
+            sent += len(rows)
+            if self._metrics is not None:
+                self._metrics.events_sent(self.bucket, rows, now)
+        if self._metrics is not None and now - self._last_gauges_ms >= GAUGES_EVERY_MS:
+            self._last_gauges_ms = now
+            lag = max((sm.ack_lag(sub.sub_id) for sub in sm.subscriptions()), default=0)
+            self._metrics.gauges(self.bucket, sm.outbox_size(), lag)
+        return sent >= SEND_EVENTS_MAX
+
+    def _propose_outbox(self, core: NotifierCore, sm: BucketStateMachine, now: int) -> None:
+        inflight = self._outbox
+        if (
+            inflight is not None
+            and not self._idle(inflight, now)
+            and isinstance(inflight.mark, int)
+            and inflight.mark > sm.outboxed_through
+        ):
+            return  # the one in flight covers what is pending now; wait for it
+        entry = core.outbox_entry(sm, sm.lease_index, now)
+        if entry is not None:
+            self._outbox = self._propose(entry, now, mark=entry.through_index)
+
+    def _propose_purge(self, core: NotifierCore, sm: BucketStateMachine, now: int) -> None:
+        if now - self._last_purge_ms < self.settings.purge_interval_ms:
+            return
+        if not self._idle(self._purge, now):
+            return
+        self._last_purge_ms = now
+        entry = core.purge_entry(sm, sm.lease_index, now, self.settings.stall_window_ms)
+        if entry is not None:
+            self._purge = self._propose(entry, now)
+
+    def _idle(self, inflight: _InFlight | None, now: int) -> bool:
+        """Nothing of this kind in flight, or it is overdue (proposed again)."""
+        return (
+            inflight is None
+            or inflight.future.done()
+            or now - inflight.at_ms >= self.settings.retry_ms
+        )
+
+    def _propose(self, entry: Entry, now: int, mark: object = None) -> _InFlight | None:
+        try:
+            future = self.replica.submit(encode_entry(entry))
+        except ReplicaUnavailable as exc:
+            log.debug("bucket %d: cannot propose %s: %s", self.bucket, type(entry).__name__, exc)
+            return None
+        future.add_done_callback(lambda _: self._wake.set())
+        return _InFlight(future, now, mark)
+
+    def _drop_core(self, reason: str) -> None:
+        """Stop emitting: every attached stream is closed (clients reconnect)."""
+        if self._core is None and not self._sinks:
+            return
+        if self._core is not None:
+            log.info("bucket %d: %s stops emitting: %s", self.bucket, self.me, reason)
+        self._core = None
+        sinks, self._sinks = self._sinks, {}
+        for sink in sinks.values():
+            sink.close(reason)
+
+
+__all__ = [
+    "BucketNotifier",
+    "EventSink",
+    "NotifierMetrics",
+    "NotifierSettings",
+]

@@ -1,0 +1,121 @@
+"""When the SDK persists cursors and sends acks, pure (seed 000 §9; issue rule:
+persist after processing and *before* the ack that covers it).
+
+Per bucket stream, three positions move forward in this order:
+
+* ``processed`` - the application has finished with the event (it asked for the
+  next one, or the subscription is closing);
+* ``flushed`` - that position is in the durable cursor store (when there is one)
+  and an ack for it has been sent; a reconnect resumes from here, so a purge can
+  never overtake what is durable;
+* ``confirmed`` - the server answered that ack (accepted, or already covered).
+
+`Progress` decides when to flush (every `every_events` processed events or
+`interval_s` after the first unflushed one) and which acks to send again. Time
+is an argument; no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sevendb.outbox.emitseq import EmitSeq
+
+
+@dataclass(slots=True)
+class _Stream:
+    sub_id: str
+    processed: EmitSeq
+    flushed: EmitSeq
+    confirmed: EmitSeq
+    ack_sent_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Flush:
+    """Positions to persist, then acknowledge: (bucket, sub_id, position)."""
+
+    positions: tuple[tuple[int, str, EmitSeq], ...]
+
+
+class Progress:
+    """Processed / flushed / confirmed positions of one subscription's bucket streams."""
+
+    def __init__(self, *, every_events: int, interval_s: float, resend_after_s: float) -> None:
+        if every_events < 1 or interval_s <= 0 or resend_after_s <= 0:
+            raise ValueError("every_events >= 1, interval_s > 0 and resend_after_s > 0")
+        self._every = every_events
+        self._interval_s = interval_s
+        self._resend_s = resend_after_s
+        self._streams: dict[int, _Stream] = {}
+        self._unflushed = 0
+        self._first_unflushed_s: float | None = None
+
+    def start(self, bucket: int, sub_id: str, position: EmitSeq) -> None:
+        """A bucket's stream (re)starts at `position` (its SubAck start or a saved
+        cursor): everything up to it counts as processed, flushed and confirmed."""
+        self._streams[bucket] = _Stream(sub_id, position, position, position)
+
+    def flushed(self, bucket: int) -> EmitSeq | None:
+        """Where a reconnect of this bucket's stream resumes."""
+        stream = self._streams.get(bucket)
+        return None if stream is None else stream.flushed
+
+    def processed(self, bucket: int, sub_id: str, position: EmitSeq, now_s: float) -> None:
+        stream = self._streams.get(bucket)
+        if stream is None or stream.sub_id != sub_id or position <= stream.processed:
+            return  # an event of a replaced stream, or a duplicate
+        stream.processed = position
+        self._unflushed += 1
+        if self._first_unflushed_s is None:
+            self._first_unflushed_s = now_s
+
+    def due(self, now_s: float) -> bool:
+        """Should the caller `take_flush` now?"""
+        if self._unflushed >= self._every:
+            return True
+        if self._first_unflushed_s is not None and now_s - self._first_unflushed_s >= (
+            self._interval_s
+        ):
+            return True
+        return any(
+            s.confirmed < s.flushed and now_s - s.ack_sent_s >= self._resend_s
+            for s in self._streams.values()
+        )
+
+    def next_due_s(self, now_s: float) -> float | None:
+        """Seconds until `due` may turn true by time alone (None: only by events)."""
+        waits = []
+        if self._first_unflushed_s is not None:
+            waits.append(self._first_unflushed_s + self._interval_s - now_s)
+        waits.extend(
+            s.ack_sent_s + self._resend_s - now_s
+            for s in self._streams.values()
+            if s.confirmed < s.flushed
+        )
+        return max(0.0, min(waits)) if waits else None
+
+    def take_flush(self, now_s: float, *, final: bool = False) -> Flush:
+        """The positions to persist and then ack: every stream processed past its
+        flushed position, plus unconfirmed acks overdue for a resend (or all
+        unconfirmed ones when `final`). Marks them flushed and sent."""
+        out = []
+        for bucket in sorted(self._streams):
+            s = self._streams[bucket]
+            resend = s.confirmed < s.flushed and (final or now_s - s.ack_sent_s >= self._resend_s)
+            if s.processed > s.flushed or resend:
+                s.flushed = s.processed
+                s.ack_sent_s = now_s
+                out.append((bucket, s.sub_id, s.flushed))
+        self._unflushed = 0
+        self._first_unflushed_s = None
+        return Flush(tuple(out))
+
+    def confirmed(self, bucket: int, sub_id: str, position: EmitSeq) -> None:
+        """The server accepted (or had already covered) the ack for `position`."""
+        s = self._streams.get(bucket)
+        if s is not None and s.sub_id == sub_id and position > s.confirmed:
+            s.confirmed = min(position, s.flushed)
+
+
+__all__ = ["Flush", "Progress"]

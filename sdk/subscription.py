@@ -1,0 +1,692 @@
+"""Subscriptions: a query's committed changes, delivered effective-once.
+
+    with Client(endpoints, token=token) as client:
+        for event in client.subscribe("prefix:orders/", cursor="orders.cursor"):
+            handle(event)                       # then ask for the next one
+
+An event counts as processed when the application asks for the next one (or
+closes the subscription). Processed positions are persisted to the cursor store
+(fsync + atomic rename) and only then acknowledged, in batches; a restarted
+process with the same cursor file resumes right after the last persisted event.
+A crash between handling an event and that persist repeats at most the unpersisted
+events (``ack_every_events``) - make handling idempotent by ``emit_seq`` or persist
+your own state together with the cursor if that matters.
+
+A query that spans buckets (a prefix, all) is one server subscription per bucket;
+their events are merged as they arrive, ordered within each bucket (like Kafka
+partitions). Each bucket's stream follows its notifier lease holder: on a redirect,
+a closed stream, a gap in the ``prev_emit_seq`` chain or a dead node it reconnects
+after the last flushed position, and `StreamCursor` drops what was seen already.
+
+The streams run on one background asyncio loop per `Client` (grpc.aio), so a
+process can hold thousands of them; the application iterates synchronously
+(``for``) or asynchronously (``async for``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import grpc
+from grpc import aio
+
+from sevendb.outbox.emitseq import EmitSeq
+from sevendb.outbox.entries import OpKind
+from sevendb.outbox.errors import SevenDBError
+from sevendb.outbox.model import Change
+from sevendb.outbox.query import Query
+from sevendb.proto import sevendb_pb2 as pb
+from sevendb.proto import sevendb_pb2_grpc as pb_grpc
+from sevendb.sdk.cursor import StreamCursor
+from sevendb.sdk.cursor_store import CursorStore, SavedCursor
+from sevendb.sdk.progress import Flush, Progress
+
+if TYPE_CHECKING:
+    from sevendb.sdk.client import Client
+
+log = logging.getLogger(__name__)
+
+LEADER_HINT_KEY: Final = "sevendb-leader"
+_FATAL_CODES: Final = (
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.UNIMPLEMENTED,
+)
+
+
+# ---- public types ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One committed change set of one bucket, delivered once and in order per bucket."""
+
+    bucket: int
+    sub_id: str
+    emit_seq: EmitSeq
+    prev_emit_seq: EmitSeq
+    changes: tuple[Change, ...]
+    commit_time_ms: int
+
+
+class StreamResetReason(StrEnum):
+    STALE_SEQUENCE = "STALE_SEQUENCE"
+    """The server no longer holds the stream's history (dropped for stalling, or
+    older than what was purged)."""
+    INVALID_SEQUENCE = "INVALID_SEQUENCE"
+    """The saved position is not on the server's stream (e.g. ahead of it)."""
+    SUBSCRIPTION_NOT_FOUND = "SUBSCRIPTION_NOT_FOUND"
+    """The server has no such subscription (ended, or never made)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamReset:
+    """A bucket's stream could not be resumed and starts afresh (a new subscription
+    from the current end of the log): events in between were missed. Resynchronise
+    that bucket's state (`Client.sync_bucket`) if the application needs it."""
+
+    bucket: int
+    old_sub_id: str
+    reason: StreamResetReason
+
+
+class SubscriptionBroken(SevenDBError):
+    """The subscription cannot continue; `reason` says why (e.g. STALE_SEQUENCE with
+    the ``raise`` policy, a token the cluster refuses)."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribeOptions:
+    """How a subscription persists, acknowledges and recovers."""
+
+    on_stale: str = "resubscribe"
+    """STALE_SEQUENCE / SUBSCRIPTION_NOT_FOUND: ``resubscribe`` (a new stream from now,
+    reported to `on_reset`) or ``raise`` (`SubscriptionBroken`)."""
+    on_invalid: str = "raise"
+    """INVALID_SEQUENCE (the saved position is not on the server's stream): ``reset``
+    (resubscribe, reported to `on_reset`) or ``raise``."""
+    on_reset: Callable[[StreamReset], None] | None = None
+    ack_every_events: int = 256
+    """Persist and ack after this many processed events ..."""
+    ack_interval_s: float = 0.02
+    """... or this long after the first unflushed one, whichever comes first."""
+    ack_resend_s: float = 1.0
+    reorder_buffer_max: int = 1024
+    backoff_initial_s: float = 0.05
+    backoff_max_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.on_stale not in ("resubscribe", "raise"):
+            raise ValueError("on_stale must be 'resubscribe' or 'raise'")
+        if self.on_invalid not in ("reset", "raise"):
+            raise ValueError("on_invalid must be 'reset' or 'raise'")
+        if self.ack_every_events < 1 or self.ack_interval_s <= 0 or self.ack_resend_s <= 0:
+            raise ValueError("ack_every_events >= 1, ack_interval_s > 0, ack_resend_s > 0")
+        if not 0 < self.backoff_initial_s <= self.backoff_max_s:
+            raise ValueError("0 < backoff_initial_s <= backoff_max_s")
+
+
+def parse_query(query: str | Query) -> Query:
+    """``key:K``, ``prefix:P``, ``all`` or a `Query`."""
+    return query if isinstance(query, Query) else Query.parse(query)
+
+
+# ---- the background loop ---------------------------------------------------------------
+
+
+class _Engine:
+    """One asyncio loop thread per Client running every stream (grpc.aio)."""
+
+    def __init__(self, endpoints: Sequence[str]) -> None:
+        self.endpoints = list(endpoints)
+        self.loop = asyncio.new_event_loop()
+        self._channels: dict[str, aio.Channel] = {}
+        self._rotation = itertools.count(random.randrange(1 << 16))
+        self._thread = threading.Thread(target=self._run, name="sevendb-sdk", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coro: Any) -> Future[Any]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stub(self, address: str) -> pb_grpc.SevenDBStub:
+        """Only on the loop."""
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = aio.insecure_channel(address)
+        return pb_grpc.SevenDBStub(channel)
+
+    def any_endpoint(self) -> str:
+        return self.endpoints[next(self._rotation) % len(self.endpoints)]
+
+    def close(self) -> None:
+        async def shutdown() -> None:
+            for channel in self._channels.values():
+                await channel.close()
+
+        if self.loop.is_running():
+            self.submit(shutdown()).result(5)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(5)
+
+
+class _Inbox:
+    """Batches of events from the loop to the application, sync or async."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._items: collections.deque[list[Event] | BaseException] = collections.deque()
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
+
+    def put(self, item: list[Event] | BaseException) -> None:
+        with self._cond:
+            self._items.append(item)
+            self._cond.notify()
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            loop, future = waiter
+            loop.call_soon_threadsafe(_wake, future)
+
+    def peek_error(self) -> BaseException | None:
+        with self._cond:
+            return next((i for i in self._items if isinstance(i, BaseException)), None)
+
+    def get(self, timeout_s: float | None) -> list[Event] | BaseException | None:
+        with self._cond:
+            if not self._items:
+                self._cond.wait(timeout_s)
+            return self._items.popleft() if self._items else None
+
+    async def aget(self, timeout_s: float | None) -> list[Event] | BaseException | None:
+        with self._cond:
+            if self._items:
+                return self._items.popleft()
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[None] = loop.create_future()
+            self._waiter = (loop, future)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(future, timeout_s)
+        with self._cond:
+            return self._items.popleft() if self._items else None
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+# ---- one bucket's stream -------------------------------------------------------------
+
+
+class _Redirect(Exception):
+    def __init__(self, address: str | None) -> None:
+        self.address = address
+
+
+@dataclass(slots=True)
+class _BucketStream:
+    bucket: int
+    sub_id: str | None
+    subscribed: bool
+    cursor: StreamCursor[Event] | None = None
+    target: str | None = None
+    task: asyncio.Task[None] | None = None
+    duplicates: int = 0
+    reconnects: int = 0
+    caught_up: bool = False
+    ready: threading.Event = field(default_factory=threading.Event)
+    """Set once the stream is subscribed (SubAck) or resumed (ReconnectAck OK)."""
+    history: list[str] = field(default_factory=list)
+
+
+def _seq(msg: pb.EmitSeq) -> EmitSeq:
+    return EmitSeq(msg.epoch_id.bucket_uuid, msg.epoch_id.epoch_counter, msg.commit_index)
+
+
+def _seq_pb(seq: EmitSeq) -> pb.EmitSeq:
+    return pb.EmitSeq(
+        epoch_id=pb.EmitSeq.EpochId(bucket_uuid=seq.bucket_uuid, epoch_counter=seq.epoch_counter),
+        commit_index=seq.commit_index,
+    )
+
+
+def _event(bucket: int, ev: pb.DataEvent) -> Event:
+    return Event(
+        bucket,
+        ev.sub_id,
+        _seq(ev.emit_seq),
+        _seq(ev.prev_emit_seq),
+        tuple(Change(c.key, OpKind(c.op), c.value, c.version) for c in ev.delta.changes),
+        ev.delta.commit_time_ms,
+    )
+
+
+def _hint(exc: aio.AioRpcError) -> str | None:
+    for key, value in exc.trailing_metadata() or ():
+        if key == LEADER_HINT_KEY:
+            return value if isinstance(value, str) else value.decode()
+    return None
+
+
+# ---- the subscription --------------------------------------------------------------------
+
+
+class Subscription:
+    """A query subscribed in every bucket it spans; iterate it (sync or async).
+
+    Made by `Client.subscribe`. `close()` (or leaving a ``with`` block) persists and
+    acknowledges what was processed; `unsubscribe()` also ends the server side.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        engine: _Engine,
+        query: Query,
+        buckets: Sequence[int],
+        *,
+        cursor: CursorStore | str | Path | None = None,
+        name: str | None = None,
+        options: SubscribeOptions | None = None,
+        ready_timeout_s: float = 30.0,
+    ) -> None:
+        self.query = query
+        self.name = name or str(query)
+        self.options = options or SubscribeOptions()
+        self._client = client
+        self._engine = engine
+        self._metadata = client.metadata
+        if cursor is not None and not isinstance(cursor, CursorStore):
+            cursor = CursorStore(Path(cursor))
+        self._store = cursor
+        self._inbox = _Inbox()
+        self._lock = threading.Lock()
+        opts = self.options
+        self._progress = Progress(
+            every_events=opts.ack_every_events,
+            interval_s=opts.ack_interval_s,
+            resend_after_s=opts.ack_resend_s,
+        )
+        self._closed = False
+        self._batch: collections.deque[Event] = collections.deque()
+        self._last: Event | None = None
+        saved = {c.bucket: c for c in (self._store.named(self.name) if self._store else [])}
+        self._streams: dict[int, _BucketStream] = {}
+        for bucket in buckets:
+            c = saved.get(bucket)
+            stream = _BucketStream(
+                bucket, c.sub_id if c else None, c is not None and c.position is not None
+            )
+            if c is not None and c.position is not None:
+                stream.cursor = StreamCursor(c.position, reorder_buffer_max=opts.reorder_buffer_max)
+                self._progress.start(bucket, c.sub_id, c.position)
+            self._streams[bucket] = stream
+        started: Future[None] = engine.submit(self._start())
+        started.result(10)
+        self._wait_ready(ready_timeout_s)
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        """Block until every bucket's stream is established, so that a write made after
+        `Client.subscribe` returns is always delivered."""
+        deadline = time.monotonic() + timeout_s
+        for stream in self._streams.values():
+            while not stream.ready.wait(0.05):
+                failure = self._inbox.peek_error()
+                if failure is not None or time.monotonic() > deadline:
+                    self.close(flush=False)
+                    raise failure or SubscriptionBroken(
+                        f"bucket {stream.bucket}: no stream within {timeout_s:.0f} s "
+                        f"(last: {stream.history[-1] if stream.history else 'no answer'})",
+                        "UNAVAILABLE",
+                    )
+
+    # ---- the application side ----------------------------------------------------------
+
+    @property
+    def sub_ids(self) -> dict[int, str]:
+        """The server subscription id of each bucket's stream (once subscribed)."""
+        return {b: s.sub_id for b, s in self._streams.items() if s.sub_id and s.subscribed}
+
+    def stats(self) -> dict[str, int]:
+        streams = self._streams.values()
+        return {
+            "buckets": len(self._streams),
+            "duplicates_dropped": sum(s.duplicates for s in streams),
+            "reconnects": sum(s.reconnects for s in streams),
+            "cursor_writes": self._store.writes if self._store else 0,
+        }
+
+    def __iter__(self) -> Iterator[Event]:
+        return self
+
+    def __next__(self) -> Event:
+        self._mark_processed()
+        while not self._batch:
+            if self._closed:
+                raise StopIteration
+            self._maybe_flush()
+            now = time.monotonic()
+            with self._lock:
+                wait = self._progress.next_due_s(now)
+            item = self._inbox.get(0.5 if wait is None else max(wait, 0.001))
+            self._take(item)
+        self._last = self._batch.popleft()
+        return self._last
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self
+
+    async def __anext__(self) -> Event:
+        self._mark_processed()
+        while not self._batch:
+            if self._closed:
+                raise StopAsyncIteration
+            flush = self._take_flush_if_due()
+            if flush is not None:
+                await asyncio.to_thread(self._persist_and_ack, flush)
+            with self._lock:
+                wait = self._progress.next_due_s(time.monotonic())
+            item = await self._inbox.aget(0.5 if wait is None else max(wait, 0.001))
+            self._take(item)
+        self._last = self._batch.popleft()
+        return self._last
+
+    def poll(self, timeout_s: float = 0.0) -> Event | None:
+        """The next event if one arrives within `timeout_s`, else None."""
+        self._mark_processed()
+        deadline = time.monotonic() + timeout_s
+        while not self._batch:
+            if self._closed:
+                return None
+            self._maybe_flush()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self._take(self._inbox.get(min(left, 0.05)))
+        self._last = self._batch.popleft()
+        return self._last
+
+    def _take(self, item: list[Event] | BaseException | None) -> None:
+        if isinstance(item, BaseException):
+            self.close(flush=True)
+            raise item
+        if item:
+            self._batch.extend(item)
+
+    def _mark_processed(self) -> None:
+        last, self._last = self._last, None
+        if last is not None:
+            with self._lock:
+                self._progress.processed(last.bucket, last.sub_id, last.emit_seq, time.monotonic())
+
+    def _take_flush_if_due(self) -> Flush | None:
+        with self._lock:
+            now = time.monotonic()
+            if not self._progress.due(now):
+                return None
+            return self._progress.take_flush(now)
+
+    def _maybe_flush(self) -> None:
+        flush = self._take_flush_if_due()
+        if flush is not None:
+            self._persist_and_ack(flush)
+
+    def _persist_and_ack(self, flush: Flush) -> None:
+        """Durable first, then the acks (a purge must never overtake the cursor)."""
+        if not flush.positions:
+            return
+        if self._store is not None:
+            self._store.save(
+                [
+                    SavedCursor(sub_id, bucket, self.name, pos)
+                    for bucket, sub_id, pos in flush.positions
+                ]
+            )
+        self._engine.submit(self._send_acks(flush))
+
+    def close(self, *, flush: bool = True) -> None:
+        """Stop the streams; persist and acknowledge what was processed (idempotent)."""
+        if self._closed:
+            return
+        self._mark_processed()
+        self._closed = True
+        if flush:
+            with self._lock:
+                final = self._progress.take_flush(time.monotonic(), final=True)
+            try:
+                self._persist_and_ack(final)
+            except Exception:
+                log.exception("final cursor persist failed")
+        with contextlib.suppress(Exception):
+            self._engine.submit(self._stop()).result(5)
+
+    def unsubscribe(self) -> None:
+        """End the subscription on the server (every bucket) and forget its cursors."""
+        self.close(flush=False)
+        ids = self.sub_ids
+        self._engine.submit(self._unsubscribe(ids)).result(30)
+        if self._store is not None:
+            self._store.forget(list(ids.values()))
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- the loop side --------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        for stream in self._streams.values():
+            stream.task = asyncio.get_running_loop().create_task(self._run_stream(stream))
+
+    async def _stop(self) -> None:
+        tasks = [s.task for s in self._streams.values() if s.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _unsubscribe(self, ids: dict[int, str]) -> None:
+        for bucket, sub_id in ids.items():
+            request = pb.UnsubscribeRequest(sub_id=sub_id, bucket=bucket)
+            await self._engine.stub(self._engine.any_endpoint()).Unsubscribe(
+                request, metadata=self._metadata, timeout=10
+            )
+
+    async def _send_acks(self, flush: Flush) -> None:
+        per_target: dict[str, list[tuple[int, str, EmitSeq]]] = {}
+        for bucket, sub_id, pos in flush.positions:
+            target = self._streams[bucket].target or self._engine.any_endpoint()
+            per_target.setdefault(target, []).append((bucket, sub_id, pos))
+        for target, acks in per_target.items():
+            request = pb.AckBatch(
+                acks=[pb.ClientAck(sub_id=s, up_to_emit_seq=_seq_pb(p)) for _, s, p in acks]
+            )
+            try:
+                response = await self._engine.stub(target).Ack(
+                    request, metadata=self._metadata, timeout=5
+                )
+            except aio.AioRpcError as exc:
+                log.debug("ack to %s failed (%s); it is resent later", target, exc.code())
+                continue
+            ok = (pb.AckResult.ACCEPTED, pb.AckResult.DUPLICATE, pb.AckResult.REGRESSIVE)
+            with self._lock:
+                for (bucket, sub_id, pos), result in zip(acks, response.results, strict=False):
+                    if result.status in ok:
+                        self._progress.confirmed(bucket, sub_id, pos)
+
+    async def _run_stream(self, stream: _BucketStream) -> None:
+        opts = self.options
+        backoff = opts.backoff_initial_s
+        while not self._closed:
+            try:
+                await self._stream_once(stream)
+                backoff = opts.backoff_initial_s
+            except _Redirect as redirect:
+                stream.target = redirect.address
+                if redirect.address is None:
+                    await asyncio.sleep(backoff * (0.5 + random.random()))
+                    backoff = min(backoff * 2, opts.backoff_max_s)
+            except aio.AioRpcError as exc:
+                if exc.code() in _FATAL_CODES:
+                    self._inbox.put(
+                        SubscriptionBroken(
+                            f"bucket {stream.bucket}: {exc.code().name}: {exc.details()}",
+                            exc.code().name,
+                        )
+                    )
+                    return
+                hint = _hint(exc)
+                stream.target = hint
+                stream.reconnects += 1
+                if hint is None:
+                    await asyncio.sleep(backoff * (0.5 + random.random()))
+                    backoff = min(backoff * 2, opts.backoff_max_s)
+            except SubscriptionBroken as exc:
+                self._inbox.put(exc)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug: surface it, never spin silently
+                log.exception("bucket %d stream failed", stream.bucket)
+                self._inbox.put(SubscriptionBroken(f"bucket {stream.bucket}: {exc!r}", "BUG"))
+                return
+
+    async def _stream_once(self, stream: _BucketStream) -> None:
+        target = stream.target or self._engine.any_endpoint()
+        stub = self._engine.stub(target)
+        stream.target = target
+        if not stream.subscribed:
+            call = await self._subscribe(stream, stub)
+        else:
+            call = await self._reconnect(stream, stub)
+            if call is None:
+                return
+        assert stream.cursor is not None
+        cursor = stream.cursor
+        while (message := await call.read()) is not aio.EOF:
+            kind = message.WhichOneof("kind")
+            if kind == "events":
+                ready: list[Event] = []
+                for ev in message.events.events:
+                    offered = cursor.offer(_event(stream.bucket, ev))
+                    if offered.duplicate:
+                        stream.duplicates += 1
+                    elif offered.gap:
+                        call.cancel()
+                        stream.reconnects += 1
+                        return  # reconnect after the flushed position
+                    ready.extend(offered.ready)
+                if ready:
+                    self._inbox.put(ready)
+            elif kind == "caught_up":
+                stream.caught_up = True
+        stream.reconnects += 1  # the server ended the stream: resume
+
+    async def _subscribe(self, stream: _BucketStream, stub: pb_grpc.SevenDBStub) -> Any:
+        if stream.sub_id is None:
+            stream.sub_id = uuid.uuid4().hex
+            if self._store is not None:
+                # Known before the server hears of it: a crash now resubscribes with
+                # the same id (idempotent) instead of leaving an orphan behind.
+                await asyncio.to_thread(
+                    self._store.save, [SavedCursor(stream.sub_id, stream.bucket, self.name, None)]
+                )
+        request = pb.SubscribeRequest(
+            bucket=stream.bucket,
+            query=pb.Query(kind=int(self.query.kind), arg=self.query.arg),  # type: ignore[arg-type]
+            sub_id=stream.sub_id,
+        )
+        call = stub.Subscribe(request, metadata=self._metadata)
+        first = await call.read()
+        if first is aio.EOF or first.WhichOneof("kind") != "sub_ack":
+            call.cancel()
+            raise _Redirect(None)
+        start = _seq(first.sub_ack.start_emit_seq)
+        stream.cursor = StreamCursor(start, reorder_buffer_max=self.options.reorder_buffer_max)
+        with self._lock:
+            self._progress.start(stream.bucket, stream.sub_id, start)
+        if self._store is not None:
+            await asyncio.to_thread(
+                self._store.save, [SavedCursor(stream.sub_id, stream.bucket, self.name, start)]
+            )
+        stream.subscribed = True
+        stream.history.append(f"subscribed {stream.sub_id} at {start}")
+        stream.ready.set()
+        return call
+
+    async def _reconnect(self, stream: _BucketStream, stub: pb_grpc.SevenDBStub) -> Any:
+        assert stream.sub_id is not None and stream.cursor is not None
+        with self._lock:
+            after = self._progress.flushed(stream.bucket)
+        assert after is not None
+        request = pb.ReconnectRequest(sub_id=stream.sub_id, last_processed_emit_seq=_seq_pb(after))
+        call = stub.Reconnect(request, metadata=self._metadata)
+        first = await call.read()
+        if first is aio.EOF or first.WhichOneof("kind") != "reconnect_ack":
+            call.cancel()
+            raise _Redirect(None)
+        status = first.reconnect_ack.status
+        if status == pb.ReconnectAck.OK:
+            stream.cursor.resumed(stream.cursor.released)  # keep what was released
+            stream.history.append(f"resumed {stream.sub_id} after {after}")
+            stream.ready.set()
+            return call
+        call.cancel()
+        reason = StreamResetReason(pb.ReconnectAck.Status.Name(status))
+        policy = (
+            self.options.on_invalid
+            if reason is StreamResetReason.INVALID_SEQUENCE
+            else (self.options.on_stale)
+        )
+        if policy == "raise":
+            raise SubscriptionBroken(
+                f"bucket {stream.bucket}: subscription {stream.sub_id} cannot resume after "
+                f"{after}: {reason}",
+                str(reason),
+            )
+        old = stream.sub_id
+        stream.sub_id, stream.subscribed, stream.cursor = None, False, None
+        if self._store is not None:
+            await asyncio.to_thread(self._store.forget, [old])
+        stream.history.append(f"{reason}: {old} dropped; subscribing again")
+        if self.options.on_reset is not None:
+            try:
+                self.options.on_reset(StreamReset(stream.bucket, old, reason))
+            except Exception:
+                log.exception("on_reset callback failed")
+        return None  # the next pass subscribes afresh
+
+
+__all__ = [
+    "Event",
+    "StreamReset",
+    "StreamResetReason",
+    "SubscribeOptions",
+    "Subscription",
+    "SubscriptionBroken",
+    "parse_query",
+]

@@ -1,0 +1,507 @@
+"""Emission end to end against real processes (seed 000 §12): every committed write
+reaches each subscriber exactly once, in order, through kill -9 of the lease holder
+(FTO-01), a crash between OUTBOX_WRITE and send (FTO-02), reconnects (REC-01),
+compaction and stalls (REC-02), a killed and restarted client process, and another
+principal trying to take over. Each test checks the full delivered sequence against
+the committed writes."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from cluster_harness import LocalCluster, wait_for
+
+from sevendb.cluster.auth import mint_token
+from sevendb.cluster.faults import KILL_BEFORE_SEND, fault_file
+from sevendb.cluster.node import node_dir
+from sevendb.outbox.emitseq import EmitSeq
+from sevendb.proto import sevendb_pb2 as pb
+from sevendb.proto import sevendb_pb2_grpc as pb_grpc
+from sevendb.sdk.client import Client, Unauthenticated
+from sevendb.sdk.subscription import (
+    Event,
+    StreamReset,
+    SubscribeOptions,
+    Subscription,
+    SubscriptionBroken,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
+    monkeypatch.setenv("SEVENDB_TEST_FAULTS", "1")
+    c = LocalCluster.start(tmp_path / "data", buckets=2)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+# ---- helpers ---------------------------------------------------------------------------
+
+
+class Collector:
+    """Iterates a subscription in a thread, recording every event it is given."""
+
+    def __init__(self, sub: Subscription) -> None:
+        self.sub = sub
+        self.events: list[Event] = []
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                event = self.sub.poll(0.05)
+                if event is not None:
+                    self.events.append(event)
+        except BaseException as exc:
+            self.error = exc
+
+    def keys(self) -> set[str]:
+        return {c.key for e in list(self.events) for c in e.changes}
+
+    def wait_keys(self, keys: set[str], timeout_s: float = 60) -> None:
+        wait_for(
+            lambda: keys <= self.keys() or self.error is not None,
+            timeout_s,
+            f"{len(keys - self.keys())} of {len(keys)} events",
+        )
+        assert self.error is None, self.error
+
+    def stop(self, close: bool = True) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        if close:
+            self.sub.close()
+
+
+class Writer:
+    """Writes unique keys with an idempotent producer (a retry never commits twice)."""
+
+    def __init__(self, client: Client, prefix: str) -> None:
+        self.producer = client.producer()
+        self.prefix = prefix
+        self.attempted: list[str] = []
+
+    def write(self, count: int, pause_s: float = 0.0) -> None:
+        start = len(self.attempted)
+        for i in range(start, start + count):
+            key = f"{self.prefix}{i:05d}"
+            self.attempted.append(key)
+            self.producer.put(key, f"v{i}".encode())
+            if pause_s:
+                time.sleep(pause_s)
+
+
+def committed(client: Client, keys: list[str]) -> dict[str, int]:
+    """Ground truth: the commit index each write landed at (every key written once)."""
+    out = {}
+    for key in keys:
+        record = client.get(key)
+        if record is not None:
+            assert record.version == 1, f"{key} committed twice"
+            out[key] = record.mod_commit_index
+    return out
+
+
+def check_delivery(
+    events: list[Event], truth: dict[str, int], layout_buckets: int, *, prefix: str
+) -> None:
+    """Per bucket: strictly increasing emit_seq, an unbroken prev chain, and exactly
+    the committed writes (key at the commit index it committed at) - no gap, no
+    duplicate, no reorder, nothing uncommitted."""
+    from sevendb.cluster.topology import bucket_of
+
+    by_bucket: dict[int, list[Event]] = {}
+    for event in events:
+        by_bucket.setdefault(event.bucket, []).append(event)
+    delivered: dict[str, int] = {}
+    for bucket, stream in by_bucket.items():
+        for before, after in itertools.pairwise(stream):
+            assert after.emit_seq > before.emit_seq, f"bucket {bucket}: reorder or duplicate"
+            assert after.prev_emit_seq == before.emit_seq, f"bucket {bucket}: broken chain"
+        for event in stream:
+            for change in event.changes:
+                assert change.key.startswith(prefix)
+                assert bucket_of(change.key, layout_buckets) == bucket
+                assert change.key not in delivered, f"{change.key} delivered twice"
+                delivered[change.key] = event.emit_seq.commit_index
+    assert delivered == truth
+
+
+def stub(cluster: LocalCluster, node_index: int = 0) -> pb_grpc.SevenDBStub:
+    address = cluster.spec.nodes[node_index].grpc_address
+    return pb_grpc.SevenDBStub(grpc.insecure_channel(address))  # type: ignore[no-untyped-call]
+
+
+def auth(cluster: LocalCluster, principal: str = "default") -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {cluster.token(principal)}"),)
+
+
+# ---- the happy path and the contract's scenarios ----------------------------------------
+
+
+def test_every_committed_write_reaches_a_prefix_subscriber_once_in_order(
+    cluster: LocalCluster,
+) -> None:
+    with cluster.client() as client:
+        collector = Collector(client.subscribe("prefix:p/"))
+        writer = Writer(client, "p/")
+        writer.write(60)
+        client.put("other/1", b"not matched")
+        collector.wait_keys(set(writer.attempted))
+        collector.stop()
+        check_delivery(collector.events, committed(client, writer.attempted), 2, prefix="p/")
+        assert {e.bucket for e in collector.events} == {0, 1}  # merged across buckets
+
+
+def test_fto01_kill9_of_the_lease_holder_mid_stream(cluster: LocalCluster) -> None:
+    with cluster.client() as client:
+        collector = Collector(client.subscribe("prefix:f/"))
+        writer = Writer(client, "f/")
+        writer.write(40)
+        victim = cluster.holder_node(0)
+        done = threading.Thread(target=writer.write, args=(120, 0.002))
+        done.start()
+        time.sleep(0.1)
+        cluster.kill9(victim)
+        done.join(60)
+        collector.wait_keys(set(writer.attempted))
+        new_holder = cluster.holder_node(0)
+        assert new_holder != victim
+        collector.stop()
+        check_delivery(collector.events, committed(client, writer.attempted), 2, prefix="f/")
+        assert collector.sub.stats()["reconnects"] >= 1
+
+
+def test_fto02_crash_after_outbox_write_before_send(cluster: LocalCluster) -> None:
+    with cluster.client() as client:
+        collector = Collector(client.subscribe("prefix:g/"))
+        writer = Writer(client, "g/")
+        writer.write(20)
+        collector.wait_keys(set(writer.attempted))
+        victim = cluster.holder_node(0)
+        # Armed: the holder dies when it next has outboxed rows ready to send.
+        fault_file(node_dir(cluster.data_dir, victim), KILL_BEFORE_SEND).touch()
+        writer.write(40)
+        wait_for(lambda: cluster.status(victim) is None, 30, f"{victim} to die at the fault point")
+        collector.wait_keys(set(writer.attempted))
+        collector.stop()
+        # The rows that holder outboxed but never sent were sent by its successor.
+        check_delivery(collector.events, committed(client, writer.attempted), 2, prefix="g/")
+        cluster.restart()  # the fault file is gone: it comes back normally
+        cluster.wait_converged()
+
+
+def test_rec01_reconnect_resumes_exactly_after_the_cursor(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    cursor = tmp_path / "r.cursor"
+    with cluster.client() as client:
+        writer = Writer(client, "r/")
+        first = Collector(client.subscribe("prefix:r/", cursor=cursor))
+        writer.write(30)
+        first.wait_keys(set(writer.attempted))
+        first.stop()  # persists and acks everything processed
+        writer.write(30)  # written while nobody listens
+        second = Collector(client.subscribe("prefix:r/", cursor=cursor))
+        writer.write(10)
+        second.wait_keys(set(writer.attempted[30:]))
+        second.stop()
+        assert second.sub.stats()["duplicates_dropped"] == 0
+        truth = committed(client, writer.attempted)
+        check_delivery(first.events + second.events, truth, 2, prefix="r/")
+        # The second run started exactly where the first stopped.
+        assert not set(first.keys()) & set(second.keys())
+
+
+def test_rec01_reconnect_is_catch_up_then_live(cluster: LocalCluster) -> None:
+    """Raw protocol: ReconnectAck OK, the retained events, CaughtUp, then live events
+    only - never a live event before CaughtUp."""
+    md = auth(cluster)
+    holder = cluster.spec.node(cluster.holder_node(0)).grpc_address
+    s = pb_grpc.SevenDBStub(grpc.insecure_channel(holder))  # type: ignore[no-untyped-call]
+    query = pb.Query(kind=pb.Query.PREFIX, arg="c/")
+    stream = s.Subscribe(pb.SubscribeRequest(bucket=0, query=query, sub_id="raw-1"), metadata=md)
+    start = next(stream).sub_ack.start_emit_seq
+    stream.cancel()
+    with cluster.client() as client:
+        keys = [k for k in (f"c/{i}" for i in range(400)) if client.layout().bucket_of(k) == 0]
+        backlog = {k: client.put(k, b"old").committed for k in keys[:10]}
+        again = s.Reconnect(
+            pb.ReconnectRequest(sub_id="raw-1", last_processed_emit_seq=start), metadata=md
+        )
+        ack = next(again).reconnect_ack
+        assert ack.status == pb.ReconnectAck.OK
+        assert ack.next_commit_index == start.commit_index + 1
+        live = {k: client.put(k, b"new").committed for k in keys[10:15]}
+        seen: list[tuple[str, str]] = []
+        for message in again:
+            kind = message.WhichOneof("kind")
+            if kind == "caught_up":
+                seen.append(("caught_up", ""))
+            elif kind == "events":
+                seen.extend(
+                    ("event", c.key) for e in message.events.events for c in e.delta.changes
+                )
+            if sum(1 for k, _ in seen if k == "event") == 15:
+                break
+        again.cancel()
+    marker = seen.index(("caught_up", ""))
+    assert [k for _, k in seen[:marker]] == list(backlog)
+    assert [k for _, k in seen[marker + 1 :]] == list(live)
+
+
+def test_rec02_a_stalled_subscriber_gets_stale_sequence_after_compaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SEVENDB_RAFT_STALL_WINDOW_MS", "1500")
+    monkeypatch.setenv("SEVENDB_RAFT_COMPACTION_MIN_ENTRIES", "40")
+    monkeypatch.setenv("SEVENDB_RAFT_COMPACTION_MIN_TIME_S", "0.5")
+    monkeypatch.setenv("SEVENDB_RAFT_COMPACTION_RECHECK_S", "0.2")
+    cluster = LocalCluster.start(tmp_path / "data", buckets=1)
+    try:
+        with cluster.client() as client:
+            writer = Writer(client, "s/")
+            stale = Collector(
+                client.subscribe("prefix:s/", options=SubscribeOptions(on_stale="raise"))
+            )
+            writer.write(10)
+            stale.wait_keys(set(writer.attempted))
+            stale.stop(close=False)  # the process "hangs": no more acks, stream open
+            resets: list[StreamReset] = []
+            fresh = Collector(
+                client.subscribe(
+                    "prefix:s/",
+                    name="second",
+                    options=SubscribeOptions(on_reset=resets.append),
+                )
+            )
+            writer.write(100, pause_s=0.01)  # outlives the stall window; compacts the log
+            holder = cluster.holder_node(0)
+
+            def compacted() -> bool:
+                status = cluster.status(holder)
+                assert status is not None
+                r = status.replicas[0]
+                return r.log_len < r.commit_index - 40
+
+            wait_for(compacted, 30, "log compaction past the stalled subscriber")
+            # The stalled stream comes back: its subscription was dropped.
+            [sub_id] = stale.sub.sub_ids.values()
+            holder_index = cluster.spec.node_ids.index(cluster.holder_node(0))
+            reply = next(
+                stub(cluster, holder_index).Reconnect(
+                    pb.ReconnectRequest(
+                        sub_id=sub_id,
+                        last_processed_emit_seq=pb.EmitSeq(
+                            epoch_id=pb.EmitSeq.EpochId(
+                                bucket_uuid=cluster.spec.buckets[0].bucket_uuid, epoch_counter=1
+                            ),
+                            commit_index=stale.events[-1].emit_seq.commit_index,
+                        ),
+                    ),
+                    metadata=auth(cluster),
+                )
+            )
+            assert reply.reconnect_ack.status == pb.ReconnectAck.STALE_SEQUENCE
+            # Through the SDK: with on_stale="raise" the application hears it.
+            with pytest.raises(SubscriptionBroken, match="STALE_SEQUENCE"):
+                while True:
+                    stale.sub.poll(1.0)
+            fresh.wait_keys(set(writer.attempted[10:]))
+            fresh.stop()
+            assert resets == []  # the healthy subscriber never had to reset
+            check_delivery(
+                fresh.events,
+                {k: v for k, v in committed(client, writer.attempted).items() if k >= "s/00010"},
+                1,
+                prefix="s/",
+            )
+    finally:
+        cluster.stop()
+
+
+def test_a_killed_client_process_resumes_from_its_cursor(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    cursor, out1, out2 = tmp_path / "c.cursor", tmp_path / "run1.jsonl", tmp_path / "run2.jsonl"
+    cmd = [
+        sys.executable,
+        "-m",
+        "sevendb.cluster.cli",
+        "subscribe",
+        "prefix:k/",
+        "--data",
+        str(cluster.data_dir),
+        "--cursor",
+        str(cursor),
+    ]
+    with cluster.client() as client:
+        writer = Writer(client, "k/")
+        with open(out1, "w") as f:
+            first = subprocess.Popen(cmd, stdout=f, stderr=subprocess.DEVNULL)
+        wait_for(lambda: cursor.exists(), 30, "the subscriber to save its cursor")
+        writer.write(50, pause_s=0.002)
+        wait_for(lambda: out1.read_text().count("\n") >= 20, 30, "some events printed")
+        os.kill(first.pid, signal.SIGKILL)  # mid-stream
+        first.wait()
+        saved = {c["bucket"]: c["position"] for c in json.loads(cursor.read_text())["cursors"]}
+        writer.write(30)
+        with open(out2, "w") as f:
+            second = subprocess.Popen([*cmd, "--idle-exit", "3"], stdout=f, stderr=subprocess.PIPE)
+        _, err = second.communicate(timeout=90)
+        assert second.returncode == 0, err
+        truth = committed(client, writer.attempted)
+    run1 = [json.loads(line) for line in out1.read_text().splitlines()]
+    run2 = [json.loads(line) for line in out2.read_text().splitlines()]
+    # The restart resumed exactly after each bucket's saved cursor ...
+    for bucket, position in saved.items():
+        firsts = [r for r in run2 if r["bucket"] == bucket]
+        if firsts:
+            assert firsts[0]["prev_emit_seq"] == position
+    # ... so it repeats only what run 1 printed after its last cursor save, and
+    # together (deduplicated by emit_seq, as the contract asks of an application)
+    # the two runs hold every committed write exactly once.
+    saved_index = {b: p[2] for b, p in saved.items()}
+    repeats = {r["key"] for r in run1} & {r["key"] for r in run2}
+    assert all(
+        r["emit_seq"][2] > saved_index.get(r["bucket"], 0) for r in run1 if r["key"] in repeats
+    )
+    merged = {r["key"]: r["emit_seq"][2] for r in run1 + run2}
+    assert merged == truth
+
+
+def test_another_principal_cannot_reconnect_ack_or_unsubscribe(cluster: LocalCluster) -> None:
+    with cluster.client(principal="alice") as alice:
+        collector = Collector(alice.subscribe("key:secret"))
+        alice.put("secret", b"1")
+        collector.wait_keys({"secret"})
+        [(bucket, sub_id)] = collector.sub.sub_ids.items()
+        position = collector.events[-1].emit_seq
+        holder = cluster.spec.node(cluster.holder_node(bucket)).grpc_address
+        s = pb_grpc.SevenDBStub(grpc.insecure_channel(holder))  # type: ignore[no-untyped-call]
+        bob = auth(cluster, "bob")
+        seq = pb.EmitSeq(
+            epoch_id=pb.EmitSeq.EpochId(
+                bucket_uuid=position.bucket_uuid, epoch_counter=position.epoch_counter
+            ),
+            commit_index=position.commit_index,
+        )
+        with pytest.raises(grpc.RpcError) as denied:
+            next(
+                s.Reconnect(
+                    pb.ReconnectRequest(sub_id=sub_id, last_processed_emit_seq=seq), metadata=bob
+                )
+            )
+        assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        result = s.Ack(
+            pb.AckBatch(acks=[pb.ClientAck(sub_id=sub_id, up_to_emit_seq=seq)]), metadata=bob
+        ).results[0]
+        assert result.status == pb.AckResult.NOT_OWNER
+        with pytest.raises(grpc.RpcError) as refused:
+            s.Unsubscribe(pb.UnsubscribeRequest(sub_id=sub_id, bucket=bucket), metadata=bob)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        # No token, or a forged one: refused before anything happens.
+        with pytest.raises(grpc.RpcError) as anonymous:
+            s.Ack(pb.AckBatch(acks=[pb.ClientAck(sub_id=sub_id, up_to_emit_seq=seq)]))
+        assert anonymous.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        forged = (("authorization", f"Bearer {mint_token('not-the-secret', 'alice')}"),)
+        with pytest.raises(grpc.RpcError) as bad:
+            s.Ack(
+                pb.AckBatch(acks=[pb.ClientAck(sub_id=sub_id, up_to_emit_seq=seq)]),
+                metadata=forged,
+            )
+        assert bad.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with Client([holder], token="alice.forged") as mallory, pytest.raises(Unauthenticated):
+            mallory.put("x", b"1")
+        # Alice's subscription is untouched and still streams.
+        alice.put("secret", b"2")
+        wait_for(lambda: len(collector.events) == 2, 30, "alice's next event")
+        collector.stop()
+        assert [e.changes[0].value for e in collector.events] == [b"1", b"2"]
+
+
+def test_bad_acks_are_rejected_and_change_nothing(cluster: LocalCluster) -> None:
+    with cluster.client() as client:
+        collector = Collector(client.subscribe("key:acked"))
+        for i in range(3):
+            client.put("acked", f"{i}".encode())
+        collector.wait_keys({"acked"})
+        wait_for(lambda: len(collector.events) == 3, 30, "three events")
+        collector.stop()  # acks through the third event
+        [(bucket, sub_id)] = collector.sub.sub_ids.items()
+        holder = cluster.spec.node(cluster.holder_node(bucket)).grpc_address
+        s = pb_grpc.SevenDBStub(grpc.insecure_channel(holder))  # type: ignore[no-untyped-call]
+        md = auth(cluster)
+
+        def ack(seq: EmitSeq, sub: str = sub_id) -> pb.AckResult:
+            up_to = pb.EmitSeq(
+                epoch_id=pb.EmitSeq.EpochId(
+                    bucket_uuid=seq.bucket_uuid, epoch_counter=seq.epoch_counter
+                ),
+                commit_index=seq.commit_index,
+            )
+            request = pb.AckBatch(acks=[pb.ClientAck(sub_id=sub, up_to_emit_seq=up_to)])
+            return s.Ack(request, metadata=md).results[0]
+
+        first, last = collector.events[0].emit_seq, collector.events[-1].emit_seq
+
+        def purged() -> bool:
+            status = cluster.status(cluster.holder_node(bucket))
+            assert status is not None
+            return next(r for r in status.replicas if r.bucket == bucket).outbox_rows == 0
+
+        wait_for(purged, 30, "the final ack to be purged")
+        assert ack(last).status == pb.AckResult.DUPLICATE
+        assert ack(first).status == pb.AckResult.REGRESSIVE
+        future = EmitSeq(last.bucket_uuid, last.epoch_counter, last.commit_index + 1000)
+        assert ack(future).status == pb.AckResult.FUTURE
+        assert ack(last, "no-such-sub").status == pb.AckResult.SUBSCRIPTION_NOT_FOUND
+        assert purged()  # and still nothing changed
+        with pytest.raises(grpc.RpcError) as bad_query:
+            next(
+                s.Subscribe(
+                    pb.SubscribeRequest(bucket=99, query=pb.Query(kind=pb.Query.ALL)),
+                    metadata=md,
+                )
+            )
+        assert bad_query.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_metrics_endpoint_exports_the_contract_metrics(cluster: LocalCluster) -> None:
+    with cluster.client() as client:
+        collector = Collector(client.subscribe("prefix:m/"))
+        client.put("m/1", b"x")
+        collector.wait_keys({"m/1"})
+        collector.stop()
+    holder = cluster.spec.node(cluster.holder_node(client.layout().bucket_of("m/1")))
+    url = f"http://{holder.host}:{holder.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    for name in (
+        "emit_latency_seconds_bucket",
+        "ack_lag_commit_index",
+        "notifier_outbox_size_entries",
+        "plan_hash_mismatch_total",
+        "commits_total",
+        "purged_rows_total",
+    ):
+        assert name in text, name
+    assert 'reconnect_status_total{status="OK"}' in text or "reconnect_status" in text

@@ -1,0 +1,68 @@
+"""The SDK's persist-then-ack schedule (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sevendb.outbox.emitseq import EmitSeq
+from sevendb.sdk.progress import Progress
+
+
+def seq(i: int) -> EmitSeq:
+    return EmitSeq("u", 1, i)
+
+
+def progress(every: int = 3) -> Progress:
+    p = Progress(every_events=every, interval_s=0.5, resend_after_s=2.0)
+    p.start(0, "s0", seq(10))
+    p.start(1, "s1", seq(20))
+    return p
+
+
+def test_flush_is_due_after_enough_events_or_time() -> None:
+    p = progress()
+    assert not p.due(0.0) and p.next_due_s(0.0) is None
+    p.processed(0, "s0", seq(11), now_s=1.0)
+    assert not p.due(1.0) and p.next_due_s(1.0) == pytest.approx(0.5)
+    assert p.due(1.5)  # interval since the first unflushed event
+    p.processed(0, "s0", seq(12), now_s=1.1)
+    p.processed(1, "s1", seq(21), now_s=1.2)
+    assert p.due(1.2)  # three events
+    flush = p.take_flush(1.2)
+    assert flush.positions == ((0, "s0", seq(12)), (1, "s1", seq(21)))
+    assert p.flushed(0) == seq(12) and not p.due(1.3)
+
+
+def test_reconnects_resume_from_the_flushed_position_not_the_processed_one() -> None:
+    p = progress()
+    p.processed(0, "s0", seq(11), now_s=0.0)
+    assert p.flushed(0) == seq(10)  # processed, but not yet durable: never skip it
+
+
+def test_duplicates_and_replaced_streams_are_ignored() -> None:
+    p = progress(every=1)
+    p.processed(0, "s0", seq(10), now_s=0.0)  # the start itself
+    p.processed(0, "old-sub", seq(30), now_s=0.0)  # an event of a replaced stream
+    assert not p.due(0.0)
+
+
+def test_unconfirmed_acks_are_resent_and_confirmed_ones_are_not() -> None:
+    p = progress(every=1)
+    p.processed(0, "s0", seq(11), now_s=0.0)
+    assert p.take_flush(0.0).positions == ((0, "s0", seq(11)),)
+    assert not p.due(1.0) and p.due(2.0)  # no answer: resend after 2 s
+    assert p.take_flush(2.0).positions == ((0, "s0", seq(11)),)
+    p.confirmed(0, "s0", seq(11))
+    assert not p.due(10.0) and p.take_flush(10.0, final=True).positions == ()
+
+
+def test_a_final_flush_resends_every_unconfirmed_ack() -> None:
+    p = progress(every=100)
+    p.processed(1, "s1", seq(25), now_s=0.0)
+    p.take_flush(0.0)
+    assert p.take_flush(0.1, final=True).positions == ((1, "s1", seq(25)),)
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError):
+        Progress(every_events=0, interval_s=1, resend_after_s=1)
