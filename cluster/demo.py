@@ -1,13 +1,15 @@
 """The README demo.
 
 Part 1 runs a real local cluster: three node processes replicating four buckets,
-writes and reads through the CLI, `kill -9` of a bucket leader while writes go
-on, a restart, and every replica converging to the same state.
+a subscriber process tailing a prefix, writes and reads through the CLI, a write
+load during which the lease holder of a bucket is killed with `kill -9` (the
+stream continues), the subscriber killed and restarted from its cursor (it
+resumes), the node restarted, and every replica converging to the same state.
 
 Part 2 drives one bucket's deterministic core in-process — the same code every
 replica runs — through the emission lifecycle: rows computed per subscription,
 an OUTBOX_WRITE making them durable, the client deduping a resent event, acks
-and reconnect decisions. (The emission issue moves this onto the cluster.)
+and reconnect decisions - what part 1 did across processes, step by step.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import (
@@ -68,13 +73,78 @@ def run_demo(data_dir: Path | None = None, out: Callable[[str], None] = print) -
     return code or run_core_demo(out)
 
 
+class _Subscriber:
+    """`sevendb subscribe` in its own process; its JSON lines are echoed and kept."""
+
+    def __init__(self, data_dir: Path, query: str, out: Callable[[str], None]) -> None:
+        self.cursor = data_dir / "demo-subscriber.cursor"
+        self.lines: list[dict[str, Any]] = []
+        self._out = out
+        self._proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sevendb.cluster.cli",
+                "subscribe",
+                query,
+                "--data",
+                str(data_dir),
+                "--cursor",
+                str(self.cursor),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for raw in self._proc.stdout:
+            line = json.loads(raw)
+            self.lines.append(line)
+            seq = line["emit_seq"]
+            self._out(
+                f"  [subscriber pid {self._proc.pid}] {line['key']} {line['op']} "
+                f"{line['value']!r} v{line['version']}  emit_seq=(..{seq[0][-4:]}, {seq[1]}, "
+                f"{seq[2]})"
+            )
+
+    def keys(self) -> set[str]:
+        return {line["key"] for line in list(self.lines)}
+
+    def wait_keys(self, keys: set[str], timeout_s: float = 60) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not keys <= self.keys():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def kill(self) -> None:
+        self._proc.kill()
+        self._proc.wait()
+        self._reader.join(5)
+
+    def stop(self) -> None:
+        self._proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(10)
+        if self._proc.poll() is None:
+            self.kill()
+        self._reader.join(5)
+
+
 def run_cluster_demo(data_dir: Path, out: Callable[[str], None] = print) -> int:
-    """Part 1: a real local cluster through the CLI, with a crash."""
+    """Part 1: a real local cluster through the CLI: a subscriber, a write load, a
+    crash of the lease holder, a subscriber killed and resumed from its cursor."""
     import shutil
 
     from sevendb.cluster.cli import main as cli
-    from sevendb.cluster.local import cluster_down, running_pid
+    from sevendb.cluster.local import cluster_down, local_token, node_status, running_pid
     from sevendb.cluster.topology import ClusterSpec
+    from sevendb.sdk.client import Client
 
     def run(*args: str) -> int:
         out("$ sevendb " + " ".join(args))
@@ -86,44 +156,114 @@ def run_cluster_demo(data_dir: Path, out: Callable[[str], None] = print) -> int:
             cluster_down(data_dir)
         shutil.rmtree(data_dir)
     out("== part 1: a local 3-node cluster (data in " + str(data_dir) + ")")
+    subscriber: _Subscriber | None = None
     try:
         if run("cluster", "up", "--nodes", "3", "--buckets", "4") != 0:
             return 1
-        for i in range(1, 6):
-            run("write", f"orders/{i}", "new")
-        run("write", "orders/1", "paid", "--expect-version", "1")
-        out("(a write with a stale expected version is refused and changes nothing:)")
-        run("write", "orders/1", "lost", "--expect-version", "1")
-        run("get", "orders/1")
-        run("status")
         spec = ClusterSpec.load(data_dir)
-        bucket = spec.bucket_for_key("orders/1").bucket
-        from sevendb.cluster.local import node_status
+        out("\n== a subscriber tails prefix:orders/ in its own process (every bucket)")
+        out(f"$ sevendb subscribe prefix:orders/ --cursor {data_dir / 'demo-subscriber.cursor'} &")
+        subscriber = _Subscriber(data_dir, "prefix:orders/", out)
+        with Client([n.grpc_address for n in spec.nodes], token=local_token(data_dir)) as client:
+            # subscribe() returns once every bucket's stream is up; so does the CLI,
+            # which saves its cursor file once subscribed.
+            cursor_file = subscriber.cursor
+            _wait(cursor_file.exists, 30)
+            time.sleep(0.5)
+            for i in range(1, 4):
+                run("write", f"orders/{i}", "new")
+            run("write", "orders/1", "paid", "--expect-version", "1")
+            out("(a write with a stale expected version is refused and changes nothing:)")
+            run("write", "orders/1", "lost", "--expect-version", "1")
+            run("get", "orders/1")
+            written = {"orders/1", "orders/2", "orders/3"}
 
-        leader = next(
-            n.node_id
-            for n in spec.nodes
-            if any(
-                r.bucket == bucket and r.is_leader
-                for r in (node_status(n.grpc_address) or _NO_STATUS).replicas
+            bucket = spec.bucket_for_key("orders/1").bucket
+            holder = _holder(spec, bucket, node_status)
+            pid = running_pid(data_dir, holder)
+            assert pid is not None
+            out(
+                f"\n== a write load; meanwhile kill -9 {holder} (pid {pid}), the notifier lease "
+                f"holder (and Raft leader) of bucket {bucket}"
             )
-        )
-        pid = running_pid(data_dir, leader)
-        assert pid is not None
-        out(f"\n== kill -9 {leader} (pid {pid}), the leader of bucket {bucket}; writes go on")
-        os.kill(pid, signal.SIGKILL)
-        for i in range(6, 9):
-            run("write", f"orders/{i}", "new")
-        run("get", "orders/1")
-        out(f"\n== restart {leader}: it catches up from its journal and the leader")
+            load = threading.Thread(
+                target=_write_load, args=(client, range(10, 40), written), daemon=True
+            )
+            load.start()
+            time.sleep(0.2)
+            os.kill(pid, signal.SIGKILL)
+            load.join(60)
+            ok = subscriber.wait_keys(written)
+            out(
+                f"the stream continued: the subscriber has {len(subscriber.keys())} of "
+                f"{len(written)} written keys, "
+                + ("none missing" if ok else "SOME MISSING")
+                + f"; new holder of bucket {bucket}: {_holder(spec, bucket, node_status)}"
+            )
+            if not ok:
+                return 1
+
+            out("\n== kill -9 the subscriber; writes go on; restart it with its cursor")
+            time.sleep(0.3)  # its cursor is saved within 20 ms of printing
+            subscriber.kill()
+            before = subscriber.keys()
+            _write_load(client, range(40, 45), written)
+            subscriber = _Subscriber(data_dir, "prefix:orders/", out)
+            ok = subscriber.wait_keys({f"orders/{i}" for i in range(40, 45)})
+            repeated = len(before & subscriber.keys())
+            out(
+                f"it reconnected and resumed after its cursor: {len(subscriber.lines)} new "
+                f"events, {'nothing' if ok else 'SOMETHING'} missing, {repeated} repeated "
+                "(only events printed after the last cursor save can repeat)"
+            )
+            if not ok:
+                return 1
+        out(f"\n== restart {holder}: it catches up from its journal and the leader")
         run("cluster", "up")
         _wait_converged(spec, out)
         run("status")
     finally:
         out("")
+        if subscriber is not None:
+            subscriber.stop()
         cluster_down(data_dir)
         out("cluster stopped")
     return 0
+
+
+def _wait(condition: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _holder(spec: Any, bucket: int, node_status: Callable[[str], Any]) -> str:
+    """The node emitting for `bucket` (waits for one)."""
+    found: list[str] = []
+
+    def find() -> bool:
+        for n in spec.nodes:
+            status = node_status(n.grpc_address)
+            if status is not None and any(
+                r.bucket == bucket and r.emitting for r in status.replicas
+            ):
+                found.append(n.node_id)
+                return True
+        return False
+
+    _wait(find, 30)
+    return found[0] if found else "none"
+
+
+def _write_load(client: Any, numbers: range, written: set[str]) -> None:
+    producer = client.producer()
+    for i in numbers:
+        producer.put(f"orders/{i}", b"new")
+        written.add(f"orders/{i}")
+        time.sleep(0.01)
 
 
 def _wait_converged(spec: object, out: Callable[[str], None], timeout_s: float = 60) -> None:
