@@ -93,8 +93,9 @@ class Node:
         self.spec = ClusterSpec.load(data_dir)
         self.node_id = node_id
         self.me = self.spec.node(node_id)
-        tuning = tuning_from_env(environ)
+        tuning = self.tuning = tuning_from_env(environ)
         settings = notifier_settings_from_env(environ, tuning)
+        self._stopping = threading.Event()
         home = node_dir(data_dir, node_id)
         home.mkdir(parents=True, exist_ok=True)
         faults = FaultPoints.from_env(home)
@@ -145,10 +146,27 @@ class Node:
     def start_background(self) -> None:
         for notifier in self.notifiers.values():
             notifier.start()
+        if self.tuning.leader_balance_s > 0:
+            balancer = threading.Thread(target=self._balance_leaders, name="balance", daemon=True)
+            balancer.start()
         if self.me.metrics_port:
             self.metrics.serve(self.me.host, self.me.metrics_port)
 
+    def _balance_leaders(self) -> None:
+        """Hand each bucket this node leads to its preferred replica when that one is
+        connected (pysyncobj refuses unless it holds the whole log; retried)."""
+        preferred = self.spec.preferred_leaders()
+        while not self._stopping.wait(self.tuning.leader_balance_s):
+            for bucket, replica in self.replicas.items():
+                target = self.spec.node(preferred[bucket]).raft_address(bucket)
+                if target == replica.self_addr or not replica.is_leader:
+                    continue
+                if target in replica.connectivity().connected:
+                    log.info("bucket %d: handing leadership to %s", bucket, target)
+                    replica.transfer_leadership(target)
+
     def stop_replicas(self) -> None:
+        self._stopping.set()
         for notifier in self.notifiers.values():
             notifier.stop()
         for replica in self.replicas.values():

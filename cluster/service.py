@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Final, NoReturn, TypeAlias, TypeVar
 
@@ -140,30 +141,73 @@ def query_from_pb(query: pb.Query) -> Query:
 # ---- errors --------------------------------------------------------------------------
 
 
-async def _abort(
-    context: Ctx,
-    code: grpc.StatusCode,
-    message: str,
-    *,
-    leader: str | None = None,
-    error: str | None = None,
-) -> NoReturn:
-    trailers = []
-    if leader:
-        trailers.append((LEADER_HINT_KEY, leader))
-    if error:
-        trailers.append((ERROR_CODE_KEY, error))
-    await context.abort(code, message, trailing_metadata=tuple(trailers))
-    raise AssertionError("unreachable")  # context.abort raises
+class _Failure(Exception):
+    """How a request fails: a gRPC status, plus the domain error code and the leader's
+    client address as trailing metadata. Raised anywhere below a handler; the handler
+    wrappers (`_unary`, `_streaming`) turn it into the call's status, and WriteMany
+    into one write's outcome."""
+
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        message: str,
+        *,
+        leader: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.leader = leader
+        self.error = error
+
+    @classmethod
+    def rejected(cls, rejection: Rejection) -> _Failure:
+        return cls(
+            STATUS_OF[rejection.code],
+            f"{rejection.code}: {rejection.message}",
+            error=str(rejection.code),
+        )
+
+    @classmethod
+    def domain(cls, exc: SevenDBError) -> _Failure:
+        return cls(STATUS_OF[exc.code], str(exc), error=str(exc.code))
+
+    async def abort(self, context: Ctx) -> NoReturn:
+        trailers = []
+        if self.leader:
+            trailers.append((LEADER_HINT_KEY, self.leader))
+        if self.error:
+            trailers.append((ERROR_CODE_KEY, self.error))
+        await context.abort(self.code, self.message, trailing_metadata=tuple(trailers))
+        raise AssertionError("unreachable")  # context.abort raises
 
 
-async def _reject(context: Ctx, rejection: Rejection) -> NoReturn:
-    await _abort(
-        context,
-        STATUS_OF[rejection.code],
-        f"{rejection.code}: {rejection.message}",
-        error=str(rejection.code),
-    )
+H = TypeVar("H", bound=Callable[..., Awaitable[Any]])
+G = TypeVar("G", bound=Callable[..., AsyncIterator[Any]])
+
+
+def _unary(handler: H) -> H:
+    @functools.wraps(handler)
+    async def wrapper(self: Any, request: Any, context: Ctx) -> Any:
+        try:
+            return await handler(self, request, context)
+        except _Failure as failure:
+            await failure.abort(context)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _streaming(handler: G) -> G:
+    @functools.wraps(handler)
+    async def wrapper(self: Any, request: Any, context: Ctx) -> AsyncIterator[Any]:
+        try:
+            async for message in handler(self, request, context):
+                yield message
+        except _Failure as failure:
+            await failure.abort(context)
+
+    return wrapper  # type: ignore[return-value]
 
 
 # ---- streams -------------------------------------------------------------------------
@@ -226,9 +270,7 @@ class NodeService(pb_grpc.SevenDBServicer):
         self._replicas = replicas
         self._notifiers = notifiers
         self._metrics = metrics
-        self._batchers = {
-            b: WriteBatcher(r, timeout_s=PROPOSE_TIMEOUT_S) for b, r in replicas.items()
-        }
+        self._batchers: dict[int, WriteBatcher] = {}
         self._bucket_of_uuid = {b.bucket_uuid: b.bucket for b in spec.buckets}
         self._channels: dict[str, aio.Channel] = {}
 
@@ -240,11 +282,11 @@ class NodeService(pb_grpc.SevenDBServicer):
 
     # ---- plumbing ------------------------------------------------------------------
 
-    async def _principal(self, context: Ctx) -> str:
+    def _principal(self, context: Ctx) -> str:
         try:
             return principal_from_metadata(self._spec.password, context.invocation_metadata() or ())
         except AuthError as exc:
-            await _abort(context, grpc.StatusCode.UNAUTHENTICATED, str(exc))
+            raise _Failure(grpc.StatusCode.UNAUTHENTICATED, str(exc)) from None
 
     def _stub(self, address: str) -> pb_grpc.SevenDBStub:
         channel = self._channels.get(address)
@@ -262,27 +304,24 @@ class NodeService(pb_grpc.SevenDBServicer):
         """A node holding a replica of `bucket` (for requests this node cannot serve)."""
         return self._spec.node(self._spec.buckets[bucket].nodes[0]).grpc_address
 
-    async def _check_bucket(self, context: Ctx, bucket: int) -> None:
+    def _check_bucket(self, bucket: int) -> None:
         if bucket >= len(self._spec.buckets):
-            await _abort(
-                context,
+            raise _Failure(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"bucket {bucket} does not exist (0..{len(self._spec.buckets) - 1})",
             )
 
     async def _forward(
         self,
-        context: Ctx,
+        metadata: Sequence[tuple[str, Any]],
         bucket: int,
         call: Callable[[pb_grpc.SevenDBStub, tuple[tuple[str, str], ...]], Awaitable[T]],
         *,
         to_leader: bool,
     ) -> T:
         """Send the request to a node that can serve it (one hop at most)."""
-        metadata = context.invocation_metadata() or ()
         if any(k == FORWARD_KEY for k, _ in metadata):
-            await _abort(
-                context,
+            raise _Failure(
                 grpc.StatusCode.UNAVAILABLE,
                 f"bucket {bucket}: no leader here yet; retry",
                 leader=self._leader_address(bucket),
@@ -291,8 +330,7 @@ class NodeService(pb_grpc.SevenDBServicer):
         if target is None and bucket not in self._replicas:
             target = self._some_host(bucket)
         if target is None or target == self._me:
-            await _abort(
-                context,
+            raise _Failure(
                 grpc.StatusCode.UNAVAILABLE,
                 f"bucket {bucket} has no known leader; retry shortly",
             )
@@ -301,50 +339,45 @@ class NodeService(pb_grpc.SevenDBServicer):
         try:
             return await call(self._stub(target), tuple(forwarded))
         except aio.AioRpcError as exc:
-            await _abort(
-                context, exc.code(), exc.details() or "forwarded call failed", leader=target
-            )
+            raise _Failure(
+                exc.code(), exc.details() or "forwarded call failed", leader=target
+            ) from None
 
     def _leader_address(self, bucket: int) -> str | None:
         replica = self._replicas.get(bucket)
         return None if replica is None else self._client_address(bucket, replica.leader)
 
-    async def _unavailable(self, context: Ctx, bucket: int, exc: ReplicaUnavailable) -> NoReturn:
+    def _unavailable(self, bucket: int, exc: ReplicaUnavailable) -> _Failure:
         hint = self._client_address(bucket, exc.leader_hint)
-        await _abort(context, grpc.StatusCode.UNAVAILABLE, f"bucket {bucket}: {exc}", leader=hint)
+        return _Failure(grpc.StatusCode.UNAVAILABLE, f"bucket {bucket}: {exc}", leader=hint)
 
-    async def _wait(
-        self,
-        context: Ctx,
-        bucket: int,
-        future: Future[T],
-    ) -> T:
+    async def _wait(self, bucket: int, future: Future[T]) -> T:
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), PROPOSE_TIMEOUT_S)
         except ReplicaUnavailable as exc:
-            await self._unavailable(context, bucket, exc)
+            raise self._unavailable(bucket, exc) from None
         except TimeoutError:
-            await _abort(
-                context,
+            raise _Failure(
                 grpc.StatusCode.UNAVAILABLE,
                 f"bucket {bucket}: not committed within {PROPOSE_TIMEOUT_S} s (outcome unknown)",
                 leader=self._leader_address(bucket),
-            )
+            ) from None
 
-    async def _propose(self, context: Ctx, bucket: int, entry: Entry) -> ApplyOutcome:
+    async def _propose(self, bucket: int, entry: Entry) -> ApplyOutcome:
         try:
             future = self._replicas[bucket].submit(encode_entry(entry))
         except ReplicaUnavailable as exc:
-            await self._unavailable(context, bucket, exc)
-        outcome = await self._wait(context, bucket, future)
+            raise self._unavailable(bucket, exc) from None
+        outcome = await self._wait(bucket, future)
         if outcome.error is not None or outcome.applied is None:
-            await _abort(context, grpc.StatusCode.INTERNAL, f"bucket {bucket}: {outcome.error}")
+            raise _Failure(grpc.StatusCode.INTERNAL, f"bucket {bucket}: {outcome.error}")
         return outcome
 
     # ---- writes --------------------------------------------------------------------
 
-    async def Write(self, request: pb.WriteRequest, context: Ctx) -> pb.WriteResponse:
-        await self._principal(context)
+    async def _write_one(
+        self, request: pb.WriteRequest, metadata: Sequence[tuple[str, Any]]
+    ) -> pb.WriteResponse:
         try:
             ops = tuple(_op_from_pb(op) for op in request.ops)
             producer = None
@@ -353,31 +386,34 @@ class NodeService(pb_grpc.SevenDBServicer):
                 producer = ProducerRef(p.producer_id, p.producer_epoch, p.sequence)
             entry = Write(ops, producer, now_ms())
         except SevenDBError as exc:
-            await _abort(context, STATUS_OF[exc.code], str(exc), error=str(exc.code))
+            raise _Failure.domain(exc) from None
         except ValueError as exc:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"bad op: {exc}")
+            raise _Failure(grpc.StatusCode.INVALID_ARGUMENT, f"bad op: {exc}") from None
         buckets = sorted({bucket_of(op.key, len(self._spec.buckets)) for op in ops})
         if len(buckets) > 1:
-            await _abort(
-                context,
+            raise _Failure(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"ops route to buckets {buckets}; a write is atomic within one bucket",
             )
         bucket = buckets[0]
         if bucket not in self._replicas:
             return await self._forward(
-                context,
+                metadata,
                 bucket,
                 lambda s, md: s.Write(request, timeout=FORWARD_TIMEOUT_S, metadata=md),
                 to_leader=False,
             )
+        batcher = self._batchers.get(bucket)
+        if batcher is None:
+            batcher = self._batchers[bucket] = WriteBatcher(
+                self._replicas[bucket], asyncio.get_running_loop(), timeout_s=PROPOSE_TIMEOUT_S
+            )
         try:
-            future = self._batchers[bucket].submit(entry)
+            result: WriteResult = await batcher.submit(entry)
         except ReplicaUnavailable as exc:
-            await self._unavailable(context, bucket, exc)
-        result: WriteResult = await self._wait(context, bucket, future)
+            raise self._unavailable(bucket, exc) from None
         if result.error is not None:
-            await _reject(context, result.error)
+            raise _Failure.rejected(result.error)
         return pb.WriteResponse(
             bucket=bucket,
             committed=seq_pb(result.commit),
@@ -385,27 +421,61 @@ class NodeService(pb_grpc.SevenDBServicer):
             versions=[pb.KeyVersion(key=k, version=v) for k, v in result.versions],
         )
 
+    @_unary
+    async def Write(self, request: pb.WriteRequest, context: Ctx) -> pb.WriteResponse:
+        self._principal(context)
+        return await self._write_one(request, context.invocation_metadata() or ())
+
+    @_unary
+    async def WriteMany(self, request: pb.WriteManyRequest, context: Ctx) -> pb.WriteManyResponse:
+        self._principal(context)
+        if len(request.writes) > limits.WRITES_PER_BATCH_MAX:
+            raise _Failure(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{len(request.writes)} writes in one call; the limit is "
+                f"{limits.WRITES_PER_BATCH_MAX}",
+            )
+        metadata = context.invocation_metadata() or ()
+
+        async def outcome(write: pb.WriteRequest) -> pb.WriteOutcome:
+            try:
+                ok = await self._write_one(write, metadata)
+                leader = self._leader_address(ok.bucket)
+                # Name the leader when it is elsewhere: the SDK sends there next time.
+                return pb.WriteOutcome(ok=ok, leader=leader if leader != self._me else "")
+            except _Failure as f:
+                return pb.WriteOutcome(
+                    code=f.code.value[0],
+                    message=f.message,
+                    error=f.error or "",
+                    leader=f.leader or "",
+                )
+
+        outcomes = await asyncio.gather(*(outcome(w) for w in request.writes))
+        return pb.WriteManyResponse(outcomes=outcomes)
+
+    @_unary
     async def InitProducer(
         self, request: pb.InitProducerRequest, context: Ctx
     ) -> pb.InitProducerResponse:
-        await self._principal(context)
+        self._principal(context)
         bucket = request.bucket
-        await self._check_bucket(context, bucket)
+        self._check_bucket(bucket)
         if bucket not in self._replicas:
             return await self._forward(
-                context,
+                context.invocation_metadata() or (),
                 bucket,
                 lambda s, md: s.InitProducer(request, timeout=FORWARD_TIMEOUT_S, metadata=md),
                 to_leader=False,
             )
         # Ids are minted at the edge (randomness stays out of the core).
         pid = request.producer_id or (secrets.randbits(62) | 1)
-        outcome = await self._propose(context, bucket, InitProducer(pid, now_ms()))
+        outcome = await self._propose(bucket, InitProducer(pid, now_ms()))
         assert outcome.applied is not None
         result = outcome.applied.result
         assert isinstance(result, InitProducerResult)
         if result.error is not None:
-            await _reject(context, result.error)
+            raise _Failure.rejected(result.error)
         return pb.InitProducerResponse(producer_id=pid, producer_epoch=result.epoch, bucket=bucket)
 
     # ---- reads (served by the leader) ------------------------------------------------
@@ -416,17 +486,18 @@ class NodeService(pb_grpc.SevenDBServicer):
             return replica
         return None
 
+    @_unary
     async def Get(self, request: pb.GetRequest, context: Ctx) -> pb.GetResponse:
-        await self._principal(context)
+        self._principal(context)
         try:
             key = check_key(request.key)
         except SevenDBError as exc:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise _Failure(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         bucket = bucket_of(key, len(self._spec.buckets))
         replica = self._leader_replica(bucket)
         if replica is None:
             return await self._forward(
-                context,
+                context.invocation_metadata() or (),
                 bucket,
                 lambda s, md: s.Get(request, timeout=FORWARD_TIMEOUT_S, metadata=md),
                 to_leader=True,
@@ -441,14 +512,15 @@ class NodeService(pb_grpc.SevenDBServicer):
             mod_commit_index=record.mod_index,
         )
 
+    @_unary
     async def Sync(self, request: pb.SyncRequest, context: Ctx) -> pb.SyncResponse:
-        await self._principal(context)
+        self._principal(context)
         bucket = request.bucket
-        await self._check_bucket(context, bucket)
+        self._check_bucket(bucket)
         replica = self._leader_replica(bucket)
         if replica is None:
             return await self._forward(
-                context,
+                context.invocation_metadata() or (),
                 bucket,
                 lambda s, md: s.Sync(request, timeout=FORWARD_TIMEOUT_S, metadata=md),
                 to_leader=True,
@@ -472,7 +544,7 @@ class NodeService(pb_grpc.SevenDBServicer):
 
     # ---- subscriptions -------------------------------------------------------------
 
-    async def _holder(self, context: Ctx, bucket: int) -> BucketNotifier:
+    def _holder(self, bucket: int) -> BucketNotifier:
         """This node's notifier of `bucket` if it is emitting; otherwise the client is
         sent to the holder (UNAVAILABLE with its address as the leader hint)."""
         notifier = self._notifiers.get(bucket)
@@ -482,42 +554,41 @@ class NodeService(pb_grpc.SevenDBServicer):
             hint: str | None = self._some_host(bucket)
         else:
             hint = self._client_address(bucket, notifier.holder())
-        await _abort(
-            context,
+        raise _Failure(
             grpc.StatusCode.UNAVAILABLE,
             f"bucket {bucket}: this node does not hold the notifier lease"
             + (f"; try {hint}" if hint and hint != self._me else "; retry shortly"),
             leader=hint if hint != self._me else None,
         )
 
+    @_streaming
     async def Subscribe(
         self, request: pb.SubscribeRequest, context: Ctx
     ) -> AsyncIterator[pb.StreamMessage]:
-        principal = await self._principal(context)
+        principal = self._principal(context)
         bucket = request.bucket
-        await self._check_bucket(context, bucket)
+        self._check_bucket(bucket)
         sub_id = request.sub_id or secrets.token_hex(16)
         try:
             query = query_from_pb(request.query)
             entry = Subscribe(sub_id, principal, query, plan_query(query).plan_hash, now_ms())
         except SevenDBError as exc:
-            await _abort(context, STATUS_OF[exc.code], str(exc), error=str(exc.code))
+            raise _Failure.domain(exc) from None
         except ValueError as exc:
-            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"bad query: {exc}")
-        notifier = await self._holder(context, bucket)
-        outcome = await self._propose(context, bucket, entry)
+            raise _Failure(grpc.StatusCode.INVALID_ARGUMENT, f"bad query: {exc}") from None
+        notifier = self._holder(bucket)
+        outcome = await self._propose(bucket, entry)
         assert outcome.applied is not None
         result = outcome.applied.result
         assert isinstance(result, SubscribeResult)
         if result.error is not None:
-            await _reject(context, result.error)
+            raise _Failure.rejected(result.error)
         assert result.start is not None
         sink = _StreamSink(asyncio.get_running_loop())
-        attach = notifier.attach(sub_id, principal, result.start, sink)
+        attach, _ = notifier.attach(sub_id, principal, result.start, sink)
         if attach.status is not AttachStatus.ATTACHED:
             # The lease moved between the proposal and now: the client reconnects.
-            await _abort(
-                context,
+            raise _Failure(
                 grpc.StatusCode.UNAVAILABLE,
                 f"bucket {bucket}: subscribed, but the notifier moved ({attach.message}); "
                 "reconnect",
@@ -534,13 +605,13 @@ class NodeService(pb_grpc.SevenDBServicer):
         async for message in self._pump(context, notifier, sub_id, sink, None):
             yield message
 
+    @_streaming
     async def Reconnect(
         self, request: pb.ReconnectRequest, context: Ctx
     ) -> AsyncIterator[pb.StreamMessage]:
-        principal = await self._principal(context)
+        principal = self._principal(context)
         if not request.sub_id or not request.HasField("last_processed_emit_seq"):
-            await _abort(
-                context,
+            raise _Failure(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "Reconnect needs sub_id and last_processed_emit_seq",
             )
@@ -552,12 +623,11 @@ class NodeService(pb_grpc.SevenDBServicer):
                 reconnect_ack=pb.ReconnectAck(status=pb.ReconnectAck.INVALID_SEQUENCE)
             )
             return
-        notifier = await self._holder(context, bucket)
+        notifier = self._holder(bucket)
         sink = _StreamSink(asyncio.get_running_loop())
-        attach = notifier.attach(request.sub_id, principal, after, sink)
+        attach, head = notifier.attach(request.sub_id, principal, after, sink)
         if attach.status in (AttachStatus.NOT_HOLDER, AttachStatus.BEHIND):
-            await _abort(
-                context,
+            raise _Failure(
                 grpc.StatusCode.UNAVAILABLE,
                 f"bucket {bucket}: {attach.status}: {attach.message}; retry",
                 leader=self._client_address(bucket, attach.holder),
@@ -565,8 +635,7 @@ class NodeService(pb_grpc.SevenDBServicer):
         decision = attach.decision
         assert decision is not None
         if decision.not_owner:
-            await _abort(
-                context,
+            raise _Failure(
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"subscription {request.sub_id} belongs to another principal",
                 error="NOT_OWNER",
@@ -584,13 +653,15 @@ class NodeService(pb_grpc.SevenDBServicer):
         )
         if attach.status is not AttachStatus.ATTACHED:
             return
-        head = decision.resume[-1].emit_seq if decision.resume else after
-        if not decision.resume:
+        # Catch-up ends with the last event committed for the subscription when it
+        # attached (outboxed or still pending), so every event committed before the
+        # Reconnect precedes CaughtUp, and every later one follows it.
+        if head <= after:
             yield pb.StreamMessage(
                 caught_up=pb.CaughtUp(sub_id=request.sub_id, head_emit_seq=seq_pb(head))
             )
         async for message in self._pump(
-            context, notifier, request.sub_id, sink, head if decision.resume else None
+            context, notifier, request.sub_id, sink, head if head > after else None
         ):
             yield message
 
@@ -611,8 +682,7 @@ class NodeService(pb_grpc.SevenDBServicer):
                 item = await sink.get()
                 if isinstance(item, str):
                     holder = self._client_address(notifier.bucket, notifier.holder())
-                    await _abort(
-                        context,
+                    raise _Failure(
                         grpc.StatusCode.UNAVAILABLE,
                         f"stream closed: {item}; reconnect",
                         leader=holder if holder != self._me else None,
@@ -641,11 +711,11 @@ class NodeService(pb_grpc.SevenDBServicer):
         if self._metrics is not None:
             self._metrics.reconnected(status)
 
+    @_unary
     async def Ack(self, request: pb.AckBatch, context: Ctx) -> pb.AckResponse:
-        principal = await self._principal(context)
+        principal = self._principal(context)
         if len(request.acks) > limits.ACKS_PER_PURGE_MAX:
-            await _abort(
-                context,
+            raise _Failure(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"{len(request.acks)} acks in one batch; the limit is {limits.ACKS_PER_PURGE_MAX}",
             )
@@ -684,15 +754,16 @@ class NodeService(pb_grpc.SevenDBServicer):
             sub_id=ack.sub_id, status=_ACK_STATUS[outcome.status], message=outcome.message
         )
 
+    @_unary
     async def Unsubscribe(
         self, request: pb.UnsubscribeRequest, context: Ctx
     ) -> pb.UnsubscribeResponse:
-        principal = await self._principal(context)
+        principal = self._principal(context)
         bucket = request.bucket
-        await self._check_bucket(context, bucket)
+        self._check_bucket(bucket)
         if bucket not in self._replicas:
             return await self._forward(
-                context,
+                context.invocation_metadata() or (),
                 bucket,
                 lambda s, md: s.Unsubscribe(request, timeout=FORWARD_TIMEOUT_S, metadata=md),
                 to_leader=False,
@@ -700,13 +771,13 @@ class NodeService(pb_grpc.SevenDBServicer):
         try:
             entry = Unsubscribe(request.sub_id, principal, now_ms())
         except SevenDBError as exc:
-            await _abort(context, STATUS_OF[exc.code], str(exc), error=str(exc.code))
-        outcome = await self._propose(context, bucket, entry)
+            raise _Failure.domain(exc) from None
+        outcome = await self._propose(bucket, entry)
         assert outcome.applied is not None
         result = outcome.applied.result
         assert isinstance(result, UnsubscribeResult)
         if result.error is not None:
-            await _reject(context, result.error)
+            raise _Failure.rejected(result.error)
         return pb.UnsubscribeResponse()
 
     # ---- operations --------------------------------------------------------------------

@@ -98,6 +98,20 @@ class ClusterSpec:
         spec = self.buckets[bucket]
         return [self.node(n).raft_address(bucket) for n in spec.nodes]
 
+    def preferred_leaders(self) -> dict[int, str]:
+        """A leader per bucket, spread evenly over the nodes: each bucket, in order,
+        goes to whichever of its replicas' nodes has the fewest so far (ties: the
+        placement order). Nodes hand leadership to the preferred replica when it is
+        caught up, so leaders (and notifiers, and their CPU) are spread across
+        processes instead of piling up where elections happened to land."""
+        load = dict.fromkeys(self.node_ids, 0)
+        out: dict[int, str] = {}
+        for b in self.buckets:
+            choice = min(b.nodes, key=lambda n: (load[n], b.nodes.index(n)))
+            load[choice] += 1
+            out[b.bucket] = choice
+        return out
+
     def node_of_raft_address(self, bucket: int, address: str) -> NodeSpec | None:
         for node_id in self.buckets[bucket].nodes:
             node = self.node(node_id)

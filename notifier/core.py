@@ -17,6 +17,7 @@ as a `BucketStateMachine` the caller keeps applying committed entries to.
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -148,6 +149,8 @@ class NotifierCore:
         self._me = me
         self._config = config if config is not None else NotifierConfig()
         self._streams: dict[str, _Stream] = {}
+        self._order: list[str] = []
+        """sub_ids of `_streams`, sorted (kept so, not re-sorted on every pass)."""
         self._acks: dict[str, Ack] = {}
 
     @property
@@ -194,16 +197,19 @@ class NotifierCore:
         now_ms: int,
         decision: ReconnectDecision,
     ) -> Attach:
+        if sub_id not in self._streams:
+            bisect.insort(self._order, sub_id)
         self._streams[sub_id] = _Stream(sub_id, principal, after, after, now_ms)
         # Reconnecting after `after` says the client processed it: an ack.
         self._queue_ack(sm, sub_id, principal, after)
         return Attach(AttachStatus.ATTACHED, decision)
 
     def detach(self, sub_id: str) -> None:
-        self._streams.pop(sub_id, None)
+        if self._streams.pop(sub_id, None) is not None:
+            self._order.pop(bisect.bisect_left(self._order, sub_id))
 
     def streams(self) -> tuple[str, ...]:
-        return tuple(sorted(self._streams))
+        return tuple(self._order)
 
     def position(self, sub_id: str) -> EmitSeq | None:
         stream = self._streams.get(sub_id)
@@ -217,7 +223,7 @@ class NotifierCore:
         """Attached streams whose subscription is gone or was dropped for stalling:
         the adapter ends them (the client's reconnect then learns why)."""
         gone = []
-        for sub_id in sorted(self._streams):
+        for sub_id in self._order:
             sub = sm.subscription(sub_id)
             if sub is None or sub.stale or sub.principal != self._streams[sub_id].principal:
                 gone.append(sub_id)
@@ -238,7 +244,7 @@ class NotifierCore:
             return []
         budget = min(max_events, BATCH_EVENTS_MAX)
         out: list[tuple[str, tuple[OutboxRow, ...]]] = []
-        for sub_id in sorted(self._streams):
+        for sub_id in self._order:
             if budget <= 0:
                 break
             stream = self._streams[sub_id]

@@ -161,6 +161,8 @@ class BucketNotifier:
 
     def on_applied(self, applied: Applied) -> None:
         """The replica applied an entry (tick thread): look again soon."""
+        if not applied.effects:
+            return  # nothing for the notifier (rows, purges, lease, epoch, closures)
         if self._metrics is not None:
             for effect in applied.effects:
                 if isinstance(effect, RowsPurged):
@@ -184,26 +186,36 @@ class BucketNotifier:
         except ReplicaUnavailable:
             return ""
 
-    def attach(self, sub_id: str, principal: str, after: EmitSeq, sink: EventSink) -> Attach:
-        """A client stream (re)starts after `after`, the last emit_seq it processed."""
+    def attach(
+        self, sub_id: str, principal: str, after: EmitSeq, sink: EventSink
+    ) -> tuple[Attach, EmitSeq]:
+        """A client stream (re)starts after `after`, the last emit_seq it processed.
+
+        Also returns the subscription's head when it attached: the last event
+        committed for it so far (outboxed or not), where catch-up ends."""
         now = self._clock_ms()
         with self._lock:
             core = self._core
             if core is None:
-                return Attach(AttachStatus.NOT_HOLDER, holder=self.holder())
+                return Attach(AttachStatus.NOT_HOLDER, holder=self.holder()), after
+
+            def attach(sm: BucketStateMachine) -> tuple[Attach, EmitSeq]:
+                assert core is not None
+                result = core.attach(sm, sub_id, principal, after, now)
+                sub = sm.subscription(sub_id)
+                return result, after if sub is None else max(after, sub.head)
+
             try:
-                result = self.replica.read(
-                    lambda sm: core.attach(sm, sub_id, principal, after, now)
-                )
+                result, head = self.replica.read(attach)
             except ReplicaUnavailable as exc:
-                return Attach(AttachStatus.NOT_HOLDER, message=str(exc))
+                return Attach(AttachStatus.NOT_HOLDER, message=str(exc)), after
             if result.status is AttachStatus.ATTACHED:
                 old = self._sinks.get(sub_id)
                 if old is not None and old is not sink:
                     old.close("the subscription was resumed on another stream")
                 self._sinks[sub_id] = sink
         self._wake.set()
-        return result
+        return result, head
 
     def detach(self, sub_id: str, sink: EventSink) -> None:
         with self._lock:

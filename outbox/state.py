@@ -673,7 +673,17 @@ class BucketStateMachine:
         sub = self._subs.get(sub_id)
         if sub is None:
             return ()
-        return tuple(row for row in sub.rows if after is None or row.emit_seq > after)
+        if after is None:
+            return tuple(sub.rows)
+        # From the newest backwards: a stream usually asks for the few rows after
+        # what it sent last, so this costs what it returns, not the whole outbox.
+        newer = []
+        for row in reversed(sub.rows):
+            if row.emit_seq <= after:
+                break
+            newer.append(row)
+        newer.reverse()
+        return tuple(newer)
 
     def outbox_size(self) -> int:
         """Unpurged outboxed rows, all subscriptions."""

@@ -278,6 +278,32 @@ class WriteResponse(_message.Message):
     duplicate: bool
     def __init__(self, bucket: _Optional[int] = ..., committed: _Optional[_Union[EmitSeq, _Mapping]] = ..., versions: _Optional[_Iterable[_Union[KeyVersion, _Mapping]]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
+class WriteManyRequest(_message.Message):
+    __slots__ = ("writes",)
+    WRITES_FIELD_NUMBER: _ClassVar[int]
+    writes: _containers.RepeatedCompositeFieldContainer[WriteRequest]
+    def __init__(self, writes: _Optional[_Iterable[_Union[WriteRequest, _Mapping]]] = ...) -> None: ...
+
+class WriteOutcome(_message.Message):
+    __slots__ = ("ok", "code", "message", "error", "leader")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    ok: WriteResponse
+    code: int
+    message: str
+    error: str
+    leader: str
+    def __init__(self, ok: _Optional[_Union[WriteResponse, _Mapping]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., error: _Optional[str] = ..., leader: _Optional[str] = ...) -> None: ...
+
+class WriteManyResponse(_message.Message):
+    __slots__ = ("outcomes",)
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    outcomes: _containers.RepeatedCompositeFieldContainer[WriteOutcome]
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[WriteOutcome, _Mapping]]] = ...) -> None: ...
+
 class InitProducerRequest(_message.Message):
     __slots__ = ("producer_id", "bucket")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]

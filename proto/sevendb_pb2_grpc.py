@@ -40,6 +40,11 @@ class SevenDBStub:
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.WriteRequest.SerializeToString,
                 response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.WriteResponse.FromString,
                 _registered_method=True)
+        self.WriteMany = channel.unary_unary(
+                '/sevendb.v1.SevenDB/WriteMany',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.WriteManyRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.WriteManyResponse.FromString,
+                _registered_method=True)
         self.Get = channel.unary_unary(
                 '/sevendb.v1.SevenDB/Get',
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.GetRequest.SerializeToString,
@@ -93,6 +98,13 @@ class SevenDBServicer:
 
     def Write(self, request, context):
         """Atomically apply ops to one bucket.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WriteMany(self, request, context):
+        """Several independent writes in one call, one outcome each.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -170,6 +182,11 @@ def add_SevenDBServicer_to_server(servicer, server):
                     request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.WriteRequest.FromString,
                     response_serializer=sevendb_dot_proto_dot_sevendb__pb2.WriteResponse.SerializeToString,
             ),
+            'WriteMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteMany,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.WriteManyRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.WriteManyResponse.SerializeToString,
+            ),
             'Get': grpc.unary_unary_rpc_method_handler(
                     servicer.Get,
                     request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.GetRequest.FromString,
@@ -244,6 +261,33 @@ class SevenDB:
             '/sevendb.v1.SevenDB/Write',
             sevendb_dot_proto_dot_sevendb__pb2.WriteRequest.SerializeToString,
             sevendb_dot_proto_dot_sevendb__pb2.WriteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sevendb.v1.SevenDB/WriteMany',
+            sevendb_dot_proto_dot_sevendb__pb2.WriteManyRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.WriteManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -18,6 +18,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -29,25 +30,13 @@ from sevendb.outbox.errors import ERROR_TYPES, ErrorCode, SevenDBError
 from sevendb.outbox.query import Query, QueryKind
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
+from sevendb.sdk.acks import AckPipeline
 from sevendb.sdk.cursor_store import CursorStore
-from sevendb.sdk.subscription import (
-    SubscribeOptions,
-    Subscription,
-    _Engine,
-    parse_query,
-)
+from sevendb.sdk.engine import ERROR_CODE_KEY, LEADER_HINT_KEY, Engine
+from sevendb.sdk.subscription import SubscribeOptions, Subscription, parse_query
+from sevendb.sdk.writer import Unauthenticated, Unavailable, WritePipeline, domain_error
 
 T = TypeVar("T")
-LEADER_HINT_KEY = "sevendb-leader"
-ERROR_CODE_KEY = "sevendb-error"
-
-
-class Unavailable(SevenDBError):
-    """No node could serve the request within the retry budget."""
-
-
-class Unauthenticated(SevenDBError):
-    """The cluster refused the token (missing, malformed, or minted elsewhere)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,19 +89,10 @@ def _emit_seq(msg: pb.EmitSeq) -> EmitSeq:
     return EmitSeq(msg.epoch_id.bucket_uuid, msg.epoch_id.epoch_counter, msg.commit_index)
 
 
-def _domain_error(exc: grpc.RpcError) -> SevenDBError | None:
+def _call_error(exc: grpc.RpcError) -> SevenDBError | None:
     trailers = dict(exc.trailing_metadata() or ())
-    code = trailers.get(ERROR_CODE_KEY)
-    if isinstance(code, str) and code in ErrorCode.__members__:
-        return ERROR_TYPES[ErrorCode(code)](exc.details())
-    status = exc.code()
-    if status in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
-        return ERROR_TYPES[ErrorCode.INVALID_ARGUMENT](exc.details())
-    if status is grpc.StatusCode.UNAUTHENTICATED:
-        return Unauthenticated(exc.details())
-    if status is grpc.StatusCode.PERMISSION_DENIED:
-        return ERROR_TYPES[ErrorCode.NOT_OWNER](exc.details())
-    return None
+    error = trailers.get(ERROR_CODE_KEY)
+    return domain_error(exc.code(), exc.details() or "", error if isinstance(error, str) else None)
 
 
 class Client:
@@ -140,11 +120,14 @@ class Client:
         self._preferred = 0
         self._lock = threading.Lock()
         self._layout: ClusterLayout | None = None
-        self._engine: _Engine | None = None
+        self._engine: Engine | None = None
+        self._writes: WritePipeline | None = None
+        self._ack_pipeline: AckPipeline | None = None
 
     def close(self) -> None:
         with self._lock:
-            engine, self._engine = self._engine, None
+            engine, self._engine, self._writes = self._engine, None, None
+            self._ack_pipeline = None
             for channel in self._channels.values():
                 channel.close()
             self._channels.clear()
@@ -174,16 +157,9 @@ class Client:
             try:
                 return fn(self._stub(target), policy.call_timeout_s)
             except grpc.RpcError as exc:
-                domain = _domain_error(exc)
-                if domain is not None:
-                    raise domain from None
-                code = exc.code()
-                if code not in (
-                    grpc.StatusCode.UNAVAILABLE,
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                    grpc.StatusCode.ABORTED,
-                ):
-                    raise SevenDBError(f"{code.name}: {exc.details()}") from None
+                typed = _call_error(exc)
+                if typed is not None:
+                    raise typed from None
                 last = exc
                 hint = dict(exc.trailing_metadata() or ()).get(LEADER_HINT_KEY)
                 if hint:
@@ -223,16 +199,37 @@ class Client:
     # ---- writes and reads --------------------------------------------------------------
 
     def write(self, ops: Sequence[pb.Op], producer: pb.ProducerRef | None = None) -> WriteResult:
+        """Apply `ops` atomically (all keys in one bucket); returns once committed."""
+        return self.write_async(ops, producer).result()
+
+    def write_async(
+        self, ops: Sequence[pb.Op], producer: pb.ProducerRef | None = None
+    ) -> Future[WriteResult]:
+        """`write` without blocking: keep many in flight from one thread. Concurrent
+        writes share `WriteMany` calls (see `sevendb.sdk.writer`)."""
+        if not ops:
+            raise ERROR_TYPES[ErrorCode.INVALID_ARGUMENT]("a write needs at least one op")
         request = pb.WriteRequest(ops=list(ops), producer=producer)
-        response: pb.WriteResponse = self._call(
-            lambda s, t: s.Write(request, timeout=t, metadata=self.metadata)
-        )
-        return WriteResult(
-            _emit_seq(response.committed),
-            response.bucket,
-            {kv.key: kv.version for kv in response.versions},
-            response.duplicate,
-        )
+        bucket = self.layout().bucket_of(ops[0].key)
+        result: Future[WriteResult] = Future()
+
+        def done(sent: Future[pb.WriteResponse]) -> None:
+            error = sent.exception()
+            if error is not None:
+                result.set_exception(error)
+                return
+            response = sent.result()
+            result.set_result(
+                WriteResult(
+                    _emit_seq(response.committed),
+                    response.bucket,
+                    {kv.key: kv.version for kv in response.versions},
+                    response.duplicate,
+                )
+            )
+
+        self._pipeline().submit(request, bucket).add_done_callback(done)
+        return result
 
     def put(
         self,
@@ -300,13 +297,35 @@ class Client:
             buckets = [layout.bucket_of(parsed.arg)]
         else:
             buckets = list(range(layout.buckets))
+        engine = self._loop()
+        with self._lock:
+            if self._ack_pipeline is None:
+                self._ack_pipeline = AckPipeline(engine, self.metadata)
+            acks = self._ack_pipeline
+        return Subscription(
+            self, engine, acks, parsed, buckets, cursor=cursor, name=name, options=options
+        )
+
+    def _loop(self) -> Engine:
         with self._lock:
             if self._engine is None:
-                self._engine = _Engine(self._endpoints)
-            engine = self._engine
-        return Subscription(
-            self, engine, parsed, buckets, cursor=cursor, name=name, options=options
-        )
+                self._engine = Engine(self._endpoints)
+            return self._engine
+
+    def _pipeline(self) -> WritePipeline:
+        engine = self._loop()
+        with self._lock:
+            if self._writes is None:
+                policy = self._retry
+                self._writes = WritePipeline(
+                    engine,
+                    self.metadata,
+                    deadline_s=policy.deadline_s,
+                    call_timeout_s=policy.call_timeout_s,
+                    backoff_initial_s=policy.backoff_initial_s,
+                    backoff_max_s=policy.backoff_max_s,
+                )
+            return self._writes
 
 
 def set_op(

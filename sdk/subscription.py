@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import itertools
+import functools
 import logging
 import random
 import threading
@@ -51,8 +51,10 @@ from sevendb.outbox.model import Change
 from sevendb.outbox.query import Query
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
+from sevendb.sdk.acks import AckPipeline
 from sevendb.sdk.cursor import StreamCursor
 from sevendb.sdk.cursor_store import CursorStore, SavedCursor
+from sevendb.sdk.engine import Engine, leader_hint
 from sevendb.sdk.progress import Flush, Progress
 
 if TYPE_CHECKING:
@@ -60,7 +62,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LEADER_HINT_KEY: Final = "sevendb-leader"
 _FATAL_CODES: Final = (
     grpc.StatusCode.UNAUTHENTICATED,
     grpc.StatusCode.PERMISSION_DENIED,
@@ -151,48 +152,6 @@ def parse_query(query: str | Query) -> Query:
     return query if isinstance(query, Query) else Query.parse(query)
 
 
-# ---- the background loop ---------------------------------------------------------------
-
-
-class _Engine:
-    """One asyncio loop thread per Client running every stream (grpc.aio)."""
-
-    def __init__(self, endpoints: Sequence[str]) -> None:
-        self.endpoints = list(endpoints)
-        self.loop = asyncio.new_event_loop()
-        self._channels: dict[str, aio.Channel] = {}
-        self._rotation = itertools.count(random.randrange(1 << 16))
-        self._thread = threading.Thread(target=self._run, name="sevendb-sdk", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def submit(self, coro: Any) -> Future[Any]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def stub(self, address: str) -> pb_grpc.SevenDBStub:
-        """Only on the loop."""
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = aio.insecure_channel(address)
-        return pb_grpc.SevenDBStub(channel)
-
-    def any_endpoint(self) -> str:
-        return self.endpoints[next(self._rotation) % len(self.endpoints)]
-
-    def close(self) -> None:
-        async def shutdown() -> None:
-            for channel in self._channels.values():
-                await channel.close()
-
-        if self.loop.is_running():
-            self.submit(shutdown()).result(5)
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(5)
-
-
 class _Inbox:
     """Batches of events from the loop to the application, sync or async."""
 
@@ -216,7 +175,7 @@ class _Inbox:
 
     def get(self, timeout_s: float | None) -> list[Event] | BaseException | None:
         with self._cond:
-            if not self._items:
+            if not self._items and (timeout_s is None or timeout_s > 0):
                 self._cond.wait(timeout_s)
             return self._items.popleft() if self._items else None
 
@@ -284,13 +243,6 @@ def _event(bucket: int, ev: pb.DataEvent) -> Event:
     )
 
 
-def _hint(exc: aio.AioRpcError) -> str | None:
-    for key, value in exc.trailing_metadata() or ():
-        if key == LEADER_HINT_KEY:
-            return value if isinstance(value, str) else value.decode()
-    return None
-
-
 # ---- the subscription --------------------------------------------------------------------
 
 
@@ -304,7 +256,8 @@ class Subscription:
     def __init__(
         self,
         client: Client,
-        engine: _Engine,
+        engine: Engine,
+        acks: AckPipeline,
         query: Query,
         buckets: Sequence[int],
         *,
@@ -318,6 +271,7 @@ class Subscription:
         self.options = options or SubscribeOptions()
         self._client = client
         self._engine = engine
+        self._acks = acks
         self._metadata = client.metadata
         if cursor is not None and not isinstance(cursor, CursorStore):
             cursor = CursorStore(Path(cursor))
@@ -384,6 +338,7 @@ class Subscription:
 
     def __next__(self) -> Event:
         self._mark_processed()
+        self._maybe_flush()
         while not self._batch:
             if self._closed:
                 raise StopIteration
@@ -401,12 +356,14 @@ class Subscription:
 
     async def __anext__(self) -> Event:
         self._mark_processed()
-        while not self._batch:
-            if self._closed:
-                raise StopAsyncIteration
+        while True:
             flush = self._take_flush_if_due()
             if flush is not None:
                 await asyncio.to_thread(self._persist_and_ack, flush)
+            if self._batch:
+                break
+            if self._closed:
+                raise StopAsyncIteration
             with self._lock:
                 wait = self._progress.next_due_s(time.monotonic())
             item = await self._inbox.aget(0.5 if wait is None else max(wait, 0.001))
@@ -417,15 +374,16 @@ class Subscription:
     def poll(self, timeout_s: float = 0.0) -> Event | None:
         """The next event if one arrives within `timeout_s`, else None."""
         self._mark_processed()
+        self._maybe_flush()
         deadline = time.monotonic() + timeout_s
         while not self._batch:
             if self._closed:
                 return None
             self._maybe_flush()
             left = deadline - time.monotonic()
-            if left <= 0:
+            self._take(self._inbox.get(min(max(left, 0.0), 0.05)))
+            if left <= 0 and not self._batch:
                 return None
-            self._take(self._inbox.get(min(left, 0.05)))
         self._last = self._batch.popleft()
         return self._last
 
@@ -465,7 +423,7 @@ class Subscription:
                     for bucket, sub_id, pos in flush.positions
                 ]
             )
-        self._engine.submit(self._send_acks(flush))
+        self._engine.loop.call_soon_threadsafe(self._send_acks, flush)
 
     def close(self, *, flush: bool = True) -> None:
         """Stop the streams; persist and acknowledge what was processed (idempotent)."""
@@ -510,33 +468,26 @@ class Subscription:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _unsubscribe(self, ids: dict[int, str]) -> None:
-        for bucket, sub_id in ids.items():
-            request = pb.UnsubscribeRequest(sub_id=sub_id, bucket=bucket)
-            await self._engine.stub(self._engine.any_endpoint()).Unsubscribe(
-                request, metadata=self._metadata, timeout=10
+        await asyncio.gather(
+            *(
+                self._engine.stub(self._engine.any_endpoint()).Unsubscribe(
+                    pb.UnsubscribeRequest(sub_id=sub_id, bucket=bucket),
+                    metadata=self._metadata,
+                    timeout=10,
+                )
+                for bucket, sub_id in ids.items()
             )
+        )
 
-    async def _send_acks(self, flush: Flush) -> None:
-        per_target: dict[str, list[tuple[int, str, EmitSeq]]] = {}
+    def _send_acks(self, flush: Flush) -> None:
+        """On the loop: hand the acks to the client's per-node coalescing pipeline."""
         for bucket, sub_id, pos in flush.positions:
             target = self._streams[bucket].target or self._engine.any_endpoint()
-            per_target.setdefault(target, []).append((bucket, sub_id, pos))
-        for target, acks in per_target.items():
-            request = pb.AckBatch(
-                acks=[pb.ClientAck(sub_id=s, up_to_emit_seq=_seq_pb(p)) for _, s, p in acks]
-            )
-            try:
-                response = await self._engine.stub(target).Ack(
-                    request, metadata=self._metadata, timeout=5
-                )
-            except aio.AioRpcError as exc:
-                log.debug("ack to %s failed (%s); it is resent later", target, exc.code())
-                continue
-            ok = (pb.AckResult.ACCEPTED, pb.AckResult.DUPLICATE, pb.AckResult.REGRESSIVE)
-            with self._lock:
-                for (bucket, sub_id, pos), result in zip(acks, response.results, strict=False):
-                    if result.status in ok:
-                        self._progress.confirmed(bucket, sub_id, pos)
+            self._acks.ack(target, sub_id, pos, functools.partial(self._confirmed, bucket, sub_id))
+
+    def _confirmed(self, bucket: int, sub_id: str, position: EmitSeq) -> None:
+        with self._lock:
+            self._progress.confirmed(bucket, sub_id, position)
 
     async def _run_stream(self, stream: _BucketStream) -> None:
         opts = self.options
@@ -559,7 +510,7 @@ class Subscription:
                         )
                     )
                     return
-                hint = _hint(exc)
+                hint = leader_hint(exc)
                 stream.target = hint
                 stream.reconnects += 1
                 if hint is None:

@@ -160,6 +160,7 @@ def test_service_methods() -> None:
     }
     assert methods == {
         "Write": ("WriteRequest", "WriteResponse", False),
+        "WriteMany": ("WriteManyRequest", "WriteManyResponse", False),
         "Get": ("GetRequest", "GetResponse", False),
         "Sync": ("SyncRequest", "SyncResponse", False),
         "InitProducer": ("InitProducerRequest", "InitProducerResponse", False),
@@ -254,6 +255,11 @@ MESSAGES: dict[str, Message] = {
         node_id="n1", replicas=[pb.ReplicaStatus(bucket=1, is_leader=True, commit_index=9)]
     ),
     "ClusterInfoRequest": pb.ClusterInfoRequest(),
+    "WriteManyRequest": pb.WriteManyRequest(writes=[pb.WriteRequest(ops=[pb.Op(key="a")])]),
+    "WriteOutcome": pb.WriteOutcome(code=9, message="m", error="PRECONDITION_FAILED"),
+    "WriteManyResponse": pb.WriteManyResponse(
+        outcomes=[pb.WriteOutcome(ok=pb.WriteResponse(bucket=1)), pb.WriteOutcome(code=14)]
+    ),
     "BucketInfo": pb.BucketInfo(bucket=3, bucket_uuid="u", nodes=["127.0.0.1:7001"]),
     "ClusterInfoResponse": pb.ClusterInfoResponse(
         cluster_id="c", buckets=[pb.BucketInfo(bucket=0, bucket_uuid="u")], nodes=["a:1"]

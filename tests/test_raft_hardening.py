@@ -477,7 +477,7 @@ def test_before_stock_transport_binds_everywhere_and_executes_pickles(
 def test_after_replica_binds_only_its_address_and_refuses_raw_pickles(tmp_path: Path) -> None:
     """BEFORE: bound on 0.0.0.0, unauthenticated pickle execution (previous test).
     AFTER: BucketReplica binds exactly its configured address and always sets the
-    cluster password (Fernet-authenticated transport): a raw pickle is rejected (the
+    cluster password (AES-GCM-authenticated transport): a raw pickle is rejected (the
     server drops the connection) without being unpickled; a replica without a password
     cannot be built."""
     port = free_ports(1)[0]

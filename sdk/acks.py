@@ -1,0 +1,86 @@
+"""Acks of every subscription of a client, coalesced into one `AckBatch` per node.
+
+Acks are cumulative, so only the newest position per subscription matters: while an
+Ack call to a node is in flight, later acks for that node wait and replace older
+ones of the same subscription; when the call returns, everything waiting goes out
+in the next call. A process with thousands of subscriptions therefore makes about
+one Ack call per node per round trip, not one per subscription per flush.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from grpc import aio
+
+from sevendb.outbox.emitseq import EmitSeq
+from sevendb.proto import sevendb_pb2 as pb
+from sevendb.sdk.engine import Engine
+
+ACKS_PER_CALL_MAX: Final = 4096
+"""The node's limit per AckBatch (limits.ACKS_PER_PURGE_MAX)."""
+_SETTLED: Final = (pb.AckResult.ACCEPTED, pb.AckResult.DUPLICATE, pb.AckResult.REGRESSIVE)
+
+
+def _seq_pb(seq: EmitSeq) -> pb.EmitSeq:
+    return pb.EmitSeq(
+        epoch_id=pb.EmitSeq.EpochId(bucket_uuid=seq.bucket_uuid, epoch_counter=seq.epoch_counter),
+        commit_index=seq.commit_index,
+    )
+
+
+@dataclass(slots=True)
+class _Ack:
+    position: EmitSeq
+    confirmed: Callable[[EmitSeq], None]
+    """Called on the loop when the node accepted it (or had already covered it)."""
+
+
+class AckPipeline:
+    """Per-node coalescing of cumulative acks. Loop only."""
+
+    def __init__(self, engine: Engine, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._engine = engine
+        self._metadata = metadata
+        self._waiting: dict[str, dict[str, _Ack]] = {}
+        self._busy: set[str] = set()
+        self.calls = 0
+
+    def ack(
+        self, target: str, sub_id: str, position: EmitSeq, confirmed: Callable[[EmitSeq], None]
+    ) -> None:
+        waiting = self._waiting.setdefault(target, {})
+        current = waiting.get(sub_id)
+        if current is None or position > current.position:
+            waiting[sub_id] = _Ack(position, confirmed)
+        if target not in self._busy:
+            self._engine.loop.create_task(self._send(target))
+
+    async def _send(self, target: str) -> None:
+        self._busy.add(target)
+        try:
+            while waiting := self._waiting.get(target):
+                batch = list(waiting.items())[:ACKS_PER_CALL_MAX]
+                for sub_id, _ in batch:
+                    del waiting[sub_id]
+                acks = [
+                    pb.ClientAck(sub_id=s, up_to_emit_seq=_seq_pb(p.position)) for s, p in batch
+                ]
+                request = pb.AckBatch(acks=acks)
+                self.calls += 1
+                try:
+                    response = await self._engine.stub(target).Ack(
+                        request, metadata=self._metadata, timeout=5
+                    )
+                except aio.AioRpcError:
+                    continue  # unconfirmed acks are sent again later (sdk.progress)
+                for (_, pending), result in zip(batch, response.results, strict=False):
+                    if result.status in _SETTLED:
+                        pending.confirmed(pending.position)
+        finally:
+            self._busy.discard(target)
+
+
+__all__ = ["AckPipeline"]

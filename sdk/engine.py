@@ -1,0 +1,76 @@
+"""The SDK's background asyncio loop: one thread per `Client` runs every stream and
+write pipeline over grpc.aio channels (one per node), so a process can hold
+thousands of streams and keep many writes in flight without a thread each."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import threading
+from collections.abc import Coroutine, Sequence
+from concurrent.futures import Future
+from typing import Any, Final, TypeVar
+
+from grpc import aio
+
+from sevendb.proto import sevendb_pb2_grpc as pb_grpc
+
+T = TypeVar("T")
+LEADER_HINT_KEY: Final = "sevendb-leader"
+ERROR_CODE_KEY: Final = "sevendb-error"
+
+
+def leader_hint(exc: aio.AioRpcError) -> str | None:
+    """The `sevendb-leader` trailer of a failed call (the node to try next)."""
+    return trailer(exc, LEADER_HINT_KEY)
+
+
+def trailer(exc: aio.AioRpcError, key: str) -> str | None:
+    for k, value in exc.trailing_metadata() or ():
+        if k == key:
+            return value if isinstance(value, str) else value.decode()
+    return None
+
+
+class Engine:
+    """An event loop in a daemon thread, with one channel per node address."""
+
+    def __init__(self, endpoints: Sequence[str]) -> None:
+        self.endpoints = list(endpoints)
+        self.loop = asyncio.new_event_loop()
+        self._channels: dict[str, aio.Channel] = {}
+        self._rotation = itertools.count(random.randrange(1 << 16))
+        self._thread = threading.Thread(target=self._run, name="sevendb-sdk", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        """Run `coro` on the loop (from any thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stub(self, address: str) -> pb_grpc.SevenDBStub:
+        """Only on the loop."""
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = aio.insecure_channel(address)
+        return pb_grpc.SevenDBStub(channel)
+
+    def any_endpoint(self) -> str:
+        return self.endpoints[next(self._rotation) % len(self.endpoints)]
+
+    def close(self) -> None:
+        async def shutdown() -> None:
+            for channel in self._channels.values():
+                await channel.close()
+
+        if self.loop.is_running():
+            self.submit(shutdown()).result(5)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(5)
+
+
+__all__ = ["ERROR_CODE_KEY", "LEADER_HINT_KEY", "Engine", "leader_hint", "trailer"]

@@ -1,0 +1,210 @@
+"""Client-side write batching: concurrent writes share `WriteMany` calls.
+
+A gRPC call costs a node far more CPU than replicating one write (measured: about
+0.45 ms of the leader's single core per call against 0.25 ms per write), so the SDK
+coalesces: every write waiting while a call is in flight goes out in the next call
+to the same node, up to `batch_writes_max` per call and `calls_in_flight` calls per
+node. With one write in flight nothing waits; under load batches grow by themselves.
+
+Each write keeps its own outcome. A write is sent to its bucket's leader once a
+node has named it; UNAVAILABLE (no leader, a leader change, a dead node) retries
+that write alone with jittered backoff until the `RetryPolicy` deadline, following
+the leader hint. Domain errors (a failed precondition, a fenced producer, ...) are
+never retried. Retrying an unconditional write can apply it twice if the first
+attempt committed but its answer was lost: use an idempotent producer
+(`Client.producer()`) where that matters.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Final
+
+import grpc
+from grpc import aio
+
+from sevendb.outbox.errors import ERROR_TYPES, ErrorCode, SevenDBError
+from sevendb.proto import sevendb_pb2 as pb
+from sevendb.sdk.engine import ERROR_CODE_KEY, Engine, leader_hint, trailer
+
+BATCH_WRITES_MAX: Final = 512
+BATCH_BYTES_MAX: Final = 3 * 1024 * 1024
+"""Below the node's 4 MiB message limit."""
+CALLS_IN_FLIGHT: Final = 4
+_RETRYABLE: Final = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.ABORTED,
+)
+_STATUS_BY_VALUE: Final = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class Unavailable(SevenDBError):
+    """No node could serve the request within the retry budget."""
+
+
+class Unauthenticated(SevenDBError):
+    """The cluster refused the token (missing, malformed, or minted elsewhere)."""
+
+
+def domain_error(code: grpc.StatusCode, message: str, error: str | None) -> SevenDBError | None:
+    """The typed exception a failed call maps to, or None if it is worth retrying."""
+    if error and error in ErrorCode.__members__:
+        return ERROR_TYPES[ErrorCode(error)](message)
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
+        return ERROR_TYPES[ErrorCode.INVALID_ARGUMENT](message)
+    if code is grpc.StatusCode.UNAUTHENTICATED:
+        return Unauthenticated(message)
+    if code is grpc.StatusCode.PERMISSION_DENIED:
+        return ERROR_TYPES[ErrorCode.NOT_OWNER](message)
+    if code not in _RETRYABLE:
+        return SevenDBError(f"{code.name}: {message}")
+    return None
+
+
+@dataclass(eq=False)
+class _Pending:
+    request: pb.WriteRequest
+    bucket: int
+    deadline: float
+    size: int
+    future: Future[pb.WriteResponse] = field(default_factory=Future)
+    attempts: int = 0
+    backoff_s: float = 0.0
+
+
+class WritePipeline:
+    """Per-node queues of writes on the SDK's loop; see the module docstring."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        metadata: tuple[tuple[str, str], ...],
+        *,
+        deadline_s: float,
+        call_timeout_s: float,
+        backoff_initial_s: float,
+        backoff_max_s: float,
+        batch_writes_max: int = BATCH_WRITES_MAX,
+        calls_in_flight: int = CALLS_IN_FLIGHT,
+    ) -> None:
+        self._engine = engine
+        self._metadata = metadata
+        self._deadline_s = deadline_s
+        self._call_timeout_s = call_timeout_s
+        self._backoff_initial_s = backoff_initial_s
+        self._backoff_max_s = backoff_max_s
+        self._batch_max = batch_writes_max
+        self._calls_max = calls_in_flight
+        self._leaders: dict[int, str] = {}
+        self._queues: dict[str, collections.deque[_Pending]] = {}
+        self._calls: dict[str, int] = {}
+        self.calls = 0
+        self.writes = 0
+
+    def submit(self, request: pb.WriteRequest, bucket: int) -> Future[pb.WriteResponse]:
+        """Queue a write (any thread); the future holds its WriteResponse or error."""
+        pending = _Pending(
+            request,
+            bucket,
+            time.monotonic() + self._deadline_s,
+            request.ByteSize(),
+            backoff_s=self._backoff_initial_s,
+        )
+        self._engine.loop.call_soon_threadsafe(self._enqueue, pending)
+        return pending.future
+
+    # ---- the loop side ---------------------------------------------------------------
+
+    def _enqueue(self, pending: _Pending) -> None:
+        target = self._leaders.get(pending.bucket) or self._engine.any_endpoint()
+        self._queues.setdefault(target, collections.deque()).append(pending)
+        self._kick(target)
+
+    def _kick(self, target: str) -> None:
+        queue = self._queues.get(target)
+        while queue and self._calls.get(target, 0) < self._calls_max:
+            batch: list[_Pending] = []
+            size = 0
+            while queue and len(batch) < self._batch_max:
+                if batch and size + queue[0].size > BATCH_BYTES_MAX:
+                    break
+                pending = queue.popleft()
+                batch.append(pending)
+                size += pending.size
+            self._calls[target] = self._calls.get(target, 0) + 1
+            self._engine.loop.create_task(self._send(target, batch))
+
+    async def _send(self, target: str, batch: list[_Pending]) -> None:
+        self.calls += 1
+        self.writes += len(batch)
+        try:
+            response = await self._engine.stub(target).WriteMany(
+                pb.WriteManyRequest(writes=[p.request for p in batch]),
+                metadata=self._metadata,
+                timeout=self._call_timeout_s,
+            )
+        except aio.AioRpcError as exc:
+            for pending in batch:
+                self._failed(
+                    pending,
+                    exc.code(),
+                    exc.details() or "",
+                    trailer(exc, ERROR_CODE_KEY),
+                    leader_hint(exc),
+                    target,
+                )
+        else:
+            for pending, outcome in zip(batch, response.outcomes, strict=True):
+                if outcome.HasField("ok"):
+                    if outcome.leader:
+                        self._leaders[pending.bucket] = outcome.leader
+                    if not pending.future.done():
+                        pending.future.set_result(outcome.ok)
+                else:
+                    code = _STATUS_BY_VALUE.get(outcome.code, grpc.StatusCode.UNKNOWN)
+                    self._failed(
+                        pending, code, outcome.message, outcome.error, outcome.leader, target
+                    )
+        finally:
+            self._calls[target] -= 1
+            self._kick(target)
+
+    def _failed(
+        self,
+        pending: _Pending,
+        code: grpc.StatusCode,
+        message: str,
+        error: str | None,
+        hint: str | None,
+        target: str,
+    ) -> None:
+        if pending.future.done():
+            return
+        typed = domain_error(code, message, error)
+        if typed is not None:
+            pending.future.set_exception(typed)
+            return
+        if hint:
+            self._leaders[pending.bucket] = hint
+        elif self._leaders.get(pending.bucket) == target:
+            del self._leaders[pending.bucket]  # it failed there: try another node
+        pending.attempts += 1
+        now = time.monotonic()
+        if now + pending.backoff_s > pending.deadline:
+            pending.future.set_exception(
+                Unavailable(
+                    f"write not committed after {pending.attempts} attempts: {code.name}: {message}"
+                )
+            )
+            return
+        delay = 0.0 if hint and pending.attempts == 1 else pending.backoff_s
+        pending.backoff_s = min(pending.backoff_s * 2, self._backoff_max_s)
+        self._engine.loop.call_later(delay * (0.5 + random.random()), self._enqueue, pending)
+
+
+__all__ = ["Unauthenticated", "Unavailable", "WritePipeline", "domain_error"]

@@ -1,0 +1,268 @@
+"""Benchmark: emission throughput and commit->application latency on 3 nodes.
+
+    .venv/bin/python tests/bench/bench_emission.py [--seconds 10] [--subs 1,100,1000]
+
+In one run, on one local cluster (3 node processes, fsync on, 100-byte values):
+
+1. durable write throughput: closed-loop writers, 64 in flight, no subscriber;
+2. for each subscription count N: N SDK subscriptions on the written prefix in a
+   separate subscriber process (each event processed, its cursor persisted and
+   acknowledged by the SDK), closed-loop writers for the same time: events
+   delivered+acked per second, and the ratio to (1) for N=1;
+3. commit->application latency with 1 subscription at a fixed 500 writes/s:
+   write acknowledged -> event received by the application (joined on the commit
+   index; same host clock), and write sent -> event received.
+
+Not a test: figures are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from sevendb.cluster.local import cluster_down, cluster_up, local_token, node_status
+from sevendb.cluster.topology import ClusterSpec
+from sevendb.sdk.client import Client, set_op
+
+HERE = Path(__file__).resolve().parent
+VALUE = b"x" * 100
+
+
+def write_load(
+    spec: ClusterSpec,
+    token: str,
+    prefix: str,
+    seconds: float,
+    *,
+    inflight: int = 64,
+    rate: float = 0.0,
+) -> dict[str, Any]:
+    """Through the SDK (concurrent writes share WriteMany calls): `inflight` writes
+    kept in flight (closed loop), or one started every 1/`rate` s (open loop)."""
+    acks: list[tuple[int, int, int, int]] = []  # (bucket, commit index, sent ns, acked ns)
+    errors = [0]
+    slots = threading.Semaphore(inflight if not rate else 1 << 30)
+    lock = threading.Lock()
+    with Client([n.grpc_address for n in spec.nodes], token=token) as client:
+        client.layout()
+        t0 = time.monotonic()
+        end = t0 + seconds
+        i = 0
+        while time.monotonic() < end:
+            if rate:
+                pause = t0 + i / rate - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+            slots.acquire()
+            key = f"{prefix}{i:010d}"
+            sent = time.time_ns()
+
+            def done(f: Future[Any], sent: int = sent) -> None:
+                now = time.time_ns()
+                with lock:
+                    if f.exception() is None:
+                        r = f.result()
+                        acks.append((r.bucket, r.committed.commit_index, sent, now))
+                    else:
+                        errors[0] += 1
+                slots.release()
+
+            client.write_async([set_op(key, VALUE)]).add_done_callback(done)
+            i += 1
+        for _ in range(inflight if not rate else 0):
+            slots.acquire()
+        deadline = time.monotonic() + 30
+        while len(acks) + errors[0] < i and time.monotonic() < deadline:
+            time.sleep(0.01)
+        elapsed = time.monotonic() - t0
+        stats = client._pipeline()
+        calls, writes = stats.calls, stats.writes
+    lat = sorted((a[3] - a[2]) / 1e6 for a in acks)
+    return {
+        "writes": len(acks),
+        "writes_per_s": len(acks) / elapsed,
+        "errors": errors[0],
+        "p50_ms": pct(lat, 50),
+        "p99_ms": pct(lat, 99),
+        "writes_per_call": writes / max(1, calls),
+        "acks": acks,
+    }
+
+
+def pct(sorted_values: list[float], p: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * p / 100))]
+
+
+class Subscribers:
+    def __init__(self, spec: ClusterSpec, token: str, query: str, subs: int) -> None:
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "emission_subscriber.py"),
+                "--endpoints",
+                ",".join(n.grpc_address for n in spec.nodes),
+                "--token",
+                token,
+                "--query",
+                query,
+                "--subs",
+                str(subs),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        ready = self.proc.stdout.readline().strip()
+        assert ready == "READY", ready
+
+    def count(self) -> int:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("count\n")
+        self.proc.stdin.flush()
+        return int(self.proc.stdout.readline())
+
+    def wait_count(self, expected: int, timeout_s: float) -> float:
+        """Seconds until the subscriber has `expected` events (or the timeout)."""
+        t0 = time.monotonic()
+        while self.count() < expected and time.monotonic() - t0 < timeout_s:
+            time.sleep(0.05)
+        return time.monotonic() - t0
+
+    def finish(self) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.close()
+        result: dict[str, Any] = json.loads(self.proc.stdout.readline())
+        self.proc.wait(60)
+        return result
+
+
+def outbox_rows(spec: ClusterSpec) -> int:
+    total = 0
+    for node in spec.nodes:
+        status = node_status(node.grpc_address)
+        if status is not None:
+            total += sum(r.outbox_rows for r in status.replicas if r.emitting)
+    return total
+
+
+def run(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
+    rows: list[tuple[str, dict[str, Any]]] = []
+    with tempfile.TemporaryDirectory(prefix="sevendb-bench-emit-") as tmp:
+        data = Path(tmp) / "data"
+        spec = cluster_up(data, nodes=3, buckets=args.buckets, replicas=3).spec
+        token = local_token(data)
+        try:
+            base = write_load(spec, token, "w/", args.seconds)
+            rows.append(("durable writes, no subscriber (64 in flight)", base))
+            print(f"  writes: {base['writes_per_s']:,.0f}/s", file=sys.stderr, flush=True)
+            for n in args.subs:
+                prefix = f"e{n}/"
+                sub = Subscribers(spec, token, f"prefix:{prefix}", n)
+                load = write_load(spec, token, prefix, args.seconds, inflight=args.inflight)
+                expected = load["writes"] * n
+                drained_s = sub.wait_count(expected, 120)
+                t0 = time.monotonic()
+                while outbox_rows(spec) and time.monotonic() - t0 < 30:
+                    time.sleep(0.05)  # every event acknowledged and purged
+                result = sub.finish()
+                delivered = sum(result["counts"])
+                span_s = max(1e-9, (result["last_ns"] - result["first_ns"]) / 1e9)
+                row = {
+                    "subs": n,
+                    "writes_per_s": load["writes_per_s"],
+                    "events": delivered,
+                    "expected_events": expected,
+                    "events_per_s": delivered / span_s,
+                    "drain_after_load_s": drained_s,
+                    "outbox_left": outbox_rows(spec),
+                    "ratio_vs_writes": (delivered / span_s) / base["writes_per_s"],
+                }
+                rows.append((f"{n} subscription(s) on one prefix", row))
+                print(
+                    f"  {n} subs: {row['events_per_s']:,.0f} events/s "
+                    f"({delivered}/{expected} delivered)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            # latency at a fixed rate
+            sub = Subscribers(spec, token, "prefix:l/", 1)
+            load = write_load(spec, token, "l/", args.seconds, rate=args.rate)
+            sub.wait_count(load["writes"], 60)
+            result = sub.finish()
+            received = {(b, i): ns for b, i, ns in result["trace"]}
+            commit_to_app, e2e = [], []
+            for bucket, index, sent, acked in load["acks"]:
+                got = received.get((bucket, index))
+                if got is not None:
+                    commit_to_app.append((got - acked) / 1e6)
+                    e2e.append((got - sent) / 1e6)
+            commit_to_app.sort()
+            e2e.sort()
+            rows.append(
+                (
+                    f"1 subscription, writes at {args.rate:.0f}/s",
+                    {
+                        "writes_per_s": load["writes_per_s"],
+                        "events": len(commit_to_app),
+                        "expected_events": load["writes"],
+                        "commit_to_app_p50_ms": pct(commit_to_app, 50),
+                        "commit_to_app_p99_ms": pct(commit_to_app, 99),
+                        "send_to_app_p50_ms": pct(e2e, 50),
+                        "send_to_app_p99_ms": pct(e2e, 99),
+                        "write_p50_ms": load["p50_ms"],
+                        "write_p99_ms": load["p99_ms"],
+                    },
+                )
+            )
+        finally:
+            cluster_down(data)
+    return rows
+
+
+def machine() -> str:
+    cpu = "unknown cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{platform.node()}: {os.cpu_count()} cores, {cpu}, Python {platform.python_version()}"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--seconds", type=float, default=10)
+    p.add_argument("--subs", default="1,100,1000")
+    p.add_argument("--buckets", type=int, default=3)
+    p.add_argument("--inflight", type=int, default=64)
+    p.add_argument("--rate", type=float, default=500)
+    args = p.parse_args()
+    args.subs = [int(x) for x in args.subs.split(",")]
+    print(f"machine: {machine()}", flush=True)
+    for name, row in run(args):
+        shown = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}
+        shown.pop("acks", None)
+        print(f"{name}: {json.dumps(shown)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
