@@ -21,6 +21,8 @@ from typing import Final
 AUTH_METADATA_KEY: Final = "authorization"
 PRINCIPAL_RE: Final = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
 DEFAULT_PRINCIPAL: Final = "default"
+ADMIN_PRINCIPAL: Final = "admin"
+"""The principal allowed to change membership, epochs and placement."""
 _MAC_HEX_CHARS: Final = 40
 
 
@@ -79,6 +81,7 @@ def auth_metadata(token: str) -> tuple[tuple[str, str], ...]:
 
 
 __all__ = [
+    "ADMIN_PRINCIPAL",
     "AUTH_METADATA_KEY",
     "DEFAULT_PRINCIPAL",
     "AuthError",

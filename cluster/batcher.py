@@ -61,7 +61,7 @@ class WriteBatcher:
         timeout_s: float = 5.0,
         entries_in_flight: int = ENTRIES_IN_FLIGHT,
     ) -> None:
-        self._replica = replica
+        self.replica = replica
         self._loop = loop
         self._timeout_s = timeout_s
         self._in_flight_max = entries_in_flight
@@ -105,7 +105,7 @@ class WriteBatcher:
             writes = tuple(w.write for w in batch)
             entry = writes[0] if len(writes) == 1 else WriteBatch(writes)
             try:
-                submitted = self._replica.submit(encode_entry(entry))
+                submitted = self.replica.submit(encode_entry(entry))
             except (ReplicaUnavailable, SevenDBError) as exc:
                 self._fail(batch, exc)
                 continue
@@ -153,9 +153,9 @@ class WriteBatcher:
         self._fail(
             entry.batch,
             ReplicaUnavailable(
-                f"bucket {self._replica.bucket}: not committed within {self._timeout_s} s "
+                f"bucket {self.replica.bucket}: not committed within {self._timeout_s} s "
                 "(outcome unknown)",
-                leader_hint=self._replica.leader,
+                leader_hint=self.replica.leader,
                 reason="timeout",
             ),
         )

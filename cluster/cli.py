@@ -10,11 +10,13 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from sevendb.cluster.topology import MigrationSpec
     from sevendb.sdk.client import Client
     from sevendb.sdk.subscription import Event
 
@@ -94,7 +96,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     rows: dict[int, list[tuple[str, pb.ReplicaStatus]]] = {}
     down = []
     for endpoint in _endpoints(args):
-        status = node_status(endpoint)
+        status = node_status(endpoint, digests=args.json)
         if status is None:
             down.append(endpoint)
             continue
@@ -113,12 +115,28 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "term": r.term,
                     "digest": r.digest,
                     "quarantined": r.quarantined,
+                    "members": list(r.members),
+                    "lease_holder": r.lease_holder,
+                    "emitting": r.emitting,
+                    "subscriptions": r.subscriptions,
+                    "outbox_rows": r.outbox_rows,
                 }
                 for n, r in reps
             ]
             for b, reps in sorted(rows.items())
         }
-        print(json.dumps({"buckets": out, "unreachable": down}, indent=2))
+        migrations = [
+            {
+                "bucket": m.bucket,
+                "from": list(m.from_nodes),
+                "to": list(m.to_nodes),
+                "hold_point": m.hold_point,
+                "epoch_target": m.epoch_target,
+                "started_ms": m.started_ms,
+            }
+            for m in _migrations(args)
+        ]
+        print(json.dumps({"buckets": out, "migrations": migrations, "unreachable": down}, indent=2))
         return 0 if not down else 1
     print(f"{'bucket':>6} {'leader':<8} {'epoch':>5} {'commit':>8}  replicas (node:applied lag)")
     for bucket, reps in sorted(rows.items()):
@@ -132,7 +150,78 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"{bucket:>6} {leader_node:<8} {epoch:>5} {commit:>8}  " + ", ".join(parts))
     for endpoint in down:
         print(f"node at {endpoint} is not answering")
+    for m in _migrations(args):
+        age = max(0.0, time.time() - m.started_ms / 1000)
+        print(
+            f"bucket {m.bucket}: UNFINISHED MIGRATION {','.join(m.from_nodes)} -> "
+            f"{','.join(m.to_nodes)} (started {age:.0f} s ago; log held from index "
+            f"{m.hold_point}; epoch {m.epoch_target} next): run `sevendb bucket migrate "
+            f"{m.bucket}` to finish it or add --rollback to undo it"
+        )
     return 0 if not down else 1
+
+
+def _migrations(args: argparse.Namespace) -> list[MigrationSpec]:
+    from sevendb.cluster.topology import ClusterSpec, ConfigError
+
+    try:
+        return list(ClusterSpec.load(_data_dir(args)).migrations)
+    except ConfigError:
+        return []  # --endpoints without a data dir: no cluster.json to read
+
+
+def _bucket_number(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"a bucket is a number, not {text!r}")
+    return int(text)
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from sevendb.cluster.migrate import migrate_bucket
+
+    to = tuple(n.strip() for n in args.to.split(",") if n.strip()) if args.to else None
+    migrate_bucket(
+        _data_dir(args).resolve(), args.bucket, to, rollback=args.rollback, progress=_progress
+    )
+    return 0
+
+
+def cmd_rebalance(args: argparse.Namespace) -> int:
+    from sevendb.cluster.local import stop_nodes
+    from sevendb.cluster.migrate import rebalance
+
+    data = _data_dir(args).resolve()
+    done = rebalance(
+        data,
+        dry_run=args.dry_run,
+        progress=_progress,
+        stop_node=lambda node_id: stop_nodes(data, [node_id], progress=_progress),
+    )
+    if not args.dry_run:
+        print(f"rebalanced: {len(done)} bucket(s) moved")
+    return 0
+
+
+def cmd_node_add(args: argparse.Namespace) -> int:
+    from sevendb.cluster.local import add_node
+
+    node = add_node(_data_dir(args), progress=_progress)
+    print(
+        f"node {node.node_id} added (gRPC {node.grpc_address}); it holds no bucket yet: "
+        "run `sevendb rebalance --dry-run` to see what would move to it"
+    )
+    return 0
+
+
+def cmd_node_remove(args: argparse.Namespace) -> int:
+    from sevendb.cluster.migrate import mark_draining
+
+    node = mark_draining(_data_dir(args), args.node)
+    print(
+        f"node {node.node_id} is draining: placement skips it; `sevendb rebalance` moves its "
+        "buckets away and then stops it"
+    )
+    return 0
 
 
 def cmd_write(args: argparse.Namespace) -> int:
@@ -282,6 +371,38 @@ def build_parser() -> argparse.ArgumentParser:
     get = sub.add_parser("get", parents=[common], help="read KEY")
     get.add_argument("key")
     get.set_defaults(fn=cmd_get)
+    bucket = sub.add_parser("bucket", help="bucket operations").add_subparsers(
+        dest="action", required=True
+    )
+    migrate = bucket.add_parser(
+        "migrate",
+        parents=[common],
+        help="move BUCKET's replicas to other nodes, then bump its epoch (resumable)",
+    )
+    migrate.add_argument("bucket", type=_bucket_number)
+    migrate.add_argument("--to", help="the target nodes, NODE[,NODE...] (R of them)")
+    migrate.add_argument(
+        "--rollback", action="store_true", help="undo an unfinished migration instead"
+    )
+    migrate.set_defaults(fn=cmd_migrate)
+    rebalance = sub.add_parser(
+        "rebalance",
+        parents=[common],
+        help="move the buckets whose rendezvous placement changed, one at a time",
+    )
+    rebalance.add_argument("--dry-run", action="store_true", help="print the plan only")
+    rebalance.set_defaults(fn=cmd_rebalance)
+    node = sub.add_parser("node", help="add or remove nodes").add_subparsers(
+        dest="action", required=True
+    )
+    node.add_parser("add", parents=[common], help="add and start a node").set_defaults(
+        fn=cmd_node_add
+    )
+    remove = node.add_parser(
+        "remove", parents=[common], help="drain NODE (rebalance then moves its buckets)"
+    )
+    remove.add_argument("node")
+    remove.set_defaults(fn=cmd_node_remove)
     token = sub.add_parser(
         "token", parents=[common], help="print a token for principal NAME (local cluster)"
     )
@@ -316,13 +437,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sevendb.cluster.demo import run_demo
 
         return run_demo(args.data)
+    from sevendb.cluster.migrate import MigrationError
     from sevendb.cluster.topology import ConfigError
     from sevendb.outbox.errors import SevenDBError
 
     try:
         code: int = args.fn(args)
         return code
-    except (ConfigError, SevenDBError, TimeoutError) as exc:
+    except KeyboardInterrupt:
+        print("sevendb: interrupted; a migration resumes when run again", file=sys.stderr)
+        return 130
+    except (ConfigError, SevenDBError, TimeoutError, MigrationError) as exc:
         print(f"sevendb: {exc.__class__.__name__}: {exc}", file=sys.stderr)
         return 1
 

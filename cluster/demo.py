@@ -93,7 +93,7 @@ class _Subscriber:
                 str(self.cursor),
             ],
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=open(data_dir / "demo-subscriber.log", "a"),  # noqa: SIM115 - the child's
             text=True,
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -218,9 +218,50 @@ def run_cluster_demo(data_dir: Path, out: Callable[[str], None] = print) -> int:
             )
             if not ok:
                 return 1
-        out(f"\n== restart {holder}: it catches up from its journal and the leader")
-        run("cluster", "up")
-        _wait_converged(spec, out)
+            out(f"\n== restart {holder}: it catches up from its journal and the leader")
+            run("cluster", "up")
+            _wait_converged(spec, out)
+
+            out(f"\n== add a node, and migrate bucket {bucket} to it under the write load")
+            run("node", "add")
+            spec = ClusterSpec.load(data_dir)
+            leader = next(
+                n.node_id
+                for n in spec.nodes
+                if any(
+                    r.bucket == bucket and r.is_leader
+                    for r in (node_status(n.grpc_address) or _NO_STATUS).replicas
+                )
+            )
+            keep = [n for n in spec.buckets[bucket].nodes if n != leader][:2]
+            target = ",".join([spec.nodes[-1].node_id, *keep])
+            during: set[str] = set()
+            load = threading.Thread(
+                target=_write_load, args=(client, range(50, 90), during), daemon=True
+            )
+            load.start()
+            if run("bucket", "migrate", str(bucket), "--to", target) != 0:
+                return 1
+            load.join(60)
+            after = [
+                k
+                for k in (f"orders/{i}" for i in range(100, 400))
+                if spec.bucket_for_key(k).bucket == bucket
+            ][:5]
+            for key in after:  # in the new epoch
+                client.put(key, b"new")
+            ok = subscriber.wait_keys(during | set(after))
+            missing = sorted((during | set(after)) - subscriber.keys())
+            epochs = sorted(
+                {line["emit_seq"][1] for line in subscriber.lines if line["bucket"] == bucket}
+            )
+            out(
+                f"the subscriber kept printing: {'nothing' if ok else missing} missing; "
+                f"bucket {bucket}'s events went from epoch {epochs[0]} to epoch {epochs[-1]}, "
+                "emit_seq still increasing"
+            )
+            if not ok:
+                return 1
         run("status")
     finally:
         out("")
@@ -273,7 +314,7 @@ def _wait_converged(spec: object, out: Callable[[str], None], timeout_s: float =
     while time.monotonic() < deadline:
         views: dict[int, set[tuple[int, str]]] = {}
         for node in spec.nodes:  # type: ignore[attr-defined]
-            status = node_status(node.grpc_address)
+            status = node_status(node.grpc_address, digests=True)
             for r in (status or _NO_STATUS).replicas:
                 views.setdefault(r.bucket, set()).add((r.applied_index, r.digest))
         if views and all(len(v) == 1 for v in views.values()):

@@ -16,7 +16,7 @@ import grpc
 
 from sevendb.cluster.auth import DEFAULT_PRINCIPAL, mint_token
 from sevendb.cluster.node import node_dir
-from sevendb.cluster.topology import ClusterSpec, ConfigError, new_cluster
+from sevendb.cluster.topology import NODES_MAX, ClusterSpec, ConfigError, NodeSpec, new_cluster
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 
@@ -35,19 +35,25 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def allocate_ports(nodes: int, buckets: int, start: int = 21000) -> list[int]:
+def allocate_ports(
+    nodes: int, buckets: int, start: int = 21000, avoid: frozenset[int] = frozenset()
+) -> list[int]:
     """Per node: a free gRPC port, a free block of `buckets` Raft ports and a free
-    metrics port."""
+    metrics port (none of them in `avoid`: ports other nodes own while stopped)."""
+
+    def free(port: int) -> bool:
+        return port not in avoid and _port_free(port)
+
     ports: list[int] = []
     port = start + (os.getpid() * 7) % 20000
     while len(ports) < 3 * nodes:
         if port + buckets >= 65000:
             port = start
         if len(ports) % 3 != 1:
-            if _port_free(port):
+            if free(port):
                 ports.append(port)
             port += 1
-        elif all(_port_free(p) for p in range(port, port + buckets)):
+        elif all(free(p) for p in range(port, port + buckets)):
             ports.append(port)
             port += buckets
         else:
@@ -158,11 +164,15 @@ def cluster_up(
     return UpResult(spec, created, started)
 
 
-def node_status(address: str, timeout_s: float = 2.0) -> pb.StatusResponse | None:
+def node_status(
+    address: str, timeout_s: float = 2.0, *, digests: bool = False
+) -> pb.StatusResponse | None:
+    """A node's Status (None if it does not answer); `digests` also computes each
+    replica's state digest (a snapshot of the bucket: not for tight loops)."""
     with grpc.insecure_channel(address) as channel:
         try:
             response: pb.StatusResponse = pb_grpc.SevenDBStub(channel).Status(
-                pb.StatusRequest(), timeout=timeout_s
+                pb.StatusRequest(with_digests=digests), timeout=timeout_s
             )
             return response
         except grpc.RpcError:
@@ -211,7 +221,18 @@ def cluster_down(
     """SIGTERM every node (clean shutdown), SIGKILL what is still alive at the timeout."""
     data_dir = data_dir.resolve()
     spec = ClusterSpec.load(data_dir)
-    pids = {n.node_id: running_pid(data_dir, n.node_id) for n in spec.nodes}
+    return stop_nodes(data_dir, [n.node_id for n in spec.nodes], timeout_s, progress)
+
+
+def stop_nodes(
+    data_dir: Path,
+    node_ids: list[str],
+    timeout_s: float = STOP_TIMEOUT_S,
+    progress: Callable[[str], None] = lambda _: None,
+) -> list[str]:
+    """Stop these node processes cleanly (SIGKILL at the timeout); returns the ids that
+    were running."""
+    pids = {n: running_pid(data_dir, n) for n in node_ids}
     alive = {node_id: pid for node_id, pid in pids.items() if pid is not None}
     for node_id, pid in alive.items():
         progress(f"stopping node {node_id} (pid {pid})")
@@ -223,6 +244,49 @@ def cluster_down(
     for node_id, pid in alive.items():
         progress(f"node {node_id} did not stop in {timeout_s:.0f}s; killing pid {pid}")
         os.kill(pid, signal.SIGKILL)
-    for node in spec.nodes:
-        pid_file(data_dir, node.node_id).unlink(missing_ok=True)
+    for node_id in node_ids:
+        pid_file(data_dir, node_id).unlink(missing_ok=True)
     return [n for n, p in pids.items() if p is not None]
+
+
+def add_node(
+    data_dir: Path,
+    timeout_s: float = START_TIMEOUT_S,
+    progress: Callable[[str], None] = lambda _: None,
+) -> NodeSpec:
+    """Add a node to the local cluster and start it. It hosts nothing until buckets
+    are placed on it (`sevendb rebalance`, `sevendb bucket migrate`)."""
+    from sevendb.cluster.migrate import spec_lock
+
+    data_dir = data_dir.resolve()
+    with spec_lock(data_dir):
+        spec = ClusterSpec.load(data_dir)
+        if len(spec.nodes) >= NODES_MAX:
+            raise ConfigError(f"the cluster already has the most nodes allowed ({NODES_MAX})")
+        taken = {int(n.node_id[1:]) for n in spec.nodes if n.node_id[1:].isdigit()}
+        node_id = f"n{max(taken, default=0) + 1}"
+        used = frozenset(
+            port
+            for n in spec.nodes
+            for port in (
+                n.grpc_port,
+                n.metrics_port,
+                *range(n.raft_port_base, n.raft_port_base + len(spec.buckets)),
+            )
+        )
+        grpc_port, raft_base, metrics_port = allocate_ports(1, len(spec.buckets), avoid=used)
+        node = NodeSpec(node_id, HOST, grpc_port, raft_base, metrics_port)
+        spec = spec.with_node(node)
+        spec.validate()
+        spec.save(data_dir)
+    pid = start_node(data_dir, node_id)
+    progress(f"started node {node_id} (pid {pid}) gRPC {node.grpc_address}")
+    started = time.monotonic()
+    while node_status(node.grpc_address) is None:
+        elapsed = time.monotonic() - started
+        # (Right after the fork the child's command line is still ours: wait a little
+        # before reading a missing pid as a dead node.)
+        if (elapsed > 2.0 and running_pid(data_dir, node_id) is None) or elapsed > timeout_s:
+            raise TimeoutError(f"node {node_id} did not start; see {log_file(data_dir, node_id)}")
+        time.sleep(0.1)
+    return node

@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -23,7 +24,7 @@ from sevendb.cluster.faults import KILL_BEFORE_SEND, FaultPoints
 from sevendb.cluster.metrics import NodeMetrics
 from sevendb.cluster.replica import BucketReplica, RaftTuning
 from sevendb.cluster.service import NodeService
-from sevendb.cluster.topology import ClusterSpec, ConfigError
+from sevendb.cluster.topology import SPEC_FILE, ClusterSpec, ConfigError
 from sevendb.notifier.host import BucketNotifier, NotifierSettings
 from sevendb.outbox.model import Applied
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
@@ -35,6 +36,7 @@ GRPC_MESSAGE_BYTES_MAX = 4 * 1024 * 1024
 TUNING_ENV_PREFIX = "SEVENDB_RAFT_"
 NOTIFIER_ENV_PREFIX = "SEVENDB_NOTIFIER_"
 STOP_GRACE_S = 2.0
+SPEC_POLL_S = 1.0
 
 S = TypeVar("S")
 
@@ -87,52 +89,130 @@ def notifier_settings_from_env(environ: Mapping[str, str], tuning: RaftTuning) -
 
 
 class Node:
-    """Everything one node process runs; `start()` then `stop()`."""
+    """Everything one node process runs; `start_background()`, `serve()`, then
+    `stop_replicas()`.
+
+    Which replicas run here follows `cluster.json`: at start, and on every reload
+    (the `Reload` RPC, or the file changing on disk), replicas newly placed on this
+    node start, replicas no longer placed here stop and their data is deleted (a
+    migration removes a member from its Raft group before it edits the placement),
+    and migration hold points are applied. The replica and notifier maps are
+    replaced, never mutated, so readers on other threads see one or the other.
+    """
 
     def __init__(self, data_dir: Path, node_id: str, environ: Mapping[str, str]) -> None:
+        self.data_dir = data_dir
         self.spec = ClusterSpec.load(data_dir)
         self.node_id = node_id
         self.me = self.spec.node(node_id)
-        tuning = self.tuning = tuning_from_env(environ)
-        settings = notifier_settings_from_env(environ, tuning)
+        self.tuning = tuning_from_env(environ)
+        self._settings = notifier_settings_from_env(environ, self.tuning)
         self._stopping = threading.Event()
-        home = node_dir(data_dir, node_id)
-        home.mkdir(parents=True, exist_ok=True)
-        faults = FaultPoints.from_env(home)
+        self._reload_lock = threading.Lock()
+        self._spec_mtime = self._spec_file_mtime()
+        self.home = node_dir(data_dir, node_id)
+        self.home.mkdir(parents=True, exist_ok=True)
+        self._faults = FaultPoints.from_env(self.home)
         self.replicas: dict[int, BucketReplica] = {}
         self.notifiers: dict[int, BucketNotifier] = {}
+        self._started = False
         self.metrics = NodeMetrics(
             plan_mismatches=lambda: sum(r.plan_mismatches for r in self.replicas.values())
         )
         try:
-            for bucket in self.spec.buckets:
-                if node_id not in bucket.nodes:
-                    continue
-                me = self.me.raft_address(bucket.bucket)
-                replica = BucketReplica(
-                    bucket=bucket.bucket,
-                    bucket_uuid=bucket.bucket_uuid,
-                    self_addr=me,
-                    partners=[a for a in self.spec.replica_addresses(bucket.bucket) if a != me],
-                    data_dir=home / f"bucket-{bucket.bucket}",
-                    password=self.spec.password,
-                    tuning=tuning,
-                )
-                self.replicas[bucket.bucket] = replica
-                notifier = BucketNotifier(
-                    replica,
-                    settings,
-                    metrics=self.metrics,
-                    before_send=(
-                        (lambda: faults.fire(KILL_BEFORE_SEND)) if faults.enabled else None
-                    ),
-                )
-                self.notifiers[bucket.bucket] = notifier
-                replica.on_applied = self._on_applied_hook(bucket.bucket, notifier)
+            self.reload()
         except BaseException:
             self.stop_replicas()
             raise
-        self.service = NodeService(self.spec, node_id, self.replicas, self.notifiers, self.metrics)
+        self.service = NodeService(self, self.metrics)
+
+    # ---- replicas follow the spec ------------------------------------------------------
+
+    def reload(self) -> list[int]:
+        """Converge the local replicas on `cluster.json`; returns the buckets hosted."""
+        with self._reload_lock:
+            spec = ClusterSpec.load(self.data_dir)
+            self._spec_mtime = self._spec_file_mtime()
+            self.spec = spec
+            self.me = spec.node(self.node_id)
+            wanted = {b.bucket for b in spec.buckets if self.node_id in b.nodes}
+            for bucket in sorted(set(self.replicas) - wanted):
+                self._stop_replica(bucket, delete=True)
+            for bucket in sorted(wanted - set(self.replicas)):
+                self._start_replica(bucket)
+            for bucket, replica in self.replicas.items():
+                migration = spec.migration(bucket)
+                replica.migration_hold_point = None if migration is None else migration.hold_point
+            self._delete_stray_data(wanted)
+            return sorted(self.replicas)
+
+    def _start_replica(self, bucket: int) -> None:
+        spec = self.spec
+        me = self.me.raft_address(bucket)
+        replica = BucketReplica(
+            bucket=bucket,
+            bucket_uuid=spec.buckets[bucket].bucket_uuid,
+            self_addr=me,
+            partners=[a for a in spec.replica_addresses(bucket) if a != me],
+            data_dir=self.home / f"bucket-{bucket}",
+            password=spec.password,
+            tuning=self.tuning,
+        )
+        faults = self._faults
+        notifier = BucketNotifier(
+            replica,
+            self._settings,
+            metrics=self.metrics,
+            before_send=(lambda: faults.fire(KILL_BEFORE_SEND)) if faults.enabled else None,
+        )
+        replica.on_applied = self._on_applied_hook(bucket, notifier)
+        self.replicas = {**self.replicas, bucket: replica}
+        self.notifiers = {**self.notifiers, bucket: notifier}
+        if self._started:
+            notifier.start()
+        log.info("bucket %d: replica %s started", bucket, me)
+
+    def _stop_replica(self, bucket: int, *, delete: bool) -> None:
+        replica, notifier = self.replicas[bucket], self.notifiers[bucket]
+        self.replicas = {b: r for b, r in self.replicas.items() if b != bucket}
+        self.notifiers = {b: n for b, n in self.notifiers.items() if b != bucket}
+        notifier.stop()
+        replica.close()
+        if delete:
+            shutil.rmtree(self.home / f"bucket-{bucket}", ignore_errors=True)
+        log.info(
+            "bucket %d: replica %s stopped%s",
+            bucket,
+            replica.self_addr,
+            " and its data deleted (no longer placed here)" if delete else "",
+        )
+
+    def _delete_stray_data(self, wanted: set[int]) -> None:
+        """Data of a replica this node no longer hosts (it stopped before it could
+        delete it: a crash right after a migration removed it)."""
+        for path in self.home.glob("bucket-*"):
+            suffix = path.name.removeprefix("bucket-")
+            if suffix.isdigit() and int(suffix) not in wanted:
+                log.warning("deleting %s: bucket %s is no longer placed on this node", path, suffix)
+                shutil.rmtree(path, ignore_errors=True)
+
+    def _spec_file_mtime(self) -> float:
+        try:
+            return (self.data_dir / SPEC_FILE).stat().st_mtime
+        except OSError:
+            return 0.0
+
+    def _watch_spec(self) -> None:
+        """Reload when cluster.json changes (the CLI also asks every node directly)."""
+        while not self._stopping.wait(SPEC_POLL_S):
+            if self._spec_file_mtime() != self._spec_mtime:
+                try:
+                    self.reload()
+                except Exception:
+                    log.exception(
+                        "reloading %s failed; the running replicas are unchanged",
+                        self.data_dir / SPEC_FILE,
+                    )
 
     def _on_applied_hook(self, bucket: int, notifier: BucketNotifier) -> Callable[[Applied], None]:
         metrics = self.metrics
@@ -144,8 +224,10 @@ class Node:
         return hook
 
     def start_background(self) -> None:
+        self._started = True
         for notifier in self.notifiers.values():
             notifier.start()
+        threading.Thread(target=self._watch_spec, name="spec-watch", daemon=True).start()
         if self.tuning.leader_balance_s > 0:
             balancer = threading.Thread(target=self._balance_leaders, name="balance", daemon=True)
             balancer.start()
@@ -154,11 +236,15 @@ class Node:
 
     def _balance_leaders(self) -> None:
         """Hand each bucket this node leads to its preferred replica when that one is
-        connected (pysyncobj refuses unless it holds the whole log; retried)."""
-        preferred = self.spec.preferred_leaders()
+        connected (pysyncobj refuses unless it holds the whole log; retried). Not
+        while the bucket migrates: the migration moves leadership itself."""
         while not self._stopping.wait(self.tuning.leader_balance_s):
+            spec = self.spec
+            preferred = spec.preferred_leaders()
             for bucket, replica in self.replicas.items():
-                target = self.spec.node(preferred[bucket]).raft_address(bucket)
+                if spec.migration(bucket) is not None:
+                    continue
+                target = spec.node(preferred[bucket]).raft_address(bucket)
                 if target == replica.self_addr or not replica.is_leader:
                     continue
                 if target in replica.connectivity().connected:
@@ -167,10 +253,9 @@ class Node:
 
     def stop_replicas(self) -> None:
         self._stopping.set()
-        for notifier in self.notifiers.values():
-            notifier.stop()
-        for replica in self.replicas.values():
-            replica.close()
+        with self._reload_lock:
+            for bucket in sorted(self.replicas):
+                self._stop_replica(bucket, delete=False)
 
     async def serve(self, stop: threading.Event) -> int:
         server = aio.server(

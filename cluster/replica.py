@@ -448,7 +448,8 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
         self._counters: _Counters = owner._counters
         self._next_transfer_s = 0.0
         self._transfer_tried = False
-        self._transfer_request: str | None = None
+        self._transfer_request: tuple[str, float] | None = None
+        """(target, deadline): hand leadership over (see `_try_transfer`)."""
         self._gate_closed_until_s = 0.0
         super().__init__(self_addr, partners, conf)
         # pysyncobj's tick thread exits when the thread that constructed the SyncObj
@@ -498,15 +499,36 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
         self._journal.sync()
         if self._owner._quarantine is not None:
             self._quarantined_tick()
-        transfer, self._transfer_request = self._transfer_request, None
-        if transfer is not None and self._isLeader():
-            self.transferLeadership(transfer)  # here: raft state belongs to this thread
+        self._try_transfer()
         if self._SyncObj__raftState == _LEADER:
             # Wake for a commit notification due sooner than the idle poll timeout.
             timeToWait = max(
                 0.0, min(timeToWait, self._SyncObj__newAppendEntriesTime - _monotonic())
             )
         SyncObj._onTick(self, timeToWait)
+
+    def _try_transfer(self) -> None:
+        """Leadership transfer (Raft thesis §3.10): while a transfer is pending the
+        leader takes no new commands (they wait in the queue), so the target can
+        catch up to the whole log, which pysyncobj requires before it sends
+        TimeoutNow; retried every tick until the deadline. Once we are no longer
+        leader, queued commands are forwarded to the new one."""
+        request = self._transfer_request
+        if request is None:
+            return
+        target, deadline = request
+        if not self._isLeader() or _monotonic() > deadline:
+            self._transfer_request = None
+            return
+        sent: list[int] = []
+        self.transferLeadership(target, callback=lambda _r, err: sent.append(err))
+        if sent and sent[0] == FAIL_REASON.SUCCESS:
+            # TimeoutNow is on its way; keep new commands queued until we step down.
+            self._transfer_request = (target, min(deadline, _monotonic() + 1.0))
+
+    def _transferring(self) -> bool:
+        request = self._transfer_request
+        return request is not None and _monotonic() <= request[1] and self._isLeader()
 
     def _quarantined_tick(self) -> None:
         """A quarantined replica keeps storing and acking the log (the group needs its
@@ -536,6 +558,9 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
         conf = self._SyncObj__conf
         commands = self._SyncObj__commandsQueue
         transport = self._SyncObj__transport
+        if self._transferring():
+            self._journal.sync()
+            return  # commands wait while leadership moves (see _try_transfer)
         start = _monotonic()
         appended = False
         while _monotonic() - start < conf.appendEntriesPeriod:
@@ -1100,11 +1125,16 @@ class BucketReplica:
         entry (each quarantined it)."""
         return self._counters.plan_mismatches
 
-    def transfer_leadership(self, to: str) -> None:
-        """Ask this replica, if it leads, to hand leadership to member `to` (done by the
-        tick thread; refused by pysyncobj unless `to` holds the whole log)."""
+    def members(self) -> list[str]:
+        """The Raft group's members as this replica sees them (sorted addresses)."""
+        return self._members()
+
+    def transfer_leadership(self, to: str, timeout_s: float = 2.0) -> None:
+        """Ask this replica, if it leads, to hand leadership to member `to`: for up to
+        `timeout_s` it takes no new commands (they wait, then go to the new leader)
+        until `to` holds the whole log, then sends it TimeoutNow (tick thread)."""
         _check_addr(to)
-        self._node._transfer_request = to
+        self._node._transfer_request = (to, _monotonic() + timeout_s)
 
     def connectivity(self) -> Connectivity:
         """The leader this replica knows, whether it reaches a quorum, and which other

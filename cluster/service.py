@@ -17,23 +17,34 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, Final, NoReturn, TypeAlias, TypeVar
+from typing import Any, Final, NoReturn, Protocol, TypeAlias, TypeVar
 
 import grpc
 from grpc import aio
 
-from sevendb.cluster.auth import AUTH_METADATA_KEY, AuthError, principal_from_metadata
+from sevendb.cluster.auth import (
+    ADMIN_PRINCIPAL,
+    AUTH_METADATA_KEY,
+    AuthError,
+    principal_from_metadata,
+)
 from sevendb.cluster.batcher import WriteBatcher
 from sevendb.cluster.grpc_errors import ERROR_CODE_KEY, LEADER_HINT_KEY, STATUS_OF
 from sevendb.cluster.metrics import NodeMetrics
-from sevendb.cluster.replica import ApplyOutcome, BucketReplica, ReplicaUnavailable
-from sevendb.cluster.topology import ClusterSpec, bucket_of
+from sevendb.cluster.replica import (
+    ApplyOutcome,
+    BucketReplica,
+    MembershipChangeInProgress,
+    ReplicaUnavailable,
+)
+from sevendb.cluster.topology import ClusterSpec, ConfigError, NodeSpec, bucket_of
 from sevendb.notifier.core import AttachStatus
 from sevendb.notifier.host import BucketNotifier
 from sevendb.outbox import limits
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import (
     Entry,
+    EpochCreate,
     Expected,
     ExpectKind,
     InitProducer,
@@ -49,6 +60,7 @@ from sevendb.outbox.entries import (
 from sevendb.outbox.errors import Rejection, SevenDBError
 from sevendb.outbox.model import (
     AckStatus,
+    EpochResult,
     InitProducerResult,
     OutboxRow,
     ReconnectStatus,
@@ -253,26 +265,43 @@ class _StreamSink:
 # ---- the servicer ----------------------------------------------------------------------
 
 
+class NodeHost(Protocol):
+    """What the service needs of its node (cluster/node.py's Node)."""
+
+    node_id: str
+    me: NodeSpec
+    spec: ClusterSpec
+    replicas: dict[int, BucketReplica]
+    notifiers: dict[int, BucketNotifier]
+
+    def reload(self) -> list[int]: ...
+
+
 class NodeService(pb_grpc.SevenDBServicer):
     """Client-facing API of one node; any node accepts any request."""
 
-    def __init__(
-        self,
-        spec: ClusterSpec,
-        node_id: str,
-        replicas: dict[int, BucketReplica],
-        notifiers: dict[int, BucketNotifier],
-        metrics: NodeMetrics | None = None,
-    ) -> None:
-        self._spec = spec
-        self._node_id = node_id
-        self._me = spec.node(node_id).grpc_address
-        self._replicas = replicas
-        self._notifiers = notifiers
+    def __init__(self, node: NodeHost, metrics: NodeMetrics | None = None) -> None:
+        self._node = node
+        self._node_id = node.node_id
+        self._me = node.me.grpc_address
         self._metrics = metrics
         self._batchers: dict[int, WriteBatcher] = {}
-        self._bucket_of_uuid = {b.bucket_uuid: b.bucket for b in spec.buckets}
+        self._bucket_of_uuid = {b.bucket_uuid: b.bucket for b in node.spec.buckets}
         self._channels: dict[str, aio.Channel] = {}
+
+    # The node's spec, replicas and notifiers change when it reloads cluster.json
+    # (migrations); each access sees one consistent version of each.
+    @property
+    def _spec(self) -> ClusterSpec:
+        return self._node.spec
+
+    @property
+    def _replicas(self) -> dict[int, BucketReplica]:
+        return self._node.replicas
+
+    @property
+    def _notifiers(self) -> dict[int, BucketNotifier]:
+        return self._node.notifiers
 
     async def close(self) -> None:
         for batcher in self._batchers.values():
@@ -403,10 +432,11 @@ class NodeService(pb_grpc.SevenDBServicer):
                 lambda s, md: s.Write(request, timeout=FORWARD_TIMEOUT_S, metadata=md),
                 to_leader=False,
             )
+        replica = self._replicas[bucket]
         batcher = self._batchers.get(bucket)
-        if batcher is None:
+        if batcher is None or batcher.replica is not replica:  # new, or restarted
             batcher = self._batchers[bucket] = WriteBatcher(
-                self._replicas[bucket], asyncio.get_running_loop(), timeout_s=PROPOSE_TIMEOUT_S
+                replica, asyncio.get_running_loop(), timeout_s=PROPOSE_TIMEOUT_S
             )
         try:
             result: WriteResult = await batcher.submit(entry)
@@ -780,6 +810,116 @@ class NodeService(pb_grpc.SevenDBServicer):
             raise _Failure.rejected(result.error)
         return pb.UnsubscribeResponse()
 
+    # ---- administration (principal "admin") --------------------------------------------
+
+    def _admin(self, context: Ctx) -> None:
+        if self._principal(context) != ADMIN_PRINCIPAL:
+            raise _Failure(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"administration needs the {ADMIN_PRINCIPAL!r} principal "
+                f"(`sevendb token {ADMIN_PRINCIPAL}`)",
+            )
+
+    def _leading_replica(self, bucket: int) -> BucketReplica:
+        self._check_bucket(bucket)
+        replica = self._replicas.get(bucket)
+        if replica is None:
+            raise _Failure(
+                grpc.StatusCode.UNAVAILABLE,
+                f"bucket {bucket}: no replica on this node",
+                leader=self._some_host(bucket),
+            )
+        if not replica.is_leader or replica.quarantined:
+            raise _Failure(
+                grpc.StatusCode.UNAVAILABLE,
+                f"bucket {bucket}: this node is not the leader",
+                leader=self._leader_address(bucket),
+            )
+        return replica
+
+    async def _membership(
+        self, request: pb.MemberRequest, context: Ctx, change: str
+    ) -> pb.MemberResponse:
+        self._admin(context)
+        replica = self._leading_replica(request.bucket)
+        call = replica.add_member if change == "add" else replica.remove_member
+        try:
+            await asyncio.to_thread(call, request.address, PROPOSE_TIMEOUT_S)
+        except MembershipChangeInProgress as exc:
+            raise _Failure(grpc.StatusCode.ABORTED, str(exc)) from None
+        except ReplicaUnavailable as exc:
+            raise self._unavailable(request.bucket, exc) from None
+        except ValueError as exc:
+            code = grpc.StatusCode.ALREADY_EXISTS if change == "add" else grpc.StatusCode.NOT_FOUND
+            if "leader" in str(exc) or "this replica" in str(exc):
+                code = grpc.StatusCode.FAILED_PRECONDITION
+            raise _Failure(code, str(exc)) from None
+        return pb.MemberResponse(members=replica.members())
+
+    @_unary
+    async def AddMember(self, request: pb.MemberRequest, context: Ctx) -> pb.MemberResponse:
+        return await self._membership(request, context, "add")
+
+    @_unary
+    async def RemoveMember(self, request: pb.MemberRequest, context: Ctx) -> pb.MemberResponse:
+        return await self._membership(request, context, "remove")
+
+    @_unary
+    async def TransferLeader(self, request: pb.MemberRequest, context: Ctx) -> pb.MemberResponse:
+        self._admin(context)
+        replica = self._leading_replica(request.bucket)
+        if request.address not in replica.members():
+            raise _Failure(
+                grpc.StatusCode.NOT_FOUND,
+                f"{request.address} is not a member of bucket {request.bucket}",
+            )
+        replica.transfer_leadership(request.address)
+        deadline = time.monotonic() + PROPOSE_TIMEOUT_S
+        while replica.leader != request.address:
+            if time.monotonic() > deadline:
+                raise _Failure(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"bucket {request.bucket}: leadership did not move to {request.address} "
+                    "(it must hold the whole log); retry",
+                    leader=self._leader_address(request.bucket),
+                )
+            await asyncio.sleep(0.05)
+        return pb.MemberResponse(members=replica.members())
+
+    @_unary
+    async def CreateEpoch(self, request: pb.EpochRequest, context: Ctx) -> pb.EpochResponse:
+        self._admin(context)
+        bucket = request.bucket
+        replica = self._leading_replica(bucket)
+        current = replica.read(lambda sm: sm.epoch)
+        if current.epoch_counter == request.epoch_counter:
+            return pb.EpochResponse(
+                epoch_id=pb.EmitSeq.EpochId(
+                    bucket_uuid=current.bucket_uuid, epoch_counter=current.epoch_counter
+                )
+            )
+        outcome = await self._propose(bucket, EpochCreate(request.epoch_counter, now_ms()))
+        assert outcome.applied is not None
+        result = outcome.applied.result
+        assert isinstance(result, EpochResult)
+        if result.error is not None:
+            raise _Failure.rejected(result.error)
+        return pb.EpochResponse(
+            epoch_id=pb.EmitSeq.EpochId(
+                bucket_uuid=result.epoch.bucket_uuid, epoch_counter=result.epoch.epoch_counter
+            ),
+            commit_index=outcome.commit_index,
+        )
+
+    @_unary
+    async def Reload(self, request: pb.ReloadRequest, context: Ctx) -> pb.ReloadResponse:
+        self._admin(context)
+        try:
+            buckets = await asyncio.to_thread(self._node.reload)
+        except ConfigError as exc:
+            raise _Failure(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
+        return pb.ReloadResponse(buckets=buckets)
+
     # ---- operations --------------------------------------------------------------------
 
     async def ClusterInfo(
@@ -800,11 +940,11 @@ class NodeService(pb_grpc.SevenDBServicer):
         )
 
     async def Status(self, request: pb.StatusRequest, context: Ctx) -> pb.StatusResponse:
-        # Digests snapshot the whole core: off the event loop.
-        replicas = await asyncio.to_thread(self._status)
+        # Digests snapshot the whole core: off the event loop, and only on request.
+        replicas = await asyncio.to_thread(self._status, request.with_digests)
         return pb.StatusResponse(node_id=self._node_id, replicas=replicas)
 
-    def _status(self) -> list[pb.ReplicaStatus]:
+    def _status(self, with_digests: bool) -> list[pb.ReplicaStatus]:
         out = []
         for bucket, replica in sorted(self._replicas.items()):
             st = replica.status()
@@ -813,7 +953,7 @@ class NodeService(pb_grpc.SevenDBServicer):
                 if replica.quarantined
                 else replica.read(
                     lambda sm: (
-                        sm.digest(),
+                        sm.digest() if with_digests else "",
                         sm.lease_holder,
                         len(sm.subscriptions()),
                         sm.outbox_size(),
@@ -836,7 +976,7 @@ class NodeService(pb_grpc.SevenDBServicer):
                     epoch_counter=_int(st.get("epoch")),
                     digest=digest,
                     quarantined=replica.quarantined or "",
-                    members=self._spec.replica_addresses(bucket),
+                    members=replica.members(),
                     fsyncs=_int(st.get("fsyncs")),
                     lease_holder=holder,
                     emitting=notifier is not None and notifier.emitting,

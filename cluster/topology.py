@@ -12,7 +12,7 @@ import os
 import secrets
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Final
 
@@ -55,6 +55,9 @@ class NodeSpec:
     """Bucket b's replica on this node listens on raft_port_base + b."""
     metrics_port: int = 0
     """HTTP port of the node's Prometheus ``/metrics`` (0: not served)."""
+    draining: bool = False
+    """Being removed (`sevendb node remove`): placement skips it; `sevendb rebalance`
+    moves its buckets away and then drops it from the cluster."""
 
     @property
     def grpc_address(self) -> str:
@@ -73,6 +76,21 @@ class BucketSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class MigrationSpec:
+    """An unfinished `sevendb bucket migrate`: enough to resume or roll it back."""
+
+    bucket: int
+    from_nodes: tuple[str, ...]
+    to_nodes: tuple[str, ...]
+    hold_point: int
+    """The bucket's commit index when the migration began: compaction never passes
+    it while the migration runs (seed 000 §8, migration_hold_point)."""
+    epoch_target: int
+    """The epoch EPOCH_CREATE commits once the replicas have moved."""
+    started_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterSpec:
     cluster_id: str
     password: str
@@ -80,6 +98,7 @@ class ClusterSpec:
     replicas: int
     nodes: tuple[NodeSpec, ...]
     buckets: tuple[BucketSpec, ...]
+    migrations: tuple[MigrationSpec, ...] = ()
 
     def node(self, node_id: str) -> NodeSpec:
         for node in self.nodes:
@@ -113,11 +132,44 @@ class ClusterSpec:
         return out
 
     def node_of_raft_address(self, bucket: int, address: str) -> NodeSpec | None:
-        for node_id in self.buckets[bucket].nodes:
-            node = self.node(node_id)
+        """The node whose replica of `bucket` listens on `address` (any node: during a
+        migration a member may not be in the bucket's placement yet)."""
+        for node in self.nodes:
             if node.raft_address(bucket) == address:
                 return node
         return None
+
+    def placement(self, bucket_uuid: str) -> list[str]:
+        """Where rendezvous hashing puts a bucket now (draining nodes excluded)."""
+        active = [n.node_id for n in self.nodes if not n.draining]
+        return rendezvous(bucket_uuid, active, self.replicas)
+
+    def migration(self, bucket: int) -> MigrationSpec | None:
+        return next((m for m in self.migrations if m.bucket == bucket), None)
+
+    # ---- edits (new specs; the caller saves them) ----------------------------------
+
+    def with_bucket_nodes(self, bucket: int, nodes: Sequence[str]) -> ClusterSpec:
+        buckets = list(self.buckets)
+        buckets[bucket] = replace(buckets[bucket], nodes=tuple(nodes))
+        return replace(self, buckets=tuple(buckets))
+
+    def with_migration(self, migration: MigrationSpec | None, bucket: int) -> ClusterSpec:
+        """Record (or, with None, clear) the migration of `bucket`."""
+        kept = tuple(m for m in self.migrations if m.bucket != bucket)
+        return replace(self, migrations=kept if migration is None else (*kept, migration))
+
+    def with_node(self, node: NodeSpec) -> ClusterSpec:
+        """Add `node`, or replace the node with its id."""
+        others = tuple(n for n in self.nodes if n.node_id != node.node_id)
+        order = [n.node_id for n in self.nodes]
+        nodes = (*others, node)
+        if node.node_id in order:
+            nodes = tuple(node if n.node_id == node.node_id else n for n in self.nodes)
+        return replace(self, nodes=nodes)
+
+    def without_node(self, node_id: str) -> ClusterSpec:
+        return replace(self, nodes=tuple(n for n in self.nodes if n.node_id != node_id))
 
     # ---- persistence -------------------------------------------------------------
 
@@ -143,6 +195,7 @@ class ClusterSpec:
                         int(n["grpc_port"]),
                         int(n["raft_port_base"]),
                         int(n.get("metrics_port", 0)),
+                        bool(n.get("draining", False)),
                     )
                     for n in raw["nodes"]
                 ),
@@ -151,6 +204,17 @@ class ClusterSpec:
                         int(b["bucket"]), str(b["bucket_uuid"]), tuple(str(x) for x in b["nodes"])
                     )
                     for b in raw["buckets"]
+                ),
+                migrations=tuple(
+                    MigrationSpec(
+                        int(m["bucket"]),
+                        tuple(str(x) for x in m["from_nodes"]),
+                        tuple(str(x) for x in m["to_nodes"]),
+                        int(m["hold_point"]),
+                        int(m["epoch_target"]),
+                        int(m["started_ms"]),
+                    )
+                    for m in raw.get("migrations", ())
                 ),
             )
         except ConfigError:
@@ -175,9 +239,17 @@ class ClusterSpec:
         for i, b in enumerate(self.buckets):
             if b.bucket != i:
                 raise ConfigError(f"{origin}: bucket {i} is numbered {b.bucket}")
-            if len(b.nodes) != self.replicas or len(set(b.nodes)) != len(b.nodes):
+            # A migration adds a replica before it removes one: R or R+1 at a time.
+            if not self.replicas <= len(b.nodes) <= self.replicas + 1 or len(set(b.nodes)) != len(
+                b.nodes
+            ):
                 raise ConfigError(f"{origin}: bucket {i} needs {self.replicas} distinct nodes")
             for node_id in b.nodes:
+                self.node(node_id)
+        for m in self.migrations:
+            if not 0 <= m.bucket < len(self.buckets):
+                raise ConfigError(f"{origin}: a migration names bucket {m.bucket}")
+            for node_id in (*m.from_nodes, *m.to_nodes):
                 self.node(node_id)
         ports: set[int] = set()
         for n in self.nodes:

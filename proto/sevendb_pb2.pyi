@@ -379,8 +379,10 @@ class SyncResponse(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., has_more: _Optional[bool] = ..., next_since_commit_index: _Optional[int] = ..., next_since_key: _Optional[str] = ..., applied_index: _Optional[int] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("with_digests",)
+    WITH_DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    with_digests: bool
+    def __init__(self, with_digests: _Optional[bool] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
     __slots__ = ("bucket", "bucket_uuid", "address", "leader", "is_leader", "term", "commit_index", "applied_index", "log_len", "epoch_counter", "digest", "quarantined", "members", "fsyncs", "lease_holder", "emitting", "subscriptions", "outbox_rows")
@@ -453,3 +455,43 @@ class ClusterInfoResponse(_message.Message):
     buckets: _containers.RepeatedCompositeFieldContainer[BucketInfo]
     nodes: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, cluster_id: _Optional[str] = ..., buckets: _Optional[_Iterable[_Union[BucketInfo, _Mapping]]] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class MemberRequest(_message.Message):
+    __slots__ = ("bucket", "address")
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    bucket: int
+    address: str
+    def __init__(self, bucket: _Optional[int] = ..., address: _Optional[str] = ...) -> None: ...
+
+class MemberResponse(_message.Message):
+    __slots__ = ("members",)
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    members: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, members: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class EpochRequest(_message.Message):
+    __slots__ = ("bucket", "epoch_counter")
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_COUNTER_FIELD_NUMBER: _ClassVar[int]
+    bucket: int
+    epoch_counter: int
+    def __init__(self, bucket: _Optional[int] = ..., epoch_counter: _Optional[int] = ...) -> None: ...
+
+class EpochResponse(_message.Message):
+    __slots__ = ("epoch_id", "commit_index")
+    EPOCH_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    epoch_id: EmitSeq.EpochId
+    commit_index: int
+    def __init__(self, epoch_id: _Optional[_Union[EmitSeq.EpochId, _Mapping]] = ..., commit_index: _Optional[int] = ...) -> None: ...
+
+class ReloadRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReloadResponse(_message.Message):
+    __slots__ = ("buckets",)
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    buckets: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, buckets: _Optional[_Iterable[int]] = ...) -> None: ...

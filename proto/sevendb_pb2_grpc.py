@@ -90,6 +90,31 @@ class SevenDBStub:
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.ClusterInfoRequest.SerializeToString,
                 response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.ClusterInfoResponse.FromString,
                 _registered_method=True)
+        self.AddMember = channel.unary_unary(
+                '/sevendb.v1.SevenDB/AddMember',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.MemberRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.MemberResponse.FromString,
+                _registered_method=True)
+        self.RemoveMember = channel.unary_unary(
+                '/sevendb.v1.SevenDB/RemoveMember',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.MemberRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.MemberResponse.FromString,
+                _registered_method=True)
+        self.TransferLeader = channel.unary_unary(
+                '/sevendb.v1.SevenDB/TransferLeader',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.MemberRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.MemberResponse.FromString,
+                _registered_method=True)
+        self.CreateEpoch = channel.unary_unary(
+                '/sevendb.v1.SevenDB/CreateEpoch',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.EpochRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.EpochResponse.FromString,
+                _registered_method=True)
+        self.Reload = channel.unary_unary(
+                '/sevendb.v1.SevenDB/Reload',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.ReloadRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.ReloadResponse.FromString,
+                _registered_method=True)
 
 
 class SevenDBServicer:
@@ -174,6 +199,40 @@ class SevenDBServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddMember(self, request, context):
+        """Membership changes, one at a time, on the bucket's leader (migration).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveMember(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TransferLeader(self, request, context):
+        """Hand the bucket's leadership to a caught-up member.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateEpoch(self, request, context):
+        """Bump the bucket's epoch (after its replicas moved).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Reload(self, request, context):
+        """Re-read cluster.json.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SevenDBServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -231,6 +290,31 @@ def add_SevenDBServicer_to_server(servicer, server):
                     servicer.ClusterInfo,
                     request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.ClusterInfoRequest.FromString,
                     response_serializer=sevendb_dot_proto_dot_sevendb__pb2.ClusterInfoResponse.SerializeToString,
+            ),
+            'AddMember': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddMember,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.MemberRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.MemberResponse.SerializeToString,
+            ),
+            'RemoveMember': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveMember,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.MemberRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.MemberResponse.SerializeToString,
+            ),
+            'TransferLeader': grpc.unary_unary_rpc_method_handler(
+                    servicer.TransferLeader,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.MemberRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.MemberResponse.SerializeToString,
+            ),
+            'CreateEpoch': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateEpoch,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.EpochRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.EpochResponse.SerializeToString,
+            ),
+            'Reload': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reload,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.ReloadRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.ReloadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -531,6 +615,141 @@ class SevenDB:
             '/sevendb.v1.SevenDB/ClusterInfo',
             sevendb_dot_proto_dot_sevendb__pb2.ClusterInfoRequest.SerializeToString,
             sevendb_dot_proto_dot_sevendb__pb2.ClusterInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddMember(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sevendb.v1.SevenDB/AddMember',
+            sevendb_dot_proto_dot_sevendb__pb2.MemberRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.MemberResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveMember(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sevendb.v1.SevenDB/RemoveMember',
+            sevendb_dot_proto_dot_sevendb__pb2.MemberRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.MemberResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TransferLeader(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sevendb.v1.SevenDB/TransferLeader',
+            sevendb_dot_proto_dot_sevendb__pb2.MemberRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.MemberResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateEpoch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sevendb.v1.SevenDB/CreateEpoch',
+            sevendb_dot_proto_dot_sevendb__pb2.EpochRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.EpochResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sevendb.v1.SevenDB/Reload',
+            sevendb_dot_proto_dot_sevendb__pb2.ReloadRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.ReloadResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -41,12 +41,16 @@ def wait_for(
 @dataclass
 class LocalCluster:
     data_dir: Path
-    spec: ClusterSpec
 
     @classmethod
     def start(cls, data_dir: Path, *, nodes: int = 3, buckets: int = 2) -> LocalCluster:
-        result = cluster_up(data_dir, nodes=nodes, buckets=buckets, replicas=min(3, nodes))
-        return cls(data_dir.resolve(), result.spec)
+        cluster_up(data_dir, nodes=nodes, buckets=buckets, replicas=min(3, nodes))
+        return cls(data_dir.resolve())
+
+    @property
+    def spec(self) -> ClusterSpec:
+        """cluster.json as it is now (nodes and placement change with migrations)."""
+        return ClusterSpec.load(self.data_dir)
 
     def token(self, principal: str = "default") -> str:
         return local_token(self.data_dir, principal)
@@ -68,8 +72,8 @@ class LocalCluster:
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: running_pid(self.data_dir, node_id) is None, 10, f"{node_id} to die")
 
-    def status(self, node_id: str) -> pb.StatusResponse | None:
-        return node_status(self.spec.node(node_id).grpc_address)
+    def status(self, node_id: str, *, digests: bool = False) -> pb.StatusResponse | None:
+        return node_status(self.spec.node(node_id).grpc_address, digests=digests)
 
     def leader_node(self, bucket: int) -> str:
         def find() -> str | None:
@@ -107,7 +111,7 @@ class LocalCluster:
         """Every replica of every bucket applied the same log to the same digest."""
         per_bucket: dict[int, set[tuple[int, str]]] = {}
         for node in self.spec.nodes:
-            status = self.status(node.node_id)
+            status = self.status(node.node_id, digests=True)
             if status is None:
                 return False
             for r in status.replicas:

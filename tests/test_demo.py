@@ -39,6 +39,7 @@ def test_full_demo_streams_through_a_holder_crash_and_a_subscriber_restart(
     assert "resumed after its cursor" in out and "nothing missing" in out
     assert "[subscriber pid" in out and "orders/44 SET 'new'" in out
     assert "every replica of every bucket has the same applied index and state digest" in out
+    assert "kept printing: nothing missing" in out and "from epoch 1 to epoch 2" in out
     assert '"key": "orders/1", "value": "paid", "version": 2' in out
     assert "cluster stopped" in out
     assert not list((tmp_path / "demo" / "nodes").glob("*/node.pid"))

@@ -170,6 +170,11 @@ def test_service_methods() -> None:
         "Unsubscribe": ("UnsubscribeRequest", "UnsubscribeResponse", False),
         "Status": ("StatusRequest", "StatusResponse", False),
         "ClusterInfo": ("ClusterInfoRequest", "ClusterInfoResponse", False),
+        "AddMember": ("MemberRequest", "MemberResponse", False),
+        "RemoveMember": ("MemberRequest", "MemberResponse", False),
+        "TransferLeader": ("MemberRequest", "MemberResponse", False),
+        "CreateEpoch": ("EpochRequest", "EpochResponse", False),
+        "Reload": ("ReloadRequest", "ReloadResponse", False),
     }
     assert not any(method.client_streaming for method in service.methods)
 
@@ -255,6 +260,14 @@ MESSAGES: dict[str, Message] = {
         node_id="n1", replicas=[pb.ReplicaStatus(bucket=1, is_leader=True, commit_index=9)]
     ),
     "ClusterInfoRequest": pb.ClusterInfoRequest(),
+    "MemberRequest": pb.MemberRequest(bucket=1, address="127.0.0.1:7001"),
+    "MemberResponse": pb.MemberResponse(members=["127.0.0.1:7001"]),
+    "EpochRequest": pb.EpochRequest(bucket=1, epoch_counter=2),
+    "EpochResponse": pb.EpochResponse(
+        epoch_id=pb.EmitSeq.EpochId(bucket_uuid="u", epoch_counter=2), commit_index=9
+    ),
+    "ReloadRequest": pb.ReloadRequest(),
+    "ReloadResponse": pb.ReloadResponse(buckets=[0, 3]),
     "WriteManyRequest": pb.WriteManyRequest(writes=[pb.WriteRequest(ops=[pb.Op(key="a")])]),
     "WriteOutcome": pb.WriteOutcome(code=9, message="m", error="PRECONDITION_FAILED"),
     "WriteManyResponse": pb.WriteManyResponse(
