@@ -507,3 +507,39 @@ def test_metrics_endpoint_exports_the_contract_metrics(cluster: LocalCluster) ->
     ):
         assert name in text, name
     assert 'reconnect_status_total{status="OK"}' in text or "reconnect_status" in text
+
+
+def test_async_iteration_and_many_subscriptions_in_one_client(cluster: LocalCluster) -> None:
+    """`async for` works like `for`; twenty subscriptions of one client (one loop,
+    acks coalesced per node) each see every write, polled without waiting."""
+    import asyncio
+
+    with cluster.client() as client:
+        many = [client.subscribe("prefix:a/", name=f"s{i}") for i in range(20)]
+        aio_sub = client.subscribe("prefix:a/", name="async")
+        writer = Writer(client, "a/")
+        writer.write(25)
+
+        async def consume() -> list[Event]:
+            seen: list[Event] = []
+            async for event in aio_sub:
+                seen.append(event)
+                if sum(len(e.changes) for e in seen) == 25:
+                    return seen
+            return seen
+
+        events = asyncio.run(asyncio.wait_for(consume(), 60))
+        aio_sub.close()
+        truth = committed(client, writer.attempted)
+        check_delivery(events, truth, 2, prefix="a/")
+        got: list[list[Event]] = [[] for _ in many]
+        deadline = time.monotonic() + 60
+        while sum(len(e.changes) for g in got for e in g) < 25 * len(many):
+            assert time.monotonic() < deadline, "not every subscription saw every write"
+            for i, sub in enumerate(many):
+                event = sub.poll(0)
+                if event is not None:
+                    got[i].append(event)
+        for sub, events_i in zip(many, got, strict=True):
+            check_delivery(events_i, truth, 2, prefix="a/")
+            sub.close()
