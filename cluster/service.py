@@ -404,9 +404,12 @@ class NodeService(pb_grpc.SevenDBServicer):
 
     # ---- writes --------------------------------------------------------------------
 
-    async def _write_one(
+    def _start_write(
         self, request: pb.WriteRequest, metadata: Sequence[tuple[str, Any]]
-    ) -> pb.WriteResponse:
+    ) -> tuple[int, Awaitable[WriteResult | pb.WriteResponse]]:
+        """Validate and route one write, and queue it for its bucket's next Raft entry
+        (or forward it when this node has no replica of the bucket). No task per write:
+        WriteMany starts hundreds at a time."""
         try:
             ops = tuple(_op_from_pb(op) for op in request.ops)
             producer = None
@@ -418,43 +421,61 @@ class NodeService(pb_grpc.SevenDBServicer):
             raise _Failure.domain(exc) from None
         except ValueError as exc:
             raise _Failure(grpc.StatusCode.INVALID_ARGUMENT, f"bad op: {exc}") from None
-        buckets = sorted({bucket_of(op.key, len(self._spec.buckets)) for op in ops})
+        buckets = {bucket_of(op.key, len(self._spec.buckets)) for op in ops}
         if len(buckets) > 1:
             raise _Failure(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"ops route to buckets {buckets}; a write is atomic within one bucket",
+                f"ops route to buckets {sorted(buckets)}; a write is atomic within one bucket",
             )
-        bucket = buckets[0]
-        if bucket not in self._replicas:
-            return await self._forward(
+        bucket = buckets.pop()
+        replica = self._replicas.get(bucket)
+        if replica is None:
+            return bucket, self._forward(
                 metadata,
                 bucket,
                 lambda s, md: s.Write(request, timeout=FORWARD_TIMEOUT_S, metadata=md),
                 to_leader=False,
             )
-        replica = self._replicas[bucket]
         batcher = self._batchers.get(bucket)
         if batcher is None or batcher.replica is not replica:  # new, or restarted
             batcher = self._batchers[bucket] = WriteBatcher(
                 replica, asyncio.get_running_loop(), timeout_s=PROPOSE_TIMEOUT_S
             )
         try:
-            result: WriteResult = await batcher.submit(entry)
+            return bucket, batcher.submit(entry)
         except ReplicaUnavailable as exc:
             raise self._unavailable(bucket, exc) from None
-        if result.error is not None:
-            raise _Failure.rejected(result.error)
+
+    def _write_response(
+        self, bucket: int, done: WriteResult | pb.WriteResponse | BaseException
+    ) -> pb.WriteResponse:
+        """The answer to one started write (raises _Failure for a failed one)."""
+        if isinstance(done, pb.WriteResponse):
+            return done  # forwarded
+        if isinstance(done, ReplicaUnavailable):
+            raise self._unavailable(bucket, done)
+        if isinstance(done, _Failure):
+            raise done
+        if isinstance(done, BaseException):
+            raise done
+        if done.error is not None:
+            raise _Failure.rejected(done.error)
         return pb.WriteResponse(
             bucket=bucket,
-            committed=seq_pb(result.commit),
-            duplicate=result.duplicate,
-            versions=[pb.KeyVersion(key=k, version=v) for k, v in result.versions],
+            committed=seq_pb(done.commit),
+            duplicate=done.duplicate,
+            versions=[pb.KeyVersion(key=k, version=v) for k, v in done.versions],
         )
 
     @_unary
     async def Write(self, request: pb.WriteRequest, context: Ctx) -> pb.WriteResponse:
         self._principal(context)
-        return await self._write_one(request, context.invocation_metadata() or ())
+        bucket, pending = self._start_write(request, context.invocation_metadata() or ())
+        try:
+            done: WriteResult | pb.WriteResponse | BaseException = await pending
+        except (ReplicaUnavailable, _Failure) as exc:
+            done = exc
+        return self._write_response(bucket, done)
 
     @_unary
     async def WriteMany(self, request: pb.WriteManyRequest, context: Ctx) -> pb.WriteManyResponse:
@@ -466,22 +487,35 @@ class NodeService(pb_grpc.SevenDBServicer):
                 f"{limits.WRITES_PER_BATCH_MAX}",
             )
         metadata = context.invocation_metadata() or ()
-
-        async def outcome(write: pb.WriteRequest) -> pb.WriteOutcome:
+        started: list[tuple[int, Awaitable[WriteResult | pb.WriteResponse]] | _Failure] = []
+        for write in request.writes:
             try:
-                ok = await self._write_one(write, metadata)
-                leader = self._leader_address(ok.bucket)
-                # Name the leader when it is elsewhere: the SDK sends there next time.
-                return pb.WriteOutcome(ok=ok, leader=leader if leader != self._me else "")
+                started.append(self._start_write(write, metadata))
+            except _Failure as failure:
+                started.append(failure)
+        results = await asyncio.gather(
+            *(s[1] for s in started if not isinstance(s, _Failure)), return_exceptions=True
+        )
+        done = iter(results)
+        outcomes = []
+        for item in started:
+            try:
+                if isinstance(item, _Failure):
+                    raise item
+                ok = self._write_response(item[0], next(done))
             except _Failure as f:
-                return pb.WriteOutcome(
-                    code=f.code.value[0],
-                    message=f.message,
-                    error=f.error or "",
-                    leader=f.leader or "",
+                outcomes.append(
+                    pb.WriteOutcome(
+                        code=f.code.value[0],
+                        message=f.message,
+                        error=f.error or "",
+                        leader=f.leader or "",
+                    )
                 )
-
-        outcomes = await asyncio.gather(*(outcome(w) for w in request.writes))
+                continue
+            # Name the leader when it is elsewhere: the SDK sends there next time.
+            leader = self._leader_address(ok.bucket)
+            outcomes.append(pb.WriteOutcome(ok=ok, leader=leader if leader != self._me else ""))
         return pb.WriteManyResponse(outcomes=outcomes)
 
     @_unary

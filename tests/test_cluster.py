@@ -127,3 +127,43 @@ def test_idempotent_producer_retries_across_leader_change_commit_once(
         record = client.get("counter")
         assert record is not None and record.value == b"79"
         assert record.version == puts  # no retry committed twice
+
+
+def test_write_many_gives_each_write_its_own_outcome(cluster: LocalCluster) -> None:
+    import grpc
+
+    from sevendb.proto import sevendb_pb2 as pb
+    from sevendb.proto import sevendb_pb2_grpc as pb_grpc
+
+    with cluster.client() as client:
+        client.put("wm/taken", b"1")
+        stub = pb_grpc.SevenDBStub(grpc.insecure_channel(cluster.spec.nodes[0].grpc_address))  # type: ignore[no-untyped-call]
+        keys = [f"wm/{i}" for i in range(200)]
+        other = next(
+            k for k in keys if client.layout().bucket_of(k) != client.layout().bucket_of("wm/0")
+        )
+        request = pb.WriteManyRequest(
+            writes=[
+                pb.WriteRequest(ops=[pb.Op(key="wm/0", value=b"a")]),
+                pb.WriteRequest(
+                    ops=[
+                        pb.Op(
+                            key="wm/taken", value=b"b", expected=pb.ExpectedVersion(not_exists=True)
+                        )
+                    ]
+                ),
+                pb.WriteRequest(ops=[pb.Op(key="wm/0", value=b"c"), pb.Op(key=other, value=b"d")]),
+                pb.WriteRequest(ops=[pb.Op(key="", value=b"e")]),
+                pb.WriteRequest(ops=[pb.Op(key="wm/1", value=b"f")]),
+            ]
+        )
+        outcomes = stub.WriteMany(request, metadata=client.metadata, timeout=10).outcomes
+        assert [o.HasField("ok") for o in outcomes] == [True, False, False, False, True]
+        assert outcomes[1].error == "PRECONDITION_FAILED"
+        assert outcomes[1].code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+        assert "atomic within one bucket" in outcomes[2].message
+        assert outcomes[3].code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        record = client.get("wm/taken")
+        assert record is not None and record.value == b"1"  # refused writes changed nothing
+        assert client.get(other) is None
+        assert [client.get(k).value for k in ("wm/0", "wm/1")] == [b"a", b"f"]  # type: ignore[union-attr]
