@@ -76,36 +76,29 @@ class LocalCluster:
         return node_status(self.spec.node(node_id).grpc_address, digests=digests)
 
     def leader_node(self, bucket: int) -> str:
-        def find() -> str | None:
-            for node in self.spec.nodes:
-                status = self.status(node.node_id)
-                if status is None:
-                    continue
-                for r in status.replicas:
-                    if r.bucket == bucket and r.is_leader:
-                        return node.node_id
-            return None
-
-        leader = wait_for(find, 30, f"a leader for bucket {bucket}")
-        assert leader is not None
-        return leader
+        """The node whose replica of `bucket` leads its Raft group (waits for one)."""
+        return self._node_where(bucket, lambda r: r.is_leader, "a leader")
 
     def holder_node(self, bucket: int) -> str:
         """The node whose replica of `bucket` is emitting (holds the notifier lease)."""
+        return self._node_where(bucket, lambda r: r.emitting, "a notifier lease holder")
 
+    def _node_where(
+        self, bucket: int, predicate: Callable[[pb.ReplicaStatus], bool], what: str
+    ) -> str:
         def find() -> str | None:
             for node in self.spec.nodes:
                 status = self.status(node.node_id)
                 if status is None:
                     continue
                 for r in status.replicas:
-                    if r.bucket == bucket and r.emitting:
+                    if r.bucket == bucket and predicate(r):
                         return node.node_id
             return None
 
-        holder = wait_for(find, 30, f"a notifier lease holder for bucket {bucket}")
-        assert holder is not None
-        return holder
+        found = wait_for(find, 30, f"{what} for bucket {bucket}")
+        assert found is not None
+        return found
 
     def converged(self) -> bool:
         """Every replica of every bucket applied the same log to the same digest."""

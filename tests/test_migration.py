@@ -83,6 +83,32 @@ def target_without(cluster: LocalCluster, new_node: str, leaving: str) -> tuple[
     return (new_node, *keep[:2])
 
 
+def start_migration(cluster: LocalCluster, target: tuple[str, ...]) -> subprocess.Popen[str]:
+    """`sevendb bucket migrate` in its own process, returned once it has begun its
+    first membership step (adding the new replica)."""
+    command = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sevendb.cluster.cli",
+            "bucket",
+            "migrate",
+            str(BUCKET),
+            "--to",
+            ",".join(target),
+            "--data",
+            str(cluster.data_dir),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert command.stderr is not None
+    for line in command.stderr:
+        if line.startswith("step 1"):
+            break
+    return command
+
+
 def check_epoch_rollover(collector: Collector, bucket: int, epoch: int) -> None:
     """The bucket's events go from the old epoch to the new one exactly once, the
     first new-epoch event chained to the last old-epoch one."""
@@ -149,26 +175,7 @@ def test_an_interrupted_migration_is_resumed_by_running_it_again(
         collector = Collector(client.subscribe("prefix:r/"))
         load = Load(client, "r/")
         wait_for(lambda: len(collector.keys()) >= 20, 30, "the load to be flowing")
-        command = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sevendb.cluster.cli",
-                "bucket",
-                "migrate",
-                str(BUCKET),
-                "--to",
-                ",".join(target),
-                "--data",
-                str(cluster.data_dir),
-            ],
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert command.stderr is not None
-        for line in command.stderr:  # until the joining replica is a member
-            if line.startswith("step 1"):
-                break
+        command = start_migration(cluster, target)
         if victim == "command":
             command.kill()
         else:
@@ -211,26 +218,7 @@ def test_a_migration_rolled_back_returns_the_bucket_and_loses_nothing(
     with cluster.client() as client:
         collector = Collector(client.subscribe("prefix:b/"))
         load = Load(client, "b/")
-        command = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sevendb.cluster.cli",
-                "bucket",
-                "migrate",
-                str(BUCKET),
-                "--to",
-                ",".join(target),
-                "--data",
-                str(cluster.data_dir),
-            ],
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert command.stderr is not None
-        for line in command.stderr:
-            if line.startswith("step 1"):
-                break
+        command = start_migration(cluster, target)
         command.kill()
         command.wait()
         summary = migrate_bucket(cluster.data_dir, BUCKET, None, rollback=True, progress=print)

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -30,6 +28,8 @@ import time
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
+
+from bench_writes import machine
 
 from sevendb.cluster.local import cluster_down, cluster_up, local_token, node_status
 from sevendb.cluster.topology import ClusterSpec
@@ -231,18 +231,6 @@ def run(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
         finally:
             cluster_down(data)
     return rows
-
-
-def machine() -> str:
-    cpu = "unknown cpu"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{platform.node()}: {os.cpu_count()} cores, {cpu}, Python {platform.python_version()}"
 
 
 def main() -> int:
