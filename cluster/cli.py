@@ -403,6 +403,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     remove.add_argument("node")
     remove.set_defaults(fn=cmd_node_remove)
+    sub.add_parser(
+        "spark",
+        add_help=False,
+        help="PySpark jobs over the drained outbox: audit|stats|export|stream "
+        "(`sevendb spark --help`)",
+    )
     token = sub.add_parser(
         "token", parents=[common], help="print a token for principal NAME (local cluster)"
     )
@@ -431,7 +437,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def cmd_spark(argv: list[str]) -> int:
+    """`sevendb spark JOB [PATH] ...`: the PySpark jobs (cluster/spark_jobs.py). With no
+    PATH they read the archive of the local cluster found through the data dir."""
+    from sevendb.cluster import spark_jobs
+    from sevendb.cluster.archive import archive_root
+
+    args = list(argv)
+    data = None
+    if "--data" in args:
+        i = args.index("--data")
+        if i + 1 >= len(args):
+            print("sevendb spark: --data needs a directory", file=sys.stderr)
+            return 2
+        data = args[i + 1]
+        del args[i : i + 2]
+    parsed = spark_jobs.build_parser().parse_args(args)  # --help and usage errors exit here
+    if not parsed.path:
+        root = archive_root(Path(data or os.environ.get("SEVENDB_DATA") or DEFAULT_DATA).resolve())
+        args.insert(1, str(root))
+    return spark_jobs.main(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["spark"]:
+        return cmd_spark(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "demo":
         from sevendb.cluster.demo import run_demo

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from grpc import aio
 
+from sevendb.cluster.archive import ArchiveWriter, archive_root
 from sevendb.cluster.faults import KILL_BEFORE_SEND, FaultPoints
 from sevendb.cluster.metrics import NodeMetrics
 from sevendb.cluster.replica import BucketReplica, RaftTuning
@@ -116,6 +117,9 @@ class Node:
         self.replicas: dict[int, BucketReplica] = {}
         self.notifiers: dict[int, BucketNotifier] = {}
         self._started = False
+        self.archive = ArchiveWriter.from_env(
+            archive_root(data_dir), node_id, environ, on_archived=self._archived
+        )
         self.metrics = NodeMetrics(
             plan_mismatches=lambda: sum(r.plan_mismatches for r in self.replicas.values())
         )
@@ -149,6 +153,9 @@ class Node:
     def _start_replica(self, bucket: int) -> None:
         spec = self.spec
         me = self.me.raft_address(bucket)
+        # The hook is in place before the replica replays its log: the archive must
+        # see every purge (the notifier is attached once it exists).
+        notifier_slot: list[BucketNotifier] = []
         replica = BucketReplica(
             bucket=bucket,
             bucket_uuid=spec.buckets[bucket].bucket_uuid,
@@ -157,6 +164,8 @@ class Node:
             data_dir=self.home / f"bucket-{bucket}",
             password=spec.password,
             tuning=self.tuning,
+            on_applied=self._on_applied_hook(bucket, notifier_slot),
+            archive_hold_point=self.archive.archived_through(bucket),
         )
         faults = self._faults
         notifier = BucketNotifier(
@@ -165,7 +174,7 @@ class Node:
             metrics=self.metrics,
             before_send=(lambda: faults.fire(KILL_BEFORE_SEND)) if faults.enabled else None,
         )
-        replica.on_applied = self._on_applied_hook(bucket, notifier)
+        notifier_slot.append(notifier)
         self.replicas = {**self.replicas, bucket: replica}
         self.notifiers = {**self.notifiers, bucket: notifier}
         if self._started:
@@ -214,14 +223,24 @@ class Node:
                         self.data_dir / SPEC_FILE,
                     )
 
-    def _on_applied_hook(self, bucket: int, notifier: BucketNotifier) -> Callable[[Applied], None]:
-        metrics = self.metrics
+    def _on_applied_hook(
+        self, bucket: int, notifier: list[BucketNotifier]
+    ) -> Callable[[Applied], None]:
+        metrics, archive = self.metrics, self.archive
 
         def hook(applied: Applied) -> None:
             metrics.applied(bucket)
-            notifier.on_applied(applied)
+            archive.on_applied(bucket, applied)
+            if notifier:
+                notifier[0].on_applied(applied)
 
         return hook
+
+    def _archived(self, bucket: int, through: int) -> None:
+        """The archive made the purges up to `through` durable: compaction may pass them."""
+        replica = self.replicas.get(bucket)
+        if replica is not None:
+            replica.archive_hold_point = through
 
     def start_background(self) -> None:
         self._started = True
@@ -256,6 +275,7 @@ class Node:
         with self._reload_lock:
             for bucket in sorted(self.replicas):
                 self._stop_replica(bucket, delete=False)
+        self.archive.close()  # publishes what is buffered
 
     async def serve(self, stop: threading.Event) -> int:
         server = aio.server(

@@ -1,9 +1,10 @@
 # Sourced by the quick-start scripts: make ./.venv hold sevendb and the extras named
-# in SEVENDB_EXTRAS (default "dev"), reinstalling only when pyproject.toml changes.
+# in SEVENDB_EXTRAS (default "dev,spark": the tests and the demo both run Spark),
+# reinstalling only when pyproject.toml changes.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
-extras="${SEVENDB_EXTRAS:-dev}"
+extras="${SEVENDB_EXTRAS:-dev,spark}"
 py="${PYTHON:-python3}"
 if ! "$py" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null; then
     echo "sevendb needs Python 3.11 or newer; $py is $("$py" --version 2>&1)" >&2

@@ -62,6 +62,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+CLOSE_ACK_WAIT_S: Final = 3.0
+"""How long `Subscription.close` waits for the node to confirm its final acks."""
+
 _FATAL_CODES: Final = (
     grpc.StatusCode.UNAUTHENTICATED,
     grpc.StatusCode.PERMISSION_DENIED,
@@ -438,6 +441,16 @@ class Subscription:
                 self._persist_and_ack(final)
             except Exception:
                 log.exception("final cursor persist failed")
+            # Wait (briefly) for the node to confirm the final acks, so that closing the
+            # Client right after does not drop them. Unconfirmed ones are harmless: the
+            # rows stay until a later reconnect (which acks its position) or the stall
+            # window.
+            deadline = time.monotonic() + CLOSE_ACK_WAIT_S
+            while time.monotonic() < deadline:
+                with self._lock:
+                    if not self._progress.unconfirmed():
+                        break
+                time.sleep(0.01)
         with contextlib.suppress(Exception):
             self._engine.submit(self._stop()).result(5)
 

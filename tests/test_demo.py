@@ -29,7 +29,7 @@ def test_core_demo_shows_dedupe_ack_reconnect_and_equal_digests(
 
 
 @pytest.mark.slow
-def test_full_demo_streams_through_a_holder_crash_and_a_subscriber_restart(
+def test_full_demo_streams_through_crashes_and_a_migration_then_audits_with_spark(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["demo", "--data", str(tmp_path / "demo")]) == 0
@@ -40,6 +40,9 @@ def test_full_demo_streams_through_a_holder_crash_and_a_subscriber_restart(
     assert "[subscriber pid" in out and "orders/44 SET 'new'" in out
     assert "every replica of every bucket has the same applied index and state digest" in out
     assert "kept printing: nothing missing" in out and "from epoch 1 to epoch 2" in out
+    # Part 2: Spark over the archive the demo's acks drained.
+    assert "gaps 0, duplicates 0, out of order 0" in out and "audit: OK" in out
+    assert "bucket / epoch / subscription" in out and "epoch 2" in out
     assert '"key": "orders/1", "value": "paid", "version": 2' in out
     assert "cluster stopped" in out
     assert not list((tmp_path / "demo" / "nodes").glob("*/node.pid"))

@@ -1,0 +1,509 @@
+"""The PySpark jobs (cluster/spark_jobs.py) on archives written by the real archive
+writer from real `BucketStateMachine` applies, in one shared local SparkSession:
+audit, stats, export, the incremental stream, partition pruning, and an archive from
+a real local cluster."""
+
+from __future__ import annotations
+
+import math
+import re
+import urllib.parse
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow.parquet as pq
+import pytest
+from cluster_harness import LocalCluster, wait_for
+from helpers import Driver
+from test_archive import Event, event, purge
+
+from sevendb.cluster.archive import (
+    FILE_SCHEMA,
+    ArchiveWriter,
+    archive_root,
+    partition_dir,
+    read_archive,
+    rows_table,
+)
+from sevendb.cluster.spark_jobs import (
+    ARCHIVE_SCHEMA,
+    EVENT_KEY,
+    EXPORT_SCHEMA,
+    STREAM_LOG_DIR,
+    GroupStats,
+    Latency,
+    SparkJobError,
+    audit,
+    export,
+    load_archive,
+    main,
+    physical_plan,
+    spark_session,
+    stats,
+    stream,
+)
+from sevendb.outbox.model import Applied, OutboxRow, RowsPurged
+from sevendb.outbox.state import BucketStateMachine
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+# PySpark is the optional `spark` extra: without it these tests are skipped (and say so).
+pytest.importorskip("pyspark")
+
+BUCKETS = {
+    0: "5a4e0c52-6f0e-4b61-9d3c-0a7e1f2b3c4d",
+    1: "c0ffee00-1234-4abc-8def-0123456789ab",
+}
+NODES = ("n1", "n2", "n3")
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    # tiny data: few shuffle partitions keep every job to a handful of tasks
+    session = spark_session(
+        "local[2]", app_name="sevendb-tests", conf={"spark.sql.shuffle.partitions": "2"}
+    )
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+# ---- archives from real applies -----------------------------------------------------------
+
+
+def history(bucket_uuid: str, salt: int) -> tuple[list[Applied], list[Applied]]:
+    """One bucket's applied entries in two phases: two subscriptions, SET/DEL changes,
+    purges in epoch 1, then an epoch change and purges spanning epochs 1 and 2."""
+    d = Driver(BucketStateMachine(bucket_uuid))
+    one = [d.lease(), d.subscribe("s1", "prefix:k/"), d.subscribe("s2", "prefix:k/a")]
+    for i in range(6):
+        one += [d.set(f"k/{i}", f"v{i}".encode()), d.set(f"k/a{i}", b"x" * i)]
+        d.tick(salt * i)
+    one.append(d.outbox())  # type: ignore[arg-type]
+    one.append(purge(d, ("s1", 2)))
+    d.tick(40 + salt)
+    one.append(purge(d, ("s1", 1), ("s2", 2)))
+    two = [d.epoch()]
+    for i in range(4):
+        two += [d.set(f"k/b{i}"), d.set(f"k/a{i}", b"w")]
+        d.tick(salt + 3)
+    two.append(d.delete("k/0"))
+    two.append(d.outbox())  # type: ignore[arg-type]
+    two.append(purge(d, ("s2", -1)))
+    d.tick(25)
+    two.append(purge(d, ("s1", -1)))
+    return one, two
+
+
+HISTORY = {b: history(uuid, salt=b + 1) for b, uuid in BUCKETS.items()}
+
+
+def purged_rows(applied: list[Applied]) -> list[tuple[int, int, OutboxRow]]:
+    return [
+        (a.commit_index, e.ack_time_ms, row)
+        for a in applied
+        for e in a.effects
+        if isinstance(e, RowsPurged)
+        for row in e.rows
+    ]
+
+
+ALL_ROWS = [p for b in BUCKETS for phase in HISTORY[b] for p in purged_rows(phase)]
+EXPECTED = Counter(event(*p) for p in ALL_ROWS)
+PHASE_ONE = Counter(event(*p) for b in BUCKETS for p in purged_rows(HISTORY[b][0]))
+
+
+class Archive:
+    """One writer per node over a shared root, each fed every bucket's entries (as
+    every replica of a bucket applies the same log)."""
+
+    def __init__(self, root: Path, nodes: tuple[str, ...] = NODES) -> None:
+        self.root = root
+        self.writers = [ArchiveWriter(root, n, background=False) for n in nodes]
+
+    def phase(self, phase: int) -> None:
+        for w in self.writers:
+            for bucket in BUCKETS:
+                for applied in HISTORY[bucket][phase]:
+                    w.on_applied(bucket, applied)
+            w.flush()
+
+    def close(self) -> None:
+        for w in self.writers:
+            w.close()
+
+
+def build(root: Path, nodes: tuple[str, ...] = NODES) -> Path:
+    archive = Archive(root, nodes)
+    archive.phase(0)
+    archive.phase(1)
+    archive.close()
+    return root
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("clean") / "archive")
+
+
+def spark_events(df: DataFrame) -> Counter[Event]:
+    return Counter(
+        (
+            r.bucket_uuid,
+            r.epoch,
+            r.commit_index,
+            r.sub_id,
+            r.prev_bucket_uuid,
+            r.prev_epoch,
+            r.prev_commit_index,
+            tuple((c.key, c.op, bytes(c.value), c.version) for c in r.changes),
+            r.commit_time_ms,
+            r.ack_time_ms,
+            r.purge_index,
+        )
+        for r in df.collect()
+    )
+
+
+def write_segment(root: Path, node: str, rows: list[tuple[int, int, OutboxRow]], name: str) -> None:
+    """A hand-made segment (what a buggy writer could have produced)."""
+    by_partition: dict[tuple[str, int], list[tuple[int, int, OutboxRow]]] = defaultdict(list)
+    for p in rows:
+        by_partition[(p[2].emit_seq.bucket_uuid, p[2].emit_seq.epoch_counter)].append(p)
+    for (bucket_uuid, epoch), part in by_partition.items():
+        directory = partition_dir(root, bucket_uuid, epoch)
+        directory.mkdir(parents=True, exist_ok=True)
+        pq.write_table(rows_table(part, node), directory / f"{node}-{name}.parquet")
+
+
+def rows_of(bucket: int, sub: str) -> list[tuple[int, int, OutboxRow]]:
+    rows = [p for p in ALL_ROWS if p[2].emit_seq.bucket_uuid == BUCKETS[bucket]]
+    return sorted((p for p in rows if p[2].sub_id == sub), key=lambda p: p[2].emit_seq)
+
+
+# ---- audit ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_audit_passes_on_a_clean_archive_with_every_node_s_copy(
+    spark: SparkSession, clean: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert sum(EXPECTED.values()) == len(ALL_ROWS) > 40
+    assert main(["audit", str(clean), "--progress-s", "0.1"], spark=spark) == 0
+    out, err = capsys.readouterr()
+    events = sum(EXPECTED.values())
+    assert f"audit: {3 * events} archived rows from 3 node(s) = {events} events in 4 " in out
+    assert "audit: OK" in out
+    assert "audit: reading" in err and "audit: finished in" in err
+    assert re.search(r"^audit: \d+s, ", err, re.M), "a progress line while the job runs"
+
+
+@pytest.mark.slow
+def test_audit_catches_a_gap_a_duplicate_and_out_of_order_rows(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "crafted"
+    s1 = rows_of(0, "s1")
+    s2 = rows_of(0, "s2")
+    t1 = rows_of(1, "s1")
+    t2 = rows_of(1, "s2")
+    missing = s1[3]
+    late = t1[5]
+    reordered = (1, late[1], late[2])  # purged by entry 1, before its predecessor was
+    for node in ("n1", "n2"):
+        # bucket 0 s1: row 3 lost on every node (a gap); bucket 1 s1: purge order broken
+        write_segment(root, node, [p for p in s1 if p is not missing] + s2 + t2, "a")
+        write_segment(root, node, [p for p in t1 if p is not late] + [reordered], "b")
+    write_segment(root, "n1", [s2[4]], "again")  # n1 archived one s2 row twice
+    report = audit(spark, root)
+    assert (report.gaps, report.duplicates, report.out_of_order, report.conflicts) == (1, 1, 1, 0)
+    assert report.nodes == 2
+    assert report.events == len(ALL_ROWS) - 1  # the duplicate counted once
+    found = {(i.kinds, i.bucket_uuid, i.sub_id, i.commit_index) for i in report.examples}
+    assert found == {
+        (("gap",), BUCKETS[0], "s1", s1[4][2].emit_seq.commit_index),
+        (("duplicate",), BUCKETS[0], "s2", s2[4][2].emit_seq.commit_index),
+        (("out_of_order",), BUCKETS[1], "s1", late[2].emit_seq.commit_index),
+    }
+    assert main(["audit", str(root)], spark=spark) == 1
+    out = capsys.readouterr().out
+    assert "audit: FAILED" in out and "gap: bucket" in out and "is missing" in out
+
+
+# ---- stats ----------------------------------------------------------------------------
+
+
+def nearest_rank(values: list[int], p: float) -> int:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p * len(ordered)) - 1)]
+
+
+def expected_group(rows: list[tuple[int, int, OutboxRow]], **names: Any) -> GroupStats:
+    latencies = [ack - row.delta.commit_time_ms for _, ack, row in rows]
+    return GroupStats(
+        deliveries=len(rows),
+        changes=sum(len(row.delta.changes) for _, _, row in rows),
+        first_commit_index=min(row.emit_seq.commit_index for _, _, row in rows),
+        last_commit_index=max(row.emit_seq.commit_index for _, _, row in rows),
+        latency=Latency(
+            nearest_rank(latencies, 0.5),
+            nearest_rank(latencies, 0.9),
+            nearest_rank(latencies, 0.99),
+            max(latencies),
+        ),
+        **names,
+    )
+
+
+@pytest.mark.slow
+def test_stats_figures_are_right(spark: SparkSession, clean: Path) -> None:
+    report = stats(spark, clean)
+    assert report.total == expected_group(ALL_ROWS, bucket_uuid=None, epoch=None, sub_id=None)
+    groups: dict[tuple[str, int], list[tuple[int, int, OutboxRow]]] = defaultdict(list)
+    subs: dict[tuple[str, int, str], list[tuple[int, int, OutboxRow]]] = defaultdict(list)
+    for p in ALL_ROWS:
+        seq = p[2].emit_seq
+        groups[(seq.bucket_uuid, seq.epoch_counter)].append(p)
+        subs[(seq.bucket_uuid, seq.epoch_counter, p[2].sub_id)].append(p)
+    assert report.by_bucket_epoch == tuple(
+        expected_group(rows, bucket_uuid=b, epoch=e, sub_id=None)
+        for (b, e), rows in sorted(groups.items())
+    )
+    assert report.by_subscription == tuple(
+        expected_group(rows, bucket_uuid=b, epoch=e, sub_id=s)
+        for (b, e, s), rows in sorted(subs.items())
+    )
+    assert len(report.by_subscription) == 8
+    # the latencies are not all alike, so the percentiles are really checked
+    assert len({g.latency for g in report.by_subscription}) > 4
+
+
+# ---- export ---------------------------------------------------------------------------
+
+
+def table_files(out: Path) -> dict[str, list[str]]:
+    return {
+        str(d.relative_to(out)): sorted(f.name for f in d.glob("*.parquet"))
+        for d in sorted(out.glob("bucket_uuid=*/epoch=*"))
+    }
+
+
+@pytest.mark.slow
+def test_export_is_deduplicated_and_idempotent(
+    spark: SparkSession, clean: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "table"
+    first = export(spark, clean, out)
+    table = spark.read.schema(EXPORT_SCHEMA).parquet(str(out))
+    assert spark_events(table) == EXPECTED and first.events == sum(EXPECTED.values())
+    assert first.partitions == 4 and len(table_files(out)) == 4
+    assert "node_id" not in spark.read.parquet(str(out)).columns
+
+    again = export(spark, clean, out)  # a rerun changes nothing
+    assert again == first
+    assert spark_events(spark.read.schema(EXPORT_SCHEMA).parquet(str(out))) == EXPECTED
+    files = table_files(out)
+
+    only = export(spark, clean, out, bucket=BUCKETS[1])  # only bucket 1 is rewritten
+    assert only.partitions == 2
+    assert only.events == sum(n for e, n in EXPECTED.items() if e[0] == BUCKETS[1])
+    after = table_files(out)
+    assert after.keys() == files.keys()
+    for partition, names in after.items():
+        assert (names == files[partition]) == (BUCKETS[0] in partition), partition
+
+
+# ---- stream ---------------------------------------------------------------------------
+
+
+def local_path(uri: str) -> Path:
+    return Path(urllib.parse.unquote(urllib.parse.urlparse(uri).path))
+
+
+def segment_files(root: Path) -> set[Path]:
+    return {p for p in root.glob("bucket_uuid=*/epoch=*/*.parquet")}
+
+
+@pytest.mark.slow
+def test_stream_resumes_from_its_checkpoint_without_skipping_or_repeating_a_segment(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    root, out, checkpoint = tmp_path / "archive", tmp_path / "table", tmp_path / "checkpoint"
+    archive = Archive(root, ("n1", "n2"))
+    archive.phase(0)
+    first_files = segment_files(root)
+
+    run1 = stream(spark, root, out, checkpoint)
+    assert [b.batch_id for b in run1.batches] == [0]
+    assert {local_path(s) for s in run1.batches[0].segments} == first_files
+    assert run1.new_events == sum(PHASE_ONE.values())  # two nodes' copies, once each
+
+    archive.phase(1)  # more segments published
+    archive.close()
+    second_files = segment_files(root) - first_files
+    assert second_files
+
+    crashed: list[int] = []
+
+    def crash(point: str, batch_id: int) -> None:
+        assert point == "events-written"
+        crashed.append(batch_id)
+        raise RuntimeError("simulated crash after the batch's events were written")
+
+    with pytest.raises(SparkJobError, match="simulated crash"):
+        stream(spark, root, out, checkpoint, fault=crash)
+    assert crashed == [1]
+
+    run3 = stream(spark, root, out, checkpoint)
+    # the unfinished batch is re-run with exactly its files; nothing else is read again
+    assert [b.batch_id for b in run3.batches] == [1]
+    assert {local_path(s) for s in run3.batches[0].segments} == second_files
+    assert run3.new_events == 0  # its events were already in the table
+
+    run4 = stream(spark, root, out, checkpoint)
+    assert run4.batches == ()
+
+    table = spark.read.schema(EXPORT_SCHEMA).parquet(str(out))
+    assert spark_events(table) == EXPECTED
+    assert table.groupBy(*EVENT_KEY).count().where("count > 1").count() == 0
+    log = spark.read.parquet(str(out / STREAM_LOG_DIR)).collect()
+    batches_of: dict[Path, set[int]] = defaultdict(set)
+    for row in log:
+        batches_of[local_path(row.segment)].add(row.batch_id)
+    assert set(batches_of) == first_files | second_files
+    assert all(len(ids) == 1 for ids in batches_of.values()), "a segment in two batches"
+
+
+# ---- partition pruning ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_partition_pruning_by_bucket_and_epoch(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = build(tmp_path / "archive", ("n1",))
+    df = load_archive(spark, root, bucket=BUCKETS[0], epoch=2)
+    plan = physical_plan(df)
+    (filters,) = re.findall(r"PartitionFilters: \[([^\]]*)\]", plan)
+    assert re.search(rf"\(bucket_uuid#\d+ = {BUCKETS[0]}\)", filters), plan
+    assert re.search(r"\(epoch#\d+L = 2\)", filters), plan
+    # A damaged file in another partition is never opened by the pruned read...
+    damaged = partition_dir(root, BUCKETS[1], 1) / "n1-damaged.parquet"
+    damaged.write_bytes(b"not parquet at all")
+    wanted = Counter(e for e in EXPECTED if e[0] == BUCKETS[0] and e[1] == 2)
+    assert spark_events(df) == wanted
+    argv = ["audit", str(root), "--bucket", BUCKETS[0], "--epoch", "2", "--explain"]
+    assert main(argv, spark=spark) == 0
+    out = capsys.readouterr().out
+    assert "PartitionFilters: [" in out
+    assert f"= {sum(wanted.values())} events in 2 subscriptions" in out
+    # ...but breaks a full read
+    with pytest.raises(Exception, match=r"(?i)parquet|footer|corrupt"):
+        load_archive(spark, root).count()
+
+
+@pytest.mark.slow
+def test_the_spark_schema_matches_the_segment_files(spark: SparkSession, clean: Path) -> None:
+    inferred = spark.read.parquet(str(clean)).schema
+    declared = load_archive(spark, clean).schema
+    names = FILE_SCHEMA.names
+    assert [(f.name, f.dataType.simpleString()) for f in inferred.fields if f.name in names] == [
+        (f.name, f.dataType.simpleString()) for f in declared.fields if f.name in names
+    ]
+    assert (
+        declared.simpleString() == spark.createDataFrame([], ARCHIVE_SCHEMA).schema.simpleString()
+    )
+
+
+@pytest.mark.slow
+def test_an_empty_archive(spark: SparkSession, tmp_path: Path) -> None:
+    root = tmp_path / "archive"
+    ArchiveWriter(root, "n1", background=False).close()  # only _manifests/ exists
+    report = audit(spark, root)
+    assert report.ok and (report.rows, report.events, report.nodes) == (0, 0, 0)
+    assert stats(spark, root).total is None
+    assert export(spark, root, tmp_path / "table").events == 0
+
+
+# ---- arguments ----------------------------------------------------------------------------
+
+
+def test_bad_arguments_are_reported_before_spark_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["audit"]) == 2
+    assert "no archive path given" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["export", str(tmp_path)])  # --out is required
+    assert exc.value.code == 2
+
+
+@pytest.mark.slow
+def test_bad_paths_are_reported(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["audit", str(tmp_path / "nowhere")], spark=spark) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "archive").mkdir()
+    assert (
+        main(
+            ["export", str(tmp_path / "archive"), "--out", str(tmp_path / "archive" / "x")],
+            spark=spark,
+        )
+        == 2
+    )
+    assert "must not overlap the archive root" in capsys.readouterr().err
+
+
+# ---- a real cluster ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_audit_passes_on_an_archive_from_a_real_cluster(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nodes started by `cluster_up` archive purged rows under <data>/archive; every
+    node replicates both buckets, so each row is archived three times and counted once."""
+    monkeypatch.setenv("SEVENDB_ARCHIVE_SEGMENT_AGE_S_MAX", "0.2")
+    cluster = LocalCluster.start(tmp_path / "data", nodes=3, buckets=2)
+    keys = [f"orders/{i:03d}" for i in range(40)]
+    try:
+        with cluster.client() as client, client.subscribe("prefix:orders/") as sub:
+            producer = client.producer()
+            for key in keys:
+                producer.put(key, key.encode())
+            seen: set[str] = set()
+
+            def delivered() -> bool:
+                event = sub.poll(0.2)
+                if event is not None:
+                    seen.update(c.key for c in event.changes)
+                return seen >= set(keys)
+
+            wait_for(delivered, 60, "every write delivered", interval_s=0)
+        # closing the subscription acked everything: purged rows reach every node's archive
+        root = archive_root(cluster.data_dir)
+
+        def archived_everywhere() -> bool:
+            if not root.is_dir():
+                return False
+            table = read_archive(root)
+            per_node: dict[str, set[str]] = defaultdict(set)
+            for node, changes in zip(
+                table.column("node_id").to_pylist(),
+                table.column("changes").to_pylist(),
+                strict=True,
+            ):
+                per_node[node].update(c["key"] for c in changes)
+            return all(per_node[n.node_id] >= set(keys) for n in cluster.spec.nodes)
+
+        wait_for(archived_everywhere, 60, "every node to archive every purged row")
+    finally:
+        cluster.stop()
+    report = audit(spark, root)
+    assert report.ok, report.examples
+    assert report.events == len(keys) and report.nodes == 3 and report.rows == 3 * len(keys)
