@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import logging
 import os
 import shutil
@@ -117,9 +118,7 @@ class Node:
         self.replicas: dict[int, BucketReplica] = {}
         self.notifiers: dict[int, BucketNotifier] = {}
         self._started = False
-        self.archive = ArchiveWriter.from_env(
-            archive_root(data_dir), node_id, environ, on_archived=self._archived
-        )
+        self.archive = ArchiveWriter.from_env(archive_root(data_dir), node_id, environ)
         self.metrics = NodeMetrics(
             plan_mismatches=lambda: sum(r.plan_mismatches for r in self.replicas.values())
         )
@@ -165,7 +164,7 @@ class Node:
             password=spec.password,
             tuning=self.tuning,
             on_applied=self._on_applied_hook(bucket, notifier_slot),
-            archive_hold_point=self.archive.archived_through(bucket),
+            archived_through=functools.partial(self.archive.archived_through, bucket),
         )
         faults = self._faults
         notifier = BucketNotifier(
@@ -235,12 +234,6 @@ class Node:
                 notifier[0].on_applied(applied)
 
         return hook
-
-    def _archived(self, bucket: int, through: int) -> None:
-        """The archive made the purges up to `through` durable: compaction may pass them."""
-        replica = self.replicas.get(bucket)
-        if replica is not None:
-            replica.archive_hold_point = through
 
     def start_background(self) -> None:
         self._started = True

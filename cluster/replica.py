@@ -939,7 +939,7 @@ class BucketReplica:
         password: str,
         tuning: RaftTuning = RaftTuning(),
         on_applied: Callable[[Applied], None] | None = None,
-        archive_hold_point: int | None = None,
+        archived_through: Callable[[], int] | None = None,
     ) -> None:
         _check_addr(self_addr)
         others = [p for p in partners if p != self_addr]
@@ -970,10 +970,10 @@ class BucketReplica:
         #: point (log indexes), fed to `safety_point`; None means no hold.
         self.cold_replica_checkpoint: int | None = None
         self.migration_hold_point: int | None = None
-        #: The last core index whose purged rows the node's archive made durable
-        #: (cluster/archive.py): compaction keeps later entries, so a crash can
-        #: replay their purges into the archive. None means no archive.
-        self.archive_hold_point: int | None = archive_hold_point
+        #: Asked at each compaction: the last core index whose purged rows the node's
+        #: archive made durable (cluster/archive.py). Compaction keeps later entries,
+        #: so a crash can replay their purges into the archive. None means no archive.
+        self._archived_through = archived_through
 
         self._data_dir.mkdir(parents=True, exist_ok=True)
         self._lock_fd = self._lock_data_dir()
@@ -1302,7 +1302,7 @@ class BucketReplica:
         the core's applied index and ``index`` are Raft no-ops, membership changes or
         rejected entries, which change nothing in the core.)"""
         cold, hold = self.cold_replica_checkpoint, self.migration_hold_point
-        archived = self.archive_hold_point
+        archived = None if self._archived_through is None else self._archived_through()
         with self._lock:
             if self._quarantine is not None:
                 return False

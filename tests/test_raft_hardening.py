@@ -134,6 +134,7 @@ def single(tmp_path: Path, name: str = "solo", **tuning: Any) -> BucketReplica:
         partners=tuning.pop("partners", []),
         data_dir=tmp_path / name,
         password=PASSWORD,
+        archived_through=tuning.pop("archived_through", None),
         tuning=fast(**tuning),
     )
     return replica
@@ -739,9 +740,16 @@ def test_compaction_never_passes_the_safety_point(tmp_path: Path) -> None:
     """BEFORE: pysyncobj compacts whenever the log passes logCompactionMinEntries or
     logCompactionMinTime; nothing can hold it (seed 000 §8 is not expressible).
     AFTER: a new snapshot only starts when the core's safety point allows it: a
-    subscriber's unacknowledged rows, a cold replica checkpoint or a migration hold
-    point each keep the log; once released, compaction runs."""
-    replica = single(tmp_path, compaction_min_entries=10, compaction_recheck_s=0.05)
+    subscriber's unacknowledged rows, a cold replica checkpoint, a migration hold
+    point or an archive that has not published each keep the log; once released,
+    compaction runs."""
+    archived = [10**9]  # the archive is asked at each compaction, not told
+    replica = single(
+        tmp_path,
+        compaction_min_entries=10,
+        compaction_recheck_s=0.05,
+        archived_through=lambda: archived[0],
+    )
     try:
         assert replica.wait_ready(5)
         # Entries carry wall-clock times (as the proposing adapter writes them): the
@@ -791,6 +799,15 @@ def test_compaction_never_passes_the_safety_point(tmp_path: Path) -> None:
         assert replica.status()["snapshots_written"] == 0
 
         replica.migration_hold_point = None
+        archived[0] = 4
+        held = num(replica, "compactions_deferred")
+        wait_until(
+            lambda: num(replica, "compactions_deferred") > held + 2,
+            what="the archive to keep holding",
+        )
+        assert replica.status()["snapshots_written"] == 0
+
+        archived[0] = 10**9
         wait_until(
             lambda: num(replica, "log_first_index") > 1,
             what="compaction once released",
