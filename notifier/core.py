@@ -151,6 +151,8 @@ class NotifierCore:
         self._streams: dict[str, _Stream] = {}
         self._order: list[str] = []
         """sub_ids of `_streams`, sorted (kept so, not re-sorted on every pass)."""
+        self._ready: set[str] = set()
+        """Streams that may have rows to send (new rows, an opened window, attached)."""
         self._acks: dict[str, Ack] = {}
 
     @property
@@ -200,6 +202,7 @@ class NotifierCore:
         if sub_id not in self._streams:
             bisect.insort(self._order, sub_id)
         self._streams[sub_id] = _Stream(sub_id, principal, after, after, now_ms)
+        self._ready.add(sub_id)
         # Reconnecting after `after` says the client processed it: an ack.
         self._queue_ack(sm, sub_id, principal, after)
         return Attach(AttachStatus.ATTACHED, decision)
@@ -207,6 +210,7 @@ class NotifierCore:
     def detach(self, sub_id: str) -> None:
         if self._streams.pop(sub_id, None) is not None:
             self._order.pop(bisect.bisect_left(self._order, sub_id))
+            self._ready.discard(sub_id)
 
     def streams(self) -> tuple[str, ...]:
         return tuple(self._order)
@@ -231,20 +235,31 @@ class NotifierCore:
 
     # ---- sending ---------------------------------------------------------------
 
+    def mark_ready(self, sub_ids: Iterable[str]) -> None:
+        """These subscriptions got newly outboxed rows: look at them on the next
+        `next_batches(full=False)`."""
+        self._ready.update(s for s in sub_ids if s in self._streams)
+
     def next_batches(
-        self, sm: BucketStateMachine, max_events: int, now_ms: int
+        self, sm: BucketStateMachine, max_events: int, now_ms: int, *, full: bool = True
     ) -> list[tuple[str, tuple[OutboxRow, ...]]]:
         """Outboxed rows to send now, per stream (sub_id order), each in emit_seq order.
 
         Only rows after the stream's position and within its window. A stream whose
         acks stalled for `resend_after_ms` is first rewound to its acked point
         (at-least-once: the client's cursor drops what it already processed).
+
+        `full=False` looks only at streams that may have something to send (attached,
+        acked, or `mark_ready`); a full pass also checks every stream's resend timer.
+        Both send the same rows to a stream that has any: a busy notifier with many
+        idle streams need not scan them all on every pass.
         """
         if not self.holds_lease(sm):
             return []
         budget = min(max_events, BATCH_EVENTS_MAX)
         out: list[tuple[str, tuple[OutboxRow, ...]]] = []
-        for sub_id in self._order:
+        candidates = self._order if full else sorted(self._ready)
+        for sub_id in candidates:
             if budget <= 0:
                 break
             stream = self._streams[sub_id]
@@ -257,8 +272,11 @@ class NotifierCore:
                 stream.last_progress_ms = now_ms
             room = min(budget, self._config.window_events - len(stream.in_flight))
             if room <= 0:
+                self._ready.discard(sub_id)  # an ack opens the window (and marks it)
                 continue
             rows = sm.outbox_rows(sub_id, stream.position)[:room]
+            if len(rows) < room:
+                self._ready.discard(sub_id)  # everything outboxed so far is sent
             if not rows:
                 continue
             if not stream.in_flight:
@@ -289,6 +307,7 @@ class NotifierCore:
                 stream.in_flight.popleft()
             stream.position = max(stream.position, up_to)
             stream.last_progress_ms = now_ms
+            self._ready.add(sub_id)
         return outcome
 
     def _queue_ack(
@@ -308,11 +327,19 @@ class NotifierCore:
         return tuple(self._acks[sub_id] for sub_id in sorted(self._acks))
 
     def purge_entry(
-        self, sm: BucketStateMachine, lease_index: int, now_ms: int, stall_window_ms: int
+        self,
+        sm: BucketStateMachine,
+        lease_index: int,
+        now_ms: int,
+        stall_window_ms: int,
+        *,
+        expire: bool = True,
     ) -> OutboxPurge | None:
-        """One OUTBOX_PURGE batching the queued acks (and the stalled subscriptions to
-        drop), or None. Acks stay queued until the applied state covers them, so a
-        purge lost with a leader change is proposed again."""
+        """One OUTBOX_PURGE batching the queued acks (and, with `expire`, the stalled
+        subscriptions to drop), or None. Acks stay queued until the applied state
+        covers them, so a purge lost with a leader change is proposed again. (Finding
+        stalled subscriptions scans them all: a notifier with many may do it less
+        often than it purges.)"""
         if not self.holds_lease(sm):
             return None
         acks = []
@@ -323,12 +350,14 @@ class NotifierCore:
             else:
                 del self._acks[sub_id]  # covered (or moot): nothing left to propose
         acks = acks[: self._config.acks_per_purge_max]
-        expire = sm.stalled_subscriptions(now_ms, stall_window_ms)[
-            : self._config.expires_per_purge_max
-        ]
-        if not acks and not expire:
+        stalled = (
+            sm.stalled_subscriptions(now_ms, stall_window_ms)[: self._config.expires_per_purge_max]
+            if expire
+            else ()
+        )
+        if not acks and not stalled:
             return None
-        return OutboxPurge(lease_index, tuple(acks), expire, stall_window_ms, now_ms)
+        return OutboxPurge(lease_index, tuple(acks), stalled, stall_window_ms, now_ms)
 
     def outbox_entry(
         self, sm: BucketStateMachine, lease_index: int, now_ms: int

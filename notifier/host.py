@@ -43,14 +43,23 @@ from sevendb.notifier.core import (
 from sevendb.outbox import limits
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import Entry, encode_entry
-from sevendb.outbox.model import AckOutcome, AckStatus, Applied, OutboxRow, RowsPurged
+from sevendb.outbox.model import (
+    AckOutcome,
+    AckStatus,
+    Applied,
+    OutboxRow,
+    RowsOutboxed,
+    RowsPurged,
+    SubscriptionClosed,
+)
 from sevendb.outbox.state import BucketStateMachine
 
 log = logging.getLogger(__name__)
 
 SEND_EVENTS_MAX: Final = 4096
 """Events handed to streams per loop iteration, all streams together."""
-GAUGES_EVERY_MS: Final = 1000
+HOUSEKEEPING_MS: Final = 1000
+"""How often a notifier scans every stream (resends, closures, stalls, gauges)."""
 
 
 class EventSink(Protocol):
@@ -86,7 +95,7 @@ class NotifierSettings:
     retry_ms: int = 1_000
     """An uncommitted LEASE / OUTBOX_WRITE / OUTBOX_PURGE is proposed again after this."""
     stall_window_ms: int = limits.STALL_WINDOW_MS_DEFAULT
-    idle_wait_s: float = 0.05
+    idle_wait_s: float = 0.1
 
     def __post_init__(self) -> None:
         if self.lease_mode not in ("leader", "rendezvous"):
@@ -141,7 +150,11 @@ class BucketNotifier:
         self._outbox: _InFlight | None = None
         self._purge: _InFlight | None = None
         self._last_purge_ms = 0
-        self._last_gauges_ms = 0
+        self._last_housekeeping_ms = 0
+        self._dirty: set[str] = set()
+        """Subscriptions with newly outboxed rows (from the tick thread)."""
+        self._dirty_lock = threading.Lock()
+        self._closed_seen = False
         self._thread = threading.Thread(
             target=self._run, name=f"notifier-b{self.bucket}", daemon=True
         )
@@ -163,10 +176,14 @@ class BucketNotifier:
         """The replica applied an entry (tick thread): look again soon."""
         if not applied.effects:
             return  # nothing for the notifier (rows, purges, lease, epoch, closures)
-        if self._metrics is not None:
-            for effect in applied.effects:
-                if isinstance(effect, RowsPurged):
-                    self._metrics.rows_purged(self.bucket, len(effect.rows))
+        for effect in applied.effects:
+            if isinstance(effect, RowsOutboxed):
+                with self._dirty_lock:
+                    self._dirty.update(row.sub_id for row in effect.rows)
+            elif isinstance(effect, SubscriptionClosed):
+                self._closed_seen = True
+            elif isinstance(effect, RowsPurged) and self._metrics is not None:
+                self._metrics.rows_purged(self.bucket, len(effect.rows))
         self._wake.set()
 
     def wake(self) -> None:
@@ -306,15 +323,25 @@ class BucketNotifier:
         core = self._core
         if core is None:
             return False
+        # Scanning every stream (resend timers, closed subscriptions, stalls, gauges)
+        # is housekeeping, done once a second: an idle subscription costs nothing.
+        housekeeping = now - self._last_housekeeping_ms >= HOUSEKEEPING_MS
+        if housekeeping:
+            self._last_housekeeping_ms = now
+        with self._dirty_lock:
+            dirty, self._dirty = self._dirty, set()
+        core.mark_ready(dirty)
         self._propose_outbox(core, sm, now)
-        self._propose_purge(core, sm, now)
-        for sub_id in core.closed_streams(sm):
-            sink = self._sinks.pop(sub_id, None)
-            core.detach(sub_id)
-            if sink is not None:
-                sink.close("the subscription ended or was dropped for stalling")
+        self._propose_purge(core, sm, now, expire=housekeeping)
+        if housekeeping or self._closed_seen:
+            self._closed_seen = False
+            for sub_id in core.closed_streams(sm):
+                sink = self._sinks.pop(sub_id, None)
+                core.detach(sub_id)
+                if sink is not None:
+                    sink.close("the subscription ended or was dropped for stalling")
         sent = 0
-        batches = core.next_batches(sm, SEND_EVENTS_MAX, now)
+        batches = core.next_batches(sm, SEND_EVENTS_MAX, now, full=housekeeping)
         if batches and self._before_send is not None:
             self._before_send()  # a test fault point (cluster/faults.py)
         for sub_id, rows in batches:
@@ -326,10 +353,8 @@ class BucketNotifier:
             sent += len(rows)
             if self._metrics is not None:
                 self._metrics.events_sent(self.bucket, rows, now)
-        if self._metrics is not None and now - self._last_gauges_ms >= GAUGES_EVERY_MS:
-            self._last_gauges_ms = now
-            lag = max((sm.ack_lag(sub.sub_id) for sub in sm.subscriptions()), default=0)
-            self._metrics.gauges(self.bucket, sm.outbox_size(), lag)
+        if self._metrics is not None and housekeeping:
+            self._metrics.gauges(self.bucket, sm.outbox_size(), sm.max_ack_lag())
         return sent >= SEND_EVENTS_MAX
 
     def _propose_outbox(self, core: NotifierCore, sm: BucketStateMachine, now: int) -> None:
@@ -345,13 +370,17 @@ class BucketNotifier:
         if entry is not None:
             self._outbox = self._propose(entry, now, mark=entry.through_index)
 
-    def _propose_purge(self, core: NotifierCore, sm: BucketStateMachine, now: int) -> None:
+    def _propose_purge(
+        self, core: NotifierCore, sm: BucketStateMachine, now: int, *, expire: bool
+    ) -> None:
         if now - self._last_purge_ms < self.settings.purge_interval_ms:
             return
         if not self._idle(self._purge, now):
             return
         self._last_purge_ms = now
-        entry = core.purge_entry(sm, sm.lease_index, now, self.settings.stall_window_ms)
+        entry = core.purge_entry(
+            sm, sm.lease_index, now, self.settings.stall_window_ms, expire=expire
+        )
         if entry is not None:
             self._purge = self._propose(entry, now)
 

@@ -689,6 +689,17 @@ class BucketStateMachine:
         """Unpurged outboxed rows, all subscriptions."""
         return sum(len(sub.rows) for sub in self._subs.values())
 
+    def max_ack_lag(self) -> int:
+        """The largest `ack_lag` over live subscriptions (0 with none)."""
+        return max(
+            (
+                s.head.commit_index - s.acked.commit_index
+                for s in self._subs.values()
+                if not s.stale
+            ),
+            default=0,
+        )
+
     def ack_lag(self, sub_id: str) -> int:
         """How many commit indexes the subscription's acks trail its stream head."""
         sub = self._subs.get(sub_id)
@@ -756,11 +767,14 @@ class BucketStateMachine:
         return ReconnectDecision(ReconnectStatus.OK, epoch, last_processed.commit_index + 1, resume)
 
     def stalled_subscriptions(self, now_ms: int, stall_window_ms: int) -> tuple[str, ...]:
-        """Live subscriptions with unacknowledged rows and no ack within the window."""
+        """Live subscriptions with unacknowledged rows and no ack within the window
+        (in sub_id order)."""
         return tuple(
-            sub.sub_id
-            for sub in self.subscriptions()
-            if not sub.stale and sub.rows and now_ms - sub.last_active_ms > stall_window_ms
+            sorted(
+                sub.sub_id
+                for sub in self._subs.values()
+                if not sub.stale and sub.rows and now_ms - sub.last_active_ms > stall_window_ms
+            )
         )
 
     def safety_point(

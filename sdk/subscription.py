@@ -349,7 +349,7 @@ class Subscription:
             now = time.monotonic()
             with self._lock:
                 wait = self._progress.next_due_s(now)
-            item = self._inbox.get(0.5 if wait is None else max(wait, 0.001))
+            item = self._inbox.get(None if wait is None else max(wait, 0.001))
             self._take(item)
         self._last = self._batch.popleft()
         return self._last
@@ -369,7 +369,7 @@ class Subscription:
                 raise StopAsyncIteration
             with self._lock:
                 wait = self._progress.next_due_s(time.monotonic())
-            item = await self._inbox.aget(0.5 if wait is None else max(wait, 0.001))
+            item = await self._inbox.aget(None if wait is None else max(wait, 0.001))
             self._take(item)
         self._last = self._batch.popleft()
         return self._last
@@ -434,6 +434,7 @@ class Subscription:
             return
         self._mark_processed()
         self._closed = True
+        self._inbox.put([])  # wakes a consumer blocked waiting for events
         if flush:
             with self._lock:
                 final = self._progress.take_flush(time.monotonic(), final=True)

@@ -19,9 +19,9 @@ class PurgeBeforeAck(NotifierCore):
     """Treats "sent" as "acknowledged": queues an ack for every batch it sends."""
 
     def next_batches(
-        self, sm: BucketStateMachine, max_events: int, now_ms: int
+        self, sm: BucketStateMachine, max_events: int, now_ms: int, *, full: bool = True
     ) -> list[tuple[str, tuple[OutboxRow, ...]]]:
-        batches = super().next_batches(sm, max_events, now_ms)
+        batches = super().next_batches(sm, max_events, now_ms, full=full)
         for sub_id, rows in batches:
             sub = sm.subscription(sub_id)
             if sub is not None:
