@@ -23,87 +23,16 @@ import json
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from bench_writes import machine
+from bench_writes import machine, pct, write_load
 
 from sevendb.cluster.local import cluster_down, cluster_up, local_token, node_status
 from sevendb.cluster.topology import ClusterSpec
-from sevendb.sdk.client import Client, set_op
 
 HERE = Path(__file__).resolve().parent
-VALUE = b"x" * 100
-
-
-def write_load(
-    spec: ClusterSpec,
-    token: str,
-    prefix: str,
-    seconds: float,
-    *,
-    inflight: int = 64,
-    rate: float = 0.0,
-) -> dict[str, Any]:
-    """Through the SDK (concurrent writes share WriteMany calls): `inflight` writes
-    kept in flight (closed loop), or one started every 1/`rate` s (open loop)."""
-    acks: list[tuple[int, int, int, int]] = []  # (bucket, commit index, sent ns, acked ns)
-    errors = [0]
-    slots = threading.Semaphore(inflight if not rate else 1 << 30)
-    lock = threading.Lock()
-    with Client([n.grpc_address for n in spec.nodes], token=token) as client:
-        client.layout()
-        t0 = time.monotonic()
-        end = t0 + seconds
-        i = 0
-        while time.monotonic() < end:
-            if rate:
-                pause = t0 + i / rate - time.monotonic()
-                if pause > 0:
-                    time.sleep(pause)
-            slots.acquire()
-            key = f"{prefix}{i:010d}"
-            sent = time.time_ns()
-
-            def done(f: Future[Any], sent: int = sent) -> None:
-                now = time.time_ns()
-                with lock:
-                    if f.exception() is None:
-                        r = f.result()
-                        acks.append((r.bucket, r.committed.commit_index, sent, now))
-                    else:
-                        errors[0] += 1
-                slots.release()
-
-            client.write_async([set_op(key, VALUE)]).add_done_callback(done)
-            i += 1
-        for _ in range(inflight if not rate else 0):
-            slots.acquire()
-        deadline = time.monotonic() + 30
-        while len(acks) + errors[0] < i and time.monotonic() < deadline:
-            time.sleep(0.01)
-        elapsed = time.monotonic() - t0
-        stats = client._pipeline()
-        calls, writes = stats.calls, stats.writes
-    lat = sorted((a[3] - a[2]) / 1e6 for a in acks)
-    return {
-        "writes": len(acks),
-        "writes_per_s": len(acks) / elapsed,
-        "errors": errors[0],
-        "p50_ms": pct(lat, 50),
-        "p99_ms": pct(lat, 99),
-        "writes_per_call": writes / max(1, calls),
-        "acks": acks,
-    }
-
-
-def pct(sorted_values: list[float], p: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * p / 100))]
 
 
 class Subscribers:

@@ -21,8 +21,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from bench_emission import pct
-from bench_writes import machine
+from bench_writes import machine, pct
 
 from sevendb.cluster.local import add_node, cluster_down, cluster_up, local_token, node_status
 from sevendb.cluster.migrate import migrate_bucket

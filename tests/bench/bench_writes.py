@@ -1,9 +1,9 @@
 """Benchmark: durable sevendb writes vs raw pysyncobj, same load, one run.
 
-    .venv/bin/python tests/bench/bench_writes.py [--seconds 10] [--inflight 1,32]
+    .venv/bin/python tests/bench/bench_writes.py [--seconds 10] [--inflight 1,32,64]
 
 Prints committed writes/s and p50/p99 latency for sevendb (3 nodes, fsync on,
-1 and 4 buckets, through gRPC from a client routing to each bucket's leader)
+1 and 4 buckets, through the SDK: concurrent writes share WriteMany calls)
 next to a bare pysyncobj replicated counter (3 processes, its default in-memory
 journal: nothing fsynced) driven in-process at the same concurrency, and the
 ratio. Not a test: figures are printed, never asserted.
@@ -12,26 +12,25 @@ ratio. Not a test: figures are printed, never asserted.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
-import random
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
-
-import grpc
+from typing import Any
 
 from sevendb.cluster.local import cluster_down, cluster_up, local_token, node_status
-from sevendb.cluster.topology import bucket_of
-from sevendb.proto import sevendb_pb2 as pb
-from sevendb.proto import sevendb_pb2_grpc as pb_grpc
+from sevendb.cluster.topology import ClusterSpec
+from sevendb.sdk.client import Client, set_op
 
 HERE = Path(__file__).resolve().parent
+VALUE = b"x" * 100
 
 
 def free_ports(n: int) -> list[int]:
@@ -90,68 +89,87 @@ def run_raw(inflight: int, seconds: float, tuned: bool) -> dict[str, float]:
     return result
 
 
-async def drive_sevendb(
-    leaders: dict[int, str], buckets: int, inflight: int, seconds: float, token: str
-) -> dict[str, float]:
-    md = (("authorization", f"Bearer {token}"),)
-    channels = {a: grpc.aio.insecure_channel(a) for a in set(leaders.values())}
-    stubs = {a: pb_grpc.SevenDBStub(c) for a, c in channels.items()}  # type: ignore[no-untyped-call]
-    latencies: list[float] = []
-    errors = 0
-    value = b"x" * 100
-    end = time.monotonic() + seconds
-
-    async def worker(w: int) -> None:
-        nonlocal errors
-        rng = random.Random(w)
+def write_load(
+    spec: ClusterSpec,
+    token: str,
+    prefix: str,
+    seconds: float,
+    *,
+    inflight: int = 64,
+    rate: float = 0.0,
+) -> dict[str, Any]:
+    """Through the SDK (concurrent writes share WriteMany calls): `inflight` writes
+    kept in flight (closed loop), or one started every 1/`rate` s (open loop)."""
+    acks: list[tuple[int, int, int, int]] = []  # (bucket, commit index, sent ns, acked ns)
+    errors = [0]
+    slots = threading.Semaphore(inflight if not rate else 1 << 30)
+    lock = threading.Lock()
+    with Client([n.grpc_address for n in spec.nodes], token=token) as client:
+        client.layout()
+        t0 = time.monotonic()
+        end = t0 + seconds
+        i = 0
         while time.monotonic() < end:
-            key = f"k{rng.randrange(1 << 30)}"
-            stub = stubs[leaders[bucket_of(key, buckets)]]
-            t = time.monotonic()
-            try:
-                await stub.Write(
-                    pb.WriteRequest(ops=[pb.Op(key=key, value=value)]), timeout=10, metadata=md
-                )
-                latencies.append(time.monotonic() - t)
-            except grpc.aio.AioRpcError:
-                errors += 1
+            if rate:
+                pause = t0 + i / rate - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+            slots.acquire()
+            key = f"{prefix}{i:010d}"
+            sent = time.time_ns()
 
-    t0 = time.monotonic()
-    await asyncio.gather(*(worker(w) for w in range(inflight)))
-    elapsed = time.monotonic() - t0
-    for c in channels.values():
-        await c.close()
-    latencies.sort()
-    n = len(latencies)
+            def done(f: Future[Any], sent: int = sent) -> None:
+                now = time.time_ns()
+                with lock:
+                    if f.exception() is None:
+                        r = f.result()
+                        acks.append((r.bucket, r.committed.commit_index, sent, now))
+                    else:
+                        errors[0] += 1
+                slots.release()
+
+            client.write_async([set_op(key, VALUE)]).add_done_callback(done)
+            i += 1
+        for _ in range(inflight if not rate else 0):
+            slots.acquire()
+        deadline = time.monotonic() + 30
+        while len(acks) + errors[0] < i and time.monotonic() < deadline:
+            time.sleep(0.01)
+        elapsed = time.monotonic() - t0
+        stats = client._pipeline()
+        calls, writes = stats.calls, stats.writes
+    lat = sorted((a[3] - a[2]) / 1e6 for a in acks)
     return {
-        "ops": n,
-        "ops_per_s": n / elapsed,
-        "errors": errors,
-        "p50_ms": 1000 * latencies[n // 2] if n else 0.0,
-        "p99_ms": 1000 * latencies[min(n - 1, int(n * 0.99))] if n else 0.0,
+        "writes": len(acks),
+        "writes_per_s": len(acks) / elapsed,
+        "errors": errors[0],
+        "p50_ms": pct(lat, 50),
+        "p99_ms": pct(lat, 99),
+        "writes_per_call": writes / max(1, calls),
+        "acks": acks,
     }
 
 
-def run_sevendb(buckets: int, inflights: list[int], seconds: float) -> dict[int, dict[str, float]]:
+def pct(sorted_values: list[float], p: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * p / 100))]
+
+
+def run_sevendb(buckets: int, inflights: list[int], seconds: float) -> dict[int, dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="sevendb-bench-") as tmp:
         data = Path(tmp) / "data"
         spec = cluster_up(data, nodes=3, buckets=buckets, replicas=3).spec
         try:
-            leaders: dict[int, str] = {}
-            for node in spec.nodes:
-                status = node_status(node.grpc_address)
-                assert status is not None
-                for r in status.replicas:
-                    if r.is_leader:
-                        leaders[r.bucket] = node.grpc_address
-            assert len(leaders) == buckets, leaders
             out = {}
             for inflight in inflights:
                 before = fsyncs(spec)
-                result = asyncio.run(
-                    drive_sevendb(leaders, buckets, inflight, seconds, local_token(data))
+                result = write_load(
+                    spec, local_token(data), f"w{inflight}/", seconds, inflight=inflight
                 )
-                result["fsyncs_per_write"] = (fsyncs(spec) - before) / max(1, result["ops"])
+                result.pop("acks")
+                result["ops_per_s"] = result["writes_per_s"]
+                result["fsyncs_per_write"] = (fsyncs(spec) - before) / max(1, result["writes"])
                 out[inflight] = result
             return out
         finally:
@@ -184,7 +202,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--seconds", type=float, default=10)
-    p.add_argument("--inflight", default="1,32")
+    p.add_argument("--inflight", default="1,32,64")
     p.add_argument("--buckets", default="1,4")
     args = p.parse_args()
     inflights = [int(x) for x in args.inflight.split(",")]
