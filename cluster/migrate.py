@@ -50,6 +50,8 @@ LOCK_FILE: Final = "cluster.lock"
 STEP_TIMEOUT_S: Final = 120.0
 CAUGHT_UP_LAG_MAX: Final = 0
 """A member counts as caught up once it applied what the leader had committed."""
+CLOSE_BEHIND_LAG_MAX: Final = 32
+CLOSE_BEHIND_WAIT_S: Final = 30.0
 _RETRYABLE: Final = (
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.ABORTED,
@@ -338,6 +340,7 @@ def _move_leadership(admin: _Admin, bucket: int, leaving: str, target: tuple[str
         r = admin.replica(node_id, bucket)
         if r is None:
             continue
+        _wait_close_behind(admin, bucket, node_id)
         admin.progress(f"  moving bucket {bucket}'s leadership from {leaving} to {node_id}")
         request = pb.MemberRequest(bucket=bucket, address=r.address)
         with contextlib.suppress(grpc.RpcError):
@@ -349,6 +352,30 @@ def _move_leadership(admin: _Admin, bucket: int, leaving: str, target: tuple[str
     raise MigrationError(
         f"could not move bucket {bucket}'s leadership off {leaving}: no caught-up target "
         "replica answered; re-run the command"
+    )
+
+
+def _wait_close_behind(admin: _Admin, bucket: int, node_id: str) -> None:
+    """Before leadership moves to `node_id`: wait (at most `CLOSE_BEHIND_WAIT_S`) until
+    it applied all but `CLOSE_BEHIND_LAG_MAX` entries of what the leader has committed
+    now, not at the start of the step, and its transport reaches every other member.
+    A new leader serves writes only once it applied its backlog, and it needs the
+    votes of members it is connected to (a vote request to one it is not is dropped,
+    costing an election timeout); the old leader holds writes back meanwhile."""
+    deadline = time.monotonic() + CLOSE_BEHIND_WAIT_S
+    while time.monotonic() < deadline:
+        _, leader = admin.leader(bucket)
+        r = admin.replica(node_id, bucket)
+        if (
+            r is not None
+            and leader.commit_index - r.applied_index <= CLOSE_BEHIND_LAG_MAX
+            and set(r.members) - {r.address} <= set(r.connected)
+        ):
+            return
+        time.sleep(0.05)
+    admin.progress(
+        f"  {node_id} still trails the leader after {CLOSE_BEHIND_WAIT_S:.0f} s; "
+        "moving leadership anyway (writes pause while it catches up)"
     )
 
 

@@ -97,6 +97,11 @@ SNAPSHOT_FORMAT_VERSION: Final = 1
 _SNAPSHOT_CHECKSUM = struct.Struct("<Q")
 
 # pysyncobj internals we mirror (syncobj.py:51-60).
+TRANSFER_PAUSE_LAG: Final = 64
+"""A leadership transfer pauses new commands only once the target trails by this few."""
+TRANSFER_PAUSE_S: Final = 0.5
+"""The longest a transfer holds new commands back before letting them through again."""
+
 _FOLLOWER: Final = 0
 _LEADER: Final = 2
 _CMD_MEMBERSHIP: Final = 2
@@ -450,6 +455,8 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
         self._transfer_tried = False
         self._transfer_request: tuple[str, float] | None = None
         """(target, deadline): hand leadership over (see `_try_transfer`)."""
+        self._transfer_pause_until: float | None = None
+        """Set once the target is close: new commands wait until then at the latest."""
         self._gate_closed_until_s = 0.0
         super().__init__(self_addr, partners, conf)
         # pysyncobj's tick thread exits when the thread that constructed the SyncObj
@@ -508,27 +515,42 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
         SyncObj._onTick(self, timeToWait)
 
     def _try_transfer(self) -> None:
-        """Leadership transfer (Raft thesis §3.10): while a transfer is pending the
-        leader takes no new commands (they wait in the queue), so the target can
-        catch up to the whole log, which pysyncobj requires before it sends
-        TimeoutNow; retried every tick until the deadline. Once we are no longer
-        leader, queued commands are forwarded to the new one."""
+        """Leadership transfer (Raft thesis §3.10). pysyncobj sends TimeoutNow only to
+        a target holding the whole log, so while the target trails by more than
+        `TRANSFER_PAUSE_LAG` entries it catches up with writes still flowing; then
+        the leader takes no new commands (they wait in the queue) for at most
+        `TRANSFER_PAUSE_S` while the target takes the last entries, and retries every
+        tick until the request's deadline. Once we are no longer leader, queued
+        commands are forwarded to the new one."""
         request = self._transfer_request
         if request is None:
             return
         target, deadline = request
-        if not self._isLeader() or _monotonic() > deadline:
-            self._transfer_request = None
+        now = _monotonic()
+        if not self._isLeader() or now > deadline:
+            self._transfer_request = self._transfer_pause_until = None
             return
+        if self._transfer_pause_until is None:
+            node = next((n for n in self._SyncObj__otherNodes if n.id == target), None)
+            match = self._SyncObj__raftMatchIndex.get(node, 0) if node is not None else 0
+            if self._SyncObj__getCurrentLogIndex() - match > TRANSFER_PAUSE_LAG:
+                return
+            self._transfer_pause_until = now + TRANSFER_PAUSE_S
         sent: list[int] = []
         self.transferLeadership(target, callback=lambda _r, err: sent.append(err))
         if sent and sent[0] == FAIL_REASON.SUCCESS:
             # TimeoutNow is on its way; keep new commands queued until we step down.
-            self._transfer_request = (target, min(deadline, _monotonic() + 1.0))
+            self._transfer_pause_until = max(self._transfer_pause_until, now + TRANSFER_PAUSE_S)
 
     def _transferring(self) -> bool:
-        request = self._transfer_request
-        return request is not None and _monotonic() <= request[1] and self._isLeader()
+        pause = self._transfer_pause_until
+        if pause is None or not self._isLeader():
+            return False
+        if _monotonic() > pause:
+            # The target did not catch up in time: writes resume, the request retries.
+            self._transfer_pause_until = None
+            return False
+        return True
 
     def _quarantined_tick(self) -> None:
         """A quarantined replica keeps storing and acking the log (the group needs its
@@ -1135,11 +1157,14 @@ class BucketReplica:
         return self._members()
 
     def transfer_leadership(self, to: str, timeout_s: float = 2.0) -> None:
-        """Ask this replica, if it leads, to hand leadership to member `to`: for up to
-        `timeout_s` it takes no new commands (they wait, then go to the new leader)
-        until `to` holds the whole log, then sends it TimeoutNow (tick thread)."""
+        """Ask this replica, if it leads, to hand leadership to member `to` within
+        `timeout_s`: once `to` trails by at most `TRANSFER_PAUSE_LAG` entries, new
+        commands wait (then go to the new leader) for up to `TRANSFER_PAUSE_S` while
+        `to` takes the rest of the log, then it is sent TimeoutNow (tick thread)."""
         _check_addr(to)
-        self._node._transfer_request = (to, _monotonic() + timeout_s)
+        node = self._node
+        node._transfer_pause_until = None
+        node._transfer_request = (to, _monotonic() + timeout_s)
 
     def connectivity(self) -> Connectivity:
         """The leader this replica knows, whether it reaches a quorum, and which other

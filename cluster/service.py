@@ -907,7 +907,7 @@ class NodeService(pb_grpc.SevenDBServicer):
                 grpc.StatusCode.NOT_FOUND,
                 f"{request.address} is not a member of bucket {request.bucket}",
             )
-        replica.transfer_leadership(request.address)
+        replica.transfer_leadership(request.address, timeout_s=PROPOSE_TIMEOUT_S)
         deadline = time.monotonic() + PROPOSE_TIMEOUT_S
         while replica.leader != request.address:
             if time.monotonic() > deadline:
@@ -1016,6 +1016,7 @@ class NodeService(pb_grpc.SevenDBServicer):
                     emitting=notifier is not None and notifier.emitting,
                     subscriptions=subs,
                     outbox_rows=outbox,
+                    connected=replica.connectivity().connected,
                 )
             )
         return out

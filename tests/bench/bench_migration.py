@@ -125,7 +125,9 @@ def main() -> int:
                     data,
                     0,
                     target,
-                    progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True),
+                    progress=lambda line: print(
+                        f"  [{time.monotonic() - m0:6.2f} s] {line}", file=sys.stderr, flush=True
+                    ),
                 )
                 m1 = time.monotonic()
                 time.sleep(3)
@@ -141,6 +143,12 @@ def main() -> int:
                 "writes_before": writer.window(m0 - 5, m0),
                 "writes_during": writer.window(m0, m1),
                 "write_errors": writer.errors,
+                "slowest_writes_during": [
+                    {"sent_at_s": round(start - m0, 2), "ms": round(1000 * d, 1)}
+                    for start, d in sorted(
+                        (x for x in writer.samples if m0 <= x[0] <= m1), key=lambda x: -x[1]
+                    )[:5]
+                ],
             }
             print(json.dumps(result, indent=1), flush=True)
         finally:
