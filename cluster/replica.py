@@ -457,6 +457,9 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
         """(target, deadline): hand leadership over (see `_try_transfer`)."""
         self._transfer_pause_until: float | None = None
         """Set once the target is close: new commands wait until then at the latest."""
+        self._timeout_now_sent = False
+        self._transfer_next_try = 0.0
+        """After a pause that did not move leadership, writes flow until then."""
         self._gate_closed_until_s = 0.0
         super().__init__(self_addr, partners, conf)
         # pysyncobj's tick thread exits when the thread that constructed the SyncObj
@@ -517,11 +520,13 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
     def _try_transfer(self) -> None:
         """Leadership transfer (Raft thesis §3.10). pysyncobj sends TimeoutNow only to
         a target holding the whole log, so while the target trails by more than
-        `TRANSFER_PAUSE_LAG` entries it catches up with writes still flowing; then
+        `TRANSFER_PAUSE_LAG` entries it catches up with writes still flowing. Then
         the leader takes no new commands (they wait in the queue) for at most
-        `TRANSFER_PAUSE_S` while the target takes the last entries, and retries every
-        tick until the request's deadline. Once we are no longer leader, queued
-        commands are forwarded to the new one."""
+        `TRANSFER_PAUSE_S`: the target takes the last entries and is sent TimeoutNow
+        once (it holds the whole log; pysyncobj checks). If leadership has not moved
+        when the pause ends (a lost vote, a slow target), writes flow again for
+        `TRANSFER_PAUSE_S` before the next attempt, until the request's deadline.
+        Once we are no longer leader, queued commands are forwarded to the new one."""
         request = self._transfer_request
         if request is None:
             return
@@ -531,24 +536,29 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
             self._transfer_request = self._transfer_pause_until = None
             return
         if self._transfer_pause_until is None:
+            if now < self._transfer_next_try:
+                return
             node = next((n for n in self._SyncObj__otherNodes if n.id == target), None)
             match = self._SyncObj__raftMatchIndex.get(node, 0) if node is not None else 0
             if self._SyncObj__getCurrentLogIndex() - match > TRANSFER_PAUSE_LAG:
                 return
             self._transfer_pause_until = now + TRANSFER_PAUSE_S
+            self._timeout_now_sent = False
+        if self._timeout_now_sent:
+            return  # the target is running its election
         sent: list[int] = []
         self.transferLeadership(target, callback=lambda _r, err: sent.append(err))
-        if sent and sent[0] == FAIL_REASON.SUCCESS:
-            # TimeoutNow is on its way; keep new commands queued until we step down.
-            self._transfer_pause_until = max(self._transfer_pause_until, now + TRANSFER_PAUSE_S)
+        self._timeout_now_sent = bool(sent) and sent[0] == FAIL_REASON.SUCCESS
 
     def _transferring(self) -> bool:
         pause = self._transfer_pause_until
         if pause is None or not self._isLeader():
             return False
-        if _monotonic() > pause:
-            # The target did not catch up in time: writes resume, the request retries.
+        now = _monotonic()
+        if now > pause:
+            # Leadership did not move in time: writes resume; the request retries later.
             self._transfer_pause_until = None
+            self._transfer_next_try = now + TRANSFER_PAUSE_S
             return False
         return True
 
@@ -1164,6 +1174,7 @@ class BucketReplica:
         _check_addr(to)
         node = self._node
         node._transfer_pause_until = None
+        node._transfer_next_try = 0.0
         node._transfer_request = (to, _monotonic() + timeout_s)
 
     def connectivity(self) -> Connectivity:
