@@ -316,6 +316,7 @@ class _Counters:
     rewinds_prevented: int = 0
     matching_entries_kept: int = 0
     journal_trims_at_startup: int = 0
+    transfer_pauses: int = 0
 
 
 @dataclass(eq=False)
@@ -544,6 +545,7 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
                 return
             self._transfer_pause_until = now + TRANSFER_PAUSE_S
             self._timeout_now_sent = False
+            self._counters.transfer_pauses += 1
         if self._timeout_now_sent:
             return  # the target is running its election
         sent: list[int] = []
@@ -1234,6 +1236,7 @@ class BucketReplica:
             "follower_regressions": counters.follower_regressions,
             "matching_entries_kept": counters.matching_entries_kept,
             "journal_trims_at_startup": counters.journal_trims_at_startup,
+            "transfer_pauses": counters.transfer_pauses,
         }
 
     def wait_ready(self, timeout_s: float) -> bool:

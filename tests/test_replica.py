@@ -20,6 +20,7 @@ import pytest
 
 from sevendb.cluster.replica import (
     SNAPSHOT_FILE,
+    TRANSFER_PAUSE_LAG,
     ApplyOutcome,
     BucketReplica,
     RaftTuning,
@@ -326,6 +327,34 @@ def test_proposals_work_after_a_leader_change(cluster: Cluster) -> None:
     assert rejoined.read(
         lambda sm: sorted(k for k in ("first", "second", "third") if sm.get(k))
     ) == ["first", "second", "third"]
+
+
+def test_leadership_transfer_to_a_lagging_member_keeps_writes_flowing(
+    cluster: Cluster,
+) -> None:
+    """A transfer waits for the target to come within TRANSFER_PAUSE_LAG entries
+    before it holds new writes back (`transfer_pauses` counts the holds); until then
+    writes commit as usual. Once the target is back and caught up, leadership moves
+    to it after a hold."""
+    leader = cluster.leader()
+    target_index = cluster.index_of(cluster.followers()[0])
+    target_addr = cluster.addrs[target_index]
+    cluster.stop(target_index)
+    for n in range(TRANSFER_PAUSE_LAG + 10):
+        assert leader.propose(write(f"behind-{n}")).error is None
+    leader.transfer_leadership(target_addr, timeout_s=60)
+    # The target is down, so far behind: writes are not held for the transfer.
+    for n in range(20):
+        assert leader.propose(write(f"during-{n}"), timeout_s=5).error is None
+    assert num(leader, "transfer_pauses") == 0
+    assert leader.is_leader
+    cluster.start(target_index)
+    wait_until(lambda: leader.leader == target_addr, 30, "leadership to move to the target")
+    assert num(leader, "transfer_pauses") >= 1
+    new = cluster.leader()
+    assert new.self_addr == target_addr
+    assert new.propose(write("after")).error is None
+    cluster.converge()
 
 
 def test_a_full_cluster_restart_keeps_state_and_term(cluster: Cluster) -> None:
