@@ -102,6 +102,9 @@ TRANSFER_PAUSE_LAG: Final = 64
 TRANSFER_PAUSE_S: Final = 0.5
 """The longest a transfer holds new commands back before letting them through again."""
 
+_KEEP_ALIVE: Final = {"type": "sevendb_keep_alive"}
+"""Sent between members so that idle links stay up (see `_RaftNode._keep_alive`)."""
+
 _FOLLOWER: Final = 0
 _LEADER: Final = 2
 _CMD_MEMBERSHIP: Final = 2
@@ -460,6 +463,8 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
         """Set once the target is close: new commands wait until then at the latest."""
         self._timeout_now_sent = False
         self._transfer_next_try = 0.0
+        self._keep_alive_s = conf.connectionTimeout / 4
+        self._next_keep_alive_s = 0.0
         """After a pause that did not move leadership, writes flow until then."""
         self._gate_closed_until_s = 0.0
         super().__init__(self_addr, partners, conf)
@@ -511,12 +516,29 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
         if self._owner._quarantine is not None:
             self._quarantined_tick()
         self._try_transfer()
+        self._keep_alive()
         if self._SyncObj__raftState == _LEADER:
             # Wake for a commit notification due sooner than the idle poll timeout.
             timeToWait = max(
                 0.0, min(timeToWait, self._SyncObj__newAppendEntriesTime - _monotonic())
             )
         SyncObj._onTick(self, timeToWait)
+
+    def _keep_alive(self) -> None:
+        """pysyncobj drops a connection that has read nothing for `connectionTimeout`,
+        and checks that only when it sends (tcp_connection.py:227-233). Followers never
+        talk to each other, so the first vote request of an election after a leader
+        fails (or a transfer) tore down the idle link and was lost, costing an election
+        timeout (measured: migrations needed 2-6 transfer attempts, and each hand-over
+        stalled writes about 1 s). Every member now sends a tiny message to every other
+        member a few times per timeout, so each link always has something to read."""
+        now = _monotonic()
+        if now < self._next_keep_alive_s:
+            return
+        self._next_keep_alive_s = now + self._keep_alive_s
+        transport = self._SyncObj__transport
+        for node in list(self._SyncObj__otherNodes):
+            transport.send(node, _KEEP_ALIVE)
 
     def _try_transfer(self) -> None:
         """Leadership transfer (Raft thesis §3.10). pysyncobj sends TimeoutNow only to
@@ -722,6 +744,8 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
 
     def _SyncObj__onMessageReceived(self, node: Any, message: dict[str, Any]) -> None:
         kind = message.get("type")
+        if kind == _KEEP_ALIVE["type"]:
+            return  # reading it is the point (see _keep_alive)
         if kind == "append_entries" and "prevLogIdx" in message:
             self._on_append_entries(node, message)
         elif kind == "next_node_idx":
