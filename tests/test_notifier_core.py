@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 from helpers import BUCKET, Driver
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sevendb.notifier.core import (
@@ -26,6 +26,7 @@ from sevendb.outbox.model import (
     OutboxWriteResult,
     PurgeResult,
     ReconnectStatus,
+    RowsOutboxed,
     RowsPending,
 )
 from sevendb.sdk.cursor import StreamCursor
@@ -170,6 +171,68 @@ def test_max_events_bounds_one_call() -> None:
     core.attach(d.sm, "s", "alice", start, d.now_ms)
     assert sum(len(rows) for _, rows in core.next_batches(d.sm, 3, d.now_ms)) == 3
     assert sum(len(rows) for _, rows in core.next_batches(d.sm, 3, d.now_ms)) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@example(  # the window fills, the pass drops the stream, an ack must bring it back
+    [("write", 0), ("write", 0), ("outbox", 0), ("send", 0), ("send", 0), ("ack", 0), ("send", 0)]
+)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["write", "outbox", "send", "ack", "attach"]), st.integers(0, 3)),
+        max_size=60,
+    )
+)
+def test_a_pass_over_ready_streams_sends_what_a_full_pass_sends(
+    script: list[tuple[str, int]],
+) -> None:
+    """`next_batches(full=False)` looks only at streams marked ready (attached, acked,
+    or named by `mark_ready` from RowsOutboxed effects, as the node does); it must
+    send exactly what a scan of every stream sends."""
+    d = Driver(holder="n1")
+    d.lease()
+    subs = [f"s{i}" for i in range(4)]
+    for i, sub_id in enumerate(subs):
+        d.subscribe(sub_id, f"prefix:k{i % 2}/")
+    config = NotifierConfig(window_events=1, resend_after_ms=10**9)  # often full
+    full, lean = NotifierCore("n1", config), NotifierCore("n1", config)
+    for core in (full, lean):
+        for sub_id in subs[:2]:
+            core.attach(d.sm, sub_id, "alice", d.sm.subscription(sub_id).start, d.now_ms)  # type: ignore[union-attr]
+    for step, n in script:
+        if step == "write":
+            write(d, f"k0/{d.tick()}")
+            write(d, f"k1/{d.tick()}")
+        elif step == "outbox":
+            applied = d.outbox()
+            if applied is not None:
+                lean.mark_ready(
+                    r.sub_id for e in applied.effects if isinstance(e, RowsOutboxed) for r in e.rows
+                )
+        elif step == "send":
+            assert lean.next_batches(d.sm, 2 + n, d.now_ms, full=False) == full.next_batches(
+                d.sm, 2 + n, d.now_ms
+            )
+        elif step == "ack" and full.position(subs[n]) is not None:
+            up_to = full.position(subs[n])
+            assert up_to is not None
+            for core in (full, lean):
+                core.on_client_ack(d.sm, subs[n], "alice", up_to, d.now_ms)
+        elif step == "attach":
+            sub = d.sm.subscription(subs[n])
+            assert sub is not None
+            for core in (full, lean):
+                core.attach(d.sm, subs[n], "alice", max(sub.start, sub.acked), d.now_ms)
+    while True:  # and once everything is outboxed, both drain the same rows
+        d.outbox()
+        lean.mark_ready(subs)
+        batch = lean.next_batches(d.sm, 100, d.now_ms, full=False)
+        assert batch == full.next_batches(d.sm, 100, d.now_ms)
+        if not batch:
+            break
+        for sub_id, rows in batch:
+            for core in (full, lean):
+                core.on_client_ack(d.sm, sub_id, "alice", rows[-1].emit_seq, d.now_ms)
 
 
 def test_unacked_events_are_resent_after_the_resend_interval() -> None:
