@@ -60,6 +60,7 @@ import pyarrow as pa
 import pyarrow.dataset as pa_ds
 import pyarrow.parquet as pq
 
+from sevendb.cluster.journal import fsync_dir, write_synced
 from sevendb.outbox.model import Applied, OutboxRow, RowsPurged
 
 log = logging.getLogger("sevendb.archive")
@@ -416,14 +417,6 @@ def _row_bytes(row: OutboxRow) -> int:
     for c in row.delta.changes:
         n += 24 + len(c.key) + len(c.value)
     return n
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _fsync_file(path: Path) -> None:
@@ -902,7 +895,7 @@ class ArchiveWriter:
         infos: list[SegmentInfo] = []
         for tmp, final, info in written:
             os.rename(tmp, final)
-            _fsync_dir(final.parent)
+            fsync_dir(final.parent)
             infos.append(info)
             log.info(
                 "archive: published %s (%d rows, %d bytes, entries %d..%d)",
@@ -922,7 +915,7 @@ class ArchiveWriter:
         for d in (directory.parent, directory):
             if not d.is_dir():
                 d.mkdir(parents=True, exist_ok=True)
-                _fsync_dir(d.parent)
+                fsync_dir(d.parent)
         self._known_dirs.add(directory)
 
     def _fire(self, point: str) -> None:
@@ -954,17 +947,9 @@ class ArchiveWriter:
     def _write_manifest(self) -> None:
         manifest = self._manifest()
         tmp = self._manifest_dir / f".{self.node_id}.json.tmp"
-        data = json.dumps(manifest, indent=1, sort_keys=True).encode()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_synced(tmp, json.dumps(manifest, indent=1, sort_keys=True).encode())
         os.rename(tmp, self.manifest_path)
-        _fsync_dir(self._manifest_dir)
+        fsync_dir(self._manifest_dir)
         self._fire("manifest-written")
         advanced: list[tuple[int, int]] = []
         with self._cond:
@@ -1122,7 +1107,7 @@ class ArchiveWriter:
             dst = aside / part.path.replace("/", "__")
             log.error("archive: %s not in the manifest but %s; moved to %s", src, why, dst)
             os.rename(src, dst)
-        _fsync_dir(aside)
+        fsync_dir(aside)
 
 
 __all__ = [

@@ -67,6 +67,8 @@ __all__ = [
     "JournalFormatError",
     "JournalStateError",
     "VoteId",
+    "fsync_dir",
+    "write_synced",
 ]
 
 logger = logging.getLogger(__name__)
@@ -124,13 +126,24 @@ def _fdatasync(fd: int) -> None:
     sync(fd)
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     """Make a rename/create in ``directory`` durable. A renamed-in file whose directory
     entry is not fsynced can vanish on power loss even though its data was synced."""
     if os.name != "posix":  # pragma: no cover - Windows cannot open directories
         return
     fd = os.open(directory, os.O_RDONLY)
     try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_synced(path: Path, data: bytes) -> None:
+    """Create (or truncate) ``path`` holding ``data``, fsynced before returning. The
+    caller renames it into place and fsyncs the directory (`fsync_dir`)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _pwrite_all(fd, data, 0)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -366,20 +379,15 @@ class DurableJournal:
         self.fsync_count += 1
 
     def _fsync_parent(self) -> None:
-        _fsync_dir(self._path.parent)
+        fsync_dir(self._path.parent)
         self.fsync_count += 1
 
     def _atomic_write(self, target: Path, payload: bytes) -> None:
         """Replace ``target`` so that after a crash it holds either the old or the new
         content in full: write a tmp file, fsync it, rename over, fsync the directory."""
         tmp = Path(str(target) + _TMP_SUFFIX)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            _pwrite_all(fd, payload, 0)
-            os.fsync(fd)
-            self.fsync_count += 1
-        finally:
-            os.close(fd)
+        write_synced(tmp, payload)
+        self.fsync_count += 1
         os.replace(tmp, target)
         self._fsync_parent()
 

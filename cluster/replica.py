@@ -73,7 +73,7 @@ from sevendb.outbox.errors import (
 from sevendb.outbox.model import Applied
 from sevendb.outbox.state import BucketStateMachine
 
-from .journal import DurableJournal, JournalError
+from .journal import DurableJournal, JournalError, fsync_dir, write_synced
 
 __all__ = [
     "ApplyOutcome",
@@ -387,14 +387,6 @@ def _decode_snapshot(data: bytes) -> _Snapshot:
     if not (isinstance(cluster, list) and all(isinstance(a, str) for a in cluster)):
         raise ValueError("snapshot cluster must be a list of addresses")
     return _Snapshot(bucket_uuid, core, _entry(last), _entry(prev), tuple(cluster))
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _check_addr(addr: str) -> None:
@@ -960,7 +952,7 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
         directory fsync; make that durable before dropping the entries it replaces, and
         never drop the last entry (an empty log makes every tick raise IndexError at
         `self.__raftLog[0]`, 1146)."""
-        _fsync_dir(self._owner._data_dir)
+        fsync_dir(self._owner._data_dir)
         last_idx = self._journal[-1][1]
         if toIDx > last_idx:
             logger.error("compaction to %d past the log end %d; clamped", toIDx, last_idx)
@@ -1400,15 +1392,7 @@ class BucketReplica:
             (bytes(prev[0]), int(prev[1]), int(prev[2])),
             tuple(sorted(str(node.id) for node in cluster)),
         )
-        payload = _encode_snapshot(snap)
-        fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_synced(Path(tmp_path), _encode_snapshot(snap))
         self._snapshot_index = snap.last[1]
         self._counters.snapshots_written += 1
 
@@ -1423,7 +1407,7 @@ class BucketReplica:
             # and renamed without any fsync: make it durable before the journal is
             # cleared and the install is acked.
             os.fsync(f.fileno())
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         snap = _decode_snapshot(data)
         self._snapshot_cache = (key, snap)
         return snap

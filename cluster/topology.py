@@ -18,6 +18,8 @@ from typing import Final
 
 import xxhash
 
+from sevendb.cluster.journal import fsync_dir, write_synced
+
 SPEC_FILE: Final = "cluster.json"
 SPEC_FORMAT_VERSION: Final = 1
 BUCKETS_MAX: Final = 1024
@@ -269,16 +271,9 @@ class ClusterSpec:
         data_dir.mkdir(parents=True, exist_ok=True)
         path = data_dir / SPEC_FILE
         tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            f.write(self.to_json())
-            f.flush()
-            os.fsync(f.fileno())
+        write_synced(tmp, self.to_json().encode())
         os.replace(tmp, path)
-        dir_fd = os.open(data_dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_dir(data_dir)
         return path
 
     @classmethod
