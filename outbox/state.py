@@ -93,6 +93,11 @@ class Subscription:
     def last_outboxed(self) -> EmitSeq:
         return self.rows[-1].emit_seq if self.rows else self.acked
 
+    @property
+    def ack_lag(self) -> int:
+        """How many commit indexes the acks trail the stream head."""
+        return self.head.commit_index - self.acked.commit_index
+
 
 @dataclass(slots=True)
 class _Producer:
@@ -691,19 +696,12 @@ class BucketStateMachine:
 
     def max_ack_lag(self) -> int:
         """The largest `ack_lag` over live subscriptions (0 with none)."""
-        return max(
-            (
-                s.head.commit_index - s.acked.commit_index
-                for s in self._subs.values()
-                if not s.stale
-            ),
-            default=0,
-        )
+        return max((s.ack_lag for s in self._subs.values() if not s.stale), default=0)
 
     def ack_lag(self, sub_id: str) -> int:
         """How many commit indexes the subscription's acks trail its stream head."""
         sub = self._subs.get(sub_id)
-        return 0 if sub is None else sub.head.commit_index - sub.acked.commit_index
+        return 0 if sub is None else sub.ack_lag
 
     def decide_reconnect(
         self, sub_id: str, principal: str, last_processed: EmitSeq
