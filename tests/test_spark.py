@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from cluster_harness import LocalCluster, wait_for
 from helpers import Driver
-from test_archive import Event, event, purge
+from test_archive import Event, event, purge, purged
 
 from sevendb.cluster.archive import (
     FILE_SCHEMA,
@@ -44,7 +44,7 @@ from sevendb.cluster.spark_jobs import (
     stats,
     stream,
 )
-from sevendb.outbox.model import Applied, OutboxRow, RowsPurged
+from sevendb.outbox.model import Applied, OutboxRow
 from sevendb.outbox.state import BucketStateMachine
 
 if TYPE_CHECKING:
@@ -102,19 +102,9 @@ def history(bucket_uuid: str, salt: int) -> tuple[list[Applied], list[Applied]]:
 HISTORY = {b: history(uuid, salt=b + 1) for b, uuid in BUCKETS.items()}
 
 
-def purged_rows(applied: list[Applied]) -> list[tuple[int, int, OutboxRow]]:
-    return [
-        (a.commit_index, e.ack_time_ms, row)
-        for a in applied
-        for e in a.effects
-        if isinstance(e, RowsPurged)
-        for row in e.rows
-    ]
-
-
-ALL_ROWS = [p for b in BUCKETS for phase in HISTORY[b] for p in purged_rows(phase)]
+ALL_ROWS = [p for b in BUCKETS for phase in HISTORY[b] for p in purged(phase)]
 EXPECTED = Counter(event(*p) for p in ALL_ROWS)
-PHASE_ONE = Counter(event(*p) for b in BUCKETS for p in purged_rows(HISTORY[b][0]))
+PHASE_ONE = Counter(event(*p) for b in BUCKETS for p in purged(HISTORY[b][0]))
 
 
 class Archive:

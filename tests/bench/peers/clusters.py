@@ -53,7 +53,20 @@ def _tail(path: Path, lines: int = 10) -> str:
         return ""
 
 
-class EtcdCluster:
+class _ServerProcesses:
+    """A cluster of three server processes this harness spawned."""
+
+    procs: list[subprocess.Popen[bytes]]
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            stop_process(proc)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+
+class EtcdCluster(_ServerProcesses):
     name = "etcd"
 
     def __init__(self, run_dir: Path) -> None:
@@ -126,18 +139,11 @@ class EtcdCluster:
                 )
             time.sleep(0.2)
 
-    def stop(self) -> None:
-        for proc in self.procs:
-            stop_process(proc)
-
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.procs]
-
     def conf(self) -> JsonDict:
         return {"endpoints": [u.removeprefix("http://") for u in self.client_urls]}
 
 
-class NatsCluster:
+class NatsCluster(_ServerProcesses):
     name = "nats"
 
     def __init__(self, run_dir: Path) -> None:
@@ -189,13 +195,6 @@ class NatsCluster:
             if dead or time.monotonic() > deadline:
                 raise RuntimeError(f"NATS cluster not ready\n    {_tail(self.dir / 'n1.log')}")
             time.sleep(0.2)
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            stop_process(proc)
-
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.procs]
 
     def conf(self) -> JsonDict:
         return {
