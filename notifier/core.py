@@ -44,6 +44,11 @@ RESEND_AFTER_MS_DEFAULT: Final = 2_000
 """A stream whose acks made no progress this long is rewound to its acked point."""
 BATCH_EVENTS_MAX: Final = 1024
 """Most events `next_batches` returns per call, all streams together."""
+OUTBOX_WRITES_IN_FLIGHT_DEFAULT: Final = 4
+"""OUTBOX_WRITEs a holder pipelines: the next is proposed before the last commits,
+so a row waits for one Raft round after its write applies, not up to two."""
+OUTBOX_RETRY_MS_DEFAULT: Final = 1_000
+"""An OUTBOX_WRITE not committed this long is taken as lost: propose from the log."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +59,8 @@ class NotifierConfig:
     resend_after_ms: int = RESEND_AFTER_MS_DEFAULT
     acks_per_purge_max: int = limits.ACKS_PER_PURGE_MAX
     expires_per_purge_max: int = limits.EXPIRES_PER_PURGE_MAX
+    outbox_writes_in_flight: int = OUTBOX_WRITES_IN_FLIGHT_DEFAULT
+    outbox_retry_ms: int = OUTBOX_RETRY_MS_DEFAULT
 
     def __post_init__(self) -> None:
         if self.window_events < 1:
@@ -66,6 +73,8 @@ class NotifierConfig:
             raise ValueError(
                 f"expires_per_purge_max must be in [1, {limits.EXPIRES_PER_PURGE_MAX}]"
             )
+        if self.outbox_writes_in_flight < 1 or self.outbox_retry_ms < 1:
+            raise ValueError("outbox_writes_in_flight and outbox_retry_ms must be >= 1")
 
 
 # ---- the lease ---------------------------------------------------------------------
@@ -154,6 +163,8 @@ class NotifierCore:
         self._ready: set[str] = set()
         """Streams that may have rows to send (new rows, an opened window, attached)."""
         self._acks: dict[str, Ack] = {}
+        self._outbox_flight: deque[tuple[int, int]] = deque()
+        """(through_index, proposed at ms) of this holder's OUTBOX_WRITEs in flight."""
 
     @property
     def me(self) -> str:
@@ -362,11 +373,37 @@ class NotifierCore:
     def outbox_entry(
         self, sm: BucketStateMachine, lease_index: int, now_ms: int
     ) -> OutboxWrite | None:
-        """The OUTBOX_WRITE for every computed, un-outboxed row, including what a
-        predecessor left behind (the range starts where the log says it stopped)."""
+        """The next OUTBOX_WRITE to propose: every computed row neither outboxed nor
+        covered by one of this holder's OUTBOX_WRITEs in flight, including what a
+        predecessor left behind (the first range starts where the log says outboxing
+        stopped). None if nothing waits or `outbox_writes_in_flight` are in flight.
+        The caller reports what it proposed with `outbox_proposed`."""
         if not self.holds_lease(sm):
             return None
-        return sm.propose_outbox_write(lease_index, now_ms)
+        after = self.outbox_after(sm, now_ms)
+        return None if after is None else sm.propose_outbox_write(lease_index, now_ms, after)
+
+    def outbox_after(self, sm: BucketStateMachine, now_ms: int) -> int | None:
+        """Where the next OUTBOX_WRITE starts: after the newest one in flight (0: at
+        the log's outboxed point), or None while the pipeline is full."""
+        flight = self._outbox_flight
+        while flight and flight[0][0] <= sm.outboxed_through:
+            flight.popleft()  # committed (or covered by a predecessor's)
+        if flight and now_ms - flight[0][1] >= self._config.outbox_retry_ms:
+            flight.clear()  # lost or rejected: the ones after it cannot apply either
+        if len(flight) >= self._config.outbox_writes_in_flight:
+            return None
+        return flight[-1][0] if flight else 0
+
+    def outbox_proposed(self, entry: OutboxWrite, now_ms: int) -> None:
+        """`entry` (from `outbox_entry`) is proposed: the next one starts after it."""
+        self._outbox_flight.append((entry.through_index, now_ms))
+
+    def outbox_lost(self) -> None:
+        """An OUTBOX_WRITE in flight ended without taking effect (rejected, or its
+        proposal failed). Those after it will be rejected too (their ranges start
+        where it ends): the next proposal starts again from the log."""
+        self._outbox_flight.clear()
 
 
 __all__ = [

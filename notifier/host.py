@@ -16,8 +16,10 @@ replica applies an entry, when a client acks, or every `idle_wait_s`, and then:
 3. when it stops holding the lease, closes every attached stream so clients
    reconnect to the new holder (fencing: a deposed holder sends nothing more).
 
-Proposals never block the loop (`BucketReplica.submit`); at most one LEASE, one
-OUTBOX_WRITE and one OUTBOX_PURGE are in flight, each retried after `retry_ms`.
+Proposals never block the loop (`BucketReplica.submit`); at most one LEASE and one
+OUTBOX_PURGE are in flight, each retried after `retry_ms`. OUTBOX_WRITEs are
+pipelined (`NotifierCore.outbox_entry`): a few in flight, each covering the rows
+after the previous one.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Final, Protocol
 
 from sevendb.cluster.replica import ApplyOutcome, BucketReplica, ReplicaUnavailable
 from sevendb.notifier.core import (
+    OUTBOX_WRITES_IN_FLIGHT_DEFAULT,
     Attach,
     AttachStatus,
     NotifierConfig,
@@ -94,6 +97,8 @@ class NotifierSettings:
     """Acks are batched into one OUTBOX_PURGE at most this often."""
     retry_ms: int = 1_000
     """An uncommitted LEASE / OUTBOX_WRITE / OUTBOX_PURGE is proposed again after this."""
+    outbox_writes_in_flight: int = OUTBOX_WRITES_IN_FLIGHT_DEFAULT
+    """OUTBOX_WRITEs pipelined per bucket (1: each waits for the previous to commit)."""
     stall_window_ms: int = limits.STALL_WINDOW_MS_DEFAULT
     idle_wait_s: float = 0.1
 
@@ -104,18 +109,24 @@ class NotifierSettings:
             raise ValueError("purge_interval_ms, retry_ms and stall_window_ms must be >= 1")
         if self.idle_wait_s <= 0:
             raise ValueError("idle_wait_s must be positive")
-        NotifierConfig(self.window_events, self.resend_after_ms)  # validates both
+        self.core_config  # noqa: B018 - building it validates the core's fields
 
     @property
     def core_config(self) -> NotifierConfig:
-        return NotifierConfig(self.window_events, self.resend_after_ms)
+        return NotifierConfig(
+            self.window_events,
+            self.resend_after_ms,
+            outbox_writes_in_flight=self.outbox_writes_in_flight,
+            outbox_retry_ms=self.retry_ms,
+        )
 
 
 @dataclass(slots=True)
 class _InFlight:
     future: Future[ApplyOutcome]
     at_ms: int
-    mark: object = None
+    mark: int = 0
+    """An OUTBOX_WRITE's through_index."""
 
 
 def _wall_ms() -> int:
@@ -147,7 +158,8 @@ class BucketNotifier:
         self._core: NotifierCore | None = None
         self._sinks: dict[str, EventSink] = {}
         self._lease: _InFlight | None = None
-        self._outbox: _InFlight | None = None
+        self._outbox: list[_InFlight] = []
+        """This holder's OUTBOX_WRITEs in flight (pipelined, see NotifierCore)."""
         self._purge: _InFlight | None = None
         self._last_purge_ms = 0
         self._last_housekeeping_ms = 0
@@ -312,6 +324,7 @@ class BucketNotifier:
         if confirmed and sm.lease_holder == self.me:
             if self._core is None:
                 self._core = NotifierCore(self.me, self.settings.core_config)
+                self._outbox = []
                 log.info(
                     "bucket %d: %s holds the notifier lease (lease index %d)",
                     self.bucket,
@@ -358,17 +371,20 @@ class BucketNotifier:
         return sent >= SEND_EVENTS_MAX
 
     def _propose_outbox(self, core: NotifierCore, sm: BucketStateMachine, now: int) -> None:
-        inflight = self._outbox
-        if (
-            inflight is not None
-            and not self._idle(inflight, now)
-            and isinstance(inflight.mark, int)
-            and inflight.mark > sm.outboxed_through
-        ):
-            return  # the one in flight covers what is pending now; wait for it
+        pending = []
+        for inflight in self._outbox:
+            if not inflight.future.done():
+                pending.append(inflight)
+            elif inflight.mark > sm.outboxed_through:
+                core.outbox_lost()  # applied without effect, or never committed
+        self._outbox = pending
         entry = core.outbox_entry(sm, sm.lease_index, now)
-        if entry is not None:
-            self._outbox = self._propose(entry, now, mark=entry.through_index)
+        if entry is None:
+            return
+        proposed = self._propose(entry, now, mark=entry.through_index)
+        if proposed is not None:
+            core.outbox_proposed(entry, now)
+            self._outbox.append(proposed)
 
     def _propose_purge(
         self, core: NotifierCore, sm: BucketStateMachine, now: int, *, expire: bool
@@ -392,7 +408,7 @@ class BucketNotifier:
             or now - inflight.at_ms >= self.settings.retry_ms
         )
 
-    def _propose(self, entry: Entry, now: int, mark: object = None) -> _InFlight | None:
+    def _propose(self, entry: Entry, now: int, mark: int = 0) -> _InFlight | None:
         try:
             future = self.replica.submit(encode_entry(entry))
         except ReplicaUnavailable as exc:

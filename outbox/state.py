@@ -498,13 +498,24 @@ class BucketStateMachine:
             for row in batch.rows
         )
 
-    def propose_outbox_write(self, lease_index: int, now_ms: int) -> OutboxWrite | None:
-        """The OUTBOX_WRITE a lease holder should propose now, or None if nothing waits."""
-        if not self._pending:
+    def propose_outbox_write(
+        self, lease_index: int, now_ms: int, after: int = 0
+    ) -> OutboxWrite | None:
+        """The OUTBOX_WRITE a lease holder should propose now, or None if nothing waits.
+
+        `after` pipelines: the through index of the holder's newest OUTBOX_WRITE still
+        in flight. The entry then covers only the rows after it, and applies only if
+        that one committed first (its range starts where that one ends; otherwise it
+        is rejected with STALE_RANGE and changes nothing)."""
+        start = max(after, self._outboxed_through)
+        if not self._pending or self._pending[-1].commit_index <= start:
             return None
         through = self._applied_index
-        count, digest = rows_digest(self.pending_rows(through))
-        return OutboxWrite(lease_index, self._outboxed_through, through, count, digest, now_ms)
+        rows = tuple(
+            row for batch in self._pending if batch.commit_index > start for row in batch.rows
+        )
+        count, digest = rows_digest(rows)
+        return OutboxWrite(lease_index, start, through, count, digest, now_ms)
 
     def _apply_outbox_write(
         self, index: int, entry: OutboxWrite, effects: list[Effect]

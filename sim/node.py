@@ -54,7 +54,9 @@ class NotifierHost:
         self.sim = sim
         self.replica = replica
         self.config = NotifierConfig(
-            window_events=sim.config.window_events, resend_after_ms=sim.config.resend_after_ms
+            window_events=sim.config.window_events,
+            resend_after_ms=sim.config.resend_after_ms,
+            outbox_retry_ms=OUTBOX_RETRY_MS,
         )
         self.reset()
         self.crash_after_outbox = False
@@ -65,7 +67,6 @@ class NotifierHost:
         self.heartbeat_ms: dict[str, int] = {}
         self.waiters: dict[str, str] = {}
         self.lease_proposed_ms = -LEASE_RETRY_MS
-        self.outbox_proposed: tuple[int, int] | None = None
         self.purge_proposed: tuple[object, int] | None = None
         self.last_purge_ms = 0
         self.sent_rows = 0
@@ -144,13 +145,9 @@ class NotifierHost:
         entry = core.outbox_entry(sm, sm.lease_index, now_ms)
         if entry is None:
             return
-        if self.outbox_proposed is not None:
-            through, at = self.outbox_proposed
-            if through > sm.outboxed_through and now_ms - at < OUTBOX_RETRY_MS:
-                return  # the one in flight covers part of it; wait for it
         if self.propose(entry) is not None:
             self.sim.trace("outbox?", self.replica.name, entry.from_index, entry.through_index)
-        self.outbox_proposed = (entry.through_index, now_ms)
+            core.outbox_proposed(entry, now_ms)
 
     def _purge(self, core: NotifierCore, now_ms: int) -> None:
         if now_ms - self.last_purge_ms < PURGE_INTERVAL_MS:

@@ -56,9 +56,10 @@ class ForgetsTail(NotifierCore):
     def outbox_entry(
         self, sm: BucketStateMachine, lease_index: int, now_ms: int
     ) -> OutboxWrite | None:
-        if not self.holds_lease(sm):
+        after = self.outbox_after(sm, now_ms)
+        if not self.holds_lease(sm) or after is None:
             return None
-        start = max(self._taken_at, sm.outboxed_through)
+        start = max(self._taken_at, sm.outboxed_through, after)
         through = sm.applied_index
         rows = tuple(r for r in sm.pending_rows(through) if r.emit_seq.commit_index > start)
         if not rows or through <= start:

@@ -391,6 +391,36 @@ def test_a_new_holder_reproposes_what_its_predecessor_left() -> None:
     assert [r.delta.changes[0].key for r in rows] == ["a/1", "a/2"]
 
 
+def test_outbox_writes_are_pipelined_up_to_the_limit_and_restart_after_a_loss() -> None:
+    d, _ = holder_with_sub()
+    core = NotifierCore("n1", NotifierConfig(outbox_writes_in_flight=2, outbox_retry_ms=500))
+    proposed = []
+    for key in ("a/1", "a/2", "a/3"):
+        write(d, key)
+        entry = core.outbox_entry(d.sm, d.sm.lease_index, d.tick())
+        if entry is not None:
+            core.outbox_proposed(entry, d.now_ms)
+            proposed.append(entry)
+    # Two in flight, each starting where the previous ends; the third write waits.
+    assert [(e.from_index, e.through_index) for e in proposed] == [(0, 3), (3, 4)]
+    assert core.outbox_entry(d.sm, d.sm.lease_index, d.tick()) is None
+    d.apply(proposed[0])  # the first commits: room for the third write's row
+    third = core.outbox_entry(d.sm, d.sm.lease_index, d.tick())
+    assert third is not None and (third.from_index, third.row_count) == (4, 1)
+    core.outbox_proposed(third, d.now_ms)
+    # The second is lost: the third can never apply, so start again from the log.
+    core.outbox_lost()
+    retry = core.outbox_entry(d.sm, d.sm.lease_index, d.tick())
+    assert retry is not None and (retry.from_index, retry.row_count) == (3, 2)
+    core.outbox_proposed(retry, d.now_ms)
+    # Nothing commits at all: after outbox_retry_ms the holder proposes from the log.
+    assert core.outbox_entry(d.sm, d.sm.lease_index, d.tick(100)) is None
+    again = core.outbox_entry(d.sm, d.sm.lease_index, d.tick(500))
+    assert again is not None and again.from_index == 3
+    assert d.apply(again).result == OutboxWriteResult(rows=2)
+    assert d.sm.pending_rows() == ()
+
+
 # ---- the conversation: notifier and SDK cursor joined in memory ------------------------
 
 

@@ -279,6 +279,33 @@ def test_outbox_write_is_idempotent_and_stale_ranges_are_refused() -> None:
     assert [r.emit_seq.commit_index for r in d.rows("s")] == [3, 4]
 
 
+def test_pipelined_outbox_writes_apply_in_order_and_only_in_order() -> None:
+    d = Driver()
+    d.lease()
+    d.subscribe("s", "all")
+    d.set("k1")
+    first = d.sm.propose_outbox_write(d.sm.lease_index, 0)
+    assert first is not None
+    assert d.sm.propose_outbox_write(d.sm.lease_index, 0, after=first.through_index) is None
+    d.set("k2")
+    second = d.sm.propose_outbox_write(d.sm.lease_index, 0, after=first.through_index)
+    assert second is not None and second.from_index == first.through_index
+    assert second.row_count == 1  # only the row after the first range
+    # The second commits first (say the first was lost): refused, nothing changes.
+    pending = d.sm.pending_rows()
+    early = d.apply(second).result
+    assert isinstance(early, OutboxWriteResult) and early.error is not None
+    assert early.error.code is ErrorCode.STALE_RANGE
+    assert d.sm.outboxed_through == 0 and d.sm.pending_rows() == pending
+    # In log order both apply, and the rows outboxed are the rows computed.
+    second = d.sm.propose_outbox_write(d.sm.lease_index, 0, after=first.through_index)
+    assert second is not None
+    assert d.apply(first).result == OutboxWriteResult(rows=1)
+    assert d.apply(second).result == OutboxWriteResult(rows=1)
+    assert [r.emit_seq.commit_index for r in d.rows("s")] == [3, 4]
+    assert d.sm.pending_rows() == ()
+
+
 def test_outbox_entries_from_a_deposed_lease_holder_are_fenced() -> None:
     d = Driver()
     d.lease("node-a")
