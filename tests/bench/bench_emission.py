@@ -168,7 +168,13 @@ def main() -> int:
     )
     p.add_argument("--seconds", type=float, default=10)
     p.add_argument("--subs", default="1,100,1000")
-    p.add_argument("--buckets", type=int, default=3)
+    p.add_argument(
+        "--buckets",
+        type=int,
+        default=1,
+        help="1 (default): one Raft group, like etcd's; on a 2-core host more groups "
+        "add per-entry work without adding cores (docs/performance.md)",
+    )
     p.add_argument("--inflight", type=int, default=64)
     p.add_argument("--rate", type=float, default=500)
     args = p.parse_args()

@@ -78,8 +78,10 @@ METHOD = f"""## Method
     file storage, limits retention. Created once per run. It acknowledges a publish when
     an R3 quorum has stored it, **without fsync**: 2.9 syncs every 60 s.
   - **sevendb:** `sevendb.cluster.local.cluster_up(data, nodes=3, buckets=B, replicas=3)`,
-    with B = `--sevendb-buckets` (3 by default: one Raft group per bucket, a leader per
-    node). A write is acknowledged once it is fsynced on a majority and applied.
+    with B = `--sevendb-buckets` (1 by default: one Raft group, like etcd's cluster and
+    the NATS stream; more buckets spread leaders over the processes, but on a 2-core
+    host they add per-entry work without adding cores). A write is acknowledged once
+    it is fsynced on a majority and applied.
 * **Clients.** All Python, each in its own process, so client CPU is visible:
   - **etcd:** `grpc.aio` stubs generated at run time from etcd's own .proto files.
   - **NATS:** `nats-py`.
@@ -277,7 +279,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workloads", default="1,2,3,4", help="which of the 4, comma-separated")
     p.add_argument("--subs", type=int, default=10_000, help="subscriptions in workload 4")
     p.add_argument("--fanout-subs", type=int, default=100, help="subscribers in workload 3")
-    p.add_argument("--sevendb-buckets", type=int, default=3)
+    p.add_argument("--sevendb-buckets", type=int, default=1)
     p.add_argument("--etcd-watches-per-stream", type=int, default=1)
     p.add_argument("--no-doc", action="store_true", help="print only; leave docs/ alone")
     p.add_argument(
