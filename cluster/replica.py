@@ -96,7 +96,6 @@ SNAPSHOT_MAGIC: Final = b"7DBSNAP\x00"
 SNAPSHOT_FORMAT_VERSION: Final = 1
 _SNAPSHOT_CHECKSUM = struct.Struct("<Q")
 
-# pysyncobj internals we mirror (syncobj.py:51-60).
 TRANSFER_PAUSE_LAG: Final = 64
 """A leadership transfer pauses new commands only once the target trails by this few."""
 TRANSFER_PAUSE_S: Final = 0.5
@@ -105,6 +104,7 @@ TRANSFER_PAUSE_S: Final = 0.5
 _KEEP_ALIVE: Final = {"type": "sevendb_keep_alive"}
 """Sent between members so that idle links stay up (see `_RaftNode._keep_alive`)."""
 
+# pysyncobj internals we mirror (syncobj.py:51-60).
 _FOLLOWER: Final = 0
 _LEADER: Final = 2
 _CMD_MEMBERSHIP: Final = 2
@@ -455,9 +455,9 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
         """Set once the target is close: new commands wait until then at the latest."""
         self._timeout_now_sent = False
         self._transfer_next_try = 0.0
+        """After a pause that did not move leadership, writes flow until then."""
         self._keep_alive_s = conf.connectionTimeout / 4
         self._next_keep_alive_s = 0.0
-        """After a pause that did not move leadership, writes flow until then."""
         self._gate_closed_until_s = 0.0
         super().__init__(self_addr, partners, conf)
         # pysyncobj's tick thread exits when the thread that constructed the SyncObj

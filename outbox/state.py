@@ -489,12 +489,16 @@ class BucketStateMachine:
             )
         return None
 
-    def pending_rows(self, through_index: int | None = None) -> tuple[OutboxRow, ...]:
-        """Rows computed but not yet outboxed (optionally only up to a source index)."""
+    def pending_rows(
+        self, through_index: int | None = None, after: int = 0
+    ) -> tuple[OutboxRow, ...]:
+        """Rows computed but not yet outboxed, optionally only those of source indexes
+        in (after, through_index]."""
         return tuple(
             row
             for batch in self._pending
-            if through_index is None or batch.commit_index <= through_index
+            if batch.commit_index > after
+            and (through_index is None or batch.commit_index <= through_index)
             for row in batch.rows
         )
 
@@ -510,12 +514,8 @@ class BucketStateMachine:
         start = max(after, self._outboxed_through)
         if not self._pending or self._pending[-1].commit_index <= start:
             return None
-        through = self._applied_index
-        rows = tuple(
-            row for batch in self._pending if batch.commit_index > start for row in batch.rows
-        )
-        count, digest = rows_digest(rows)
-        return OutboxWrite(lease_index, start, through, count, digest, now_ms)
+        count, digest = rows_digest(self.pending_rows(after=start))
+        return OutboxWrite(lease_index, start, self._applied_index, count, digest, now_ms)
 
     def _apply_outbox_write(
         self, index: int, entry: OutboxWrite, effects: list[Effect]

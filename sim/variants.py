@@ -61,7 +61,7 @@ class ForgetsTail(NotifierCore):
             return None
         start = max(self._taken_at, sm.outboxed_through, after)
         through = sm.applied_index
-        rows = tuple(r for r in sm.pending_rows(through) if r.emit_seq.commit_index > start)
+        rows = sm.pending_rows(through, after=start)
         if not rows or through <= start:
             return None
         count, digest = rows_digest(rows)
