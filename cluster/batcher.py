@@ -4,6 +4,10 @@ bucket share a Raft entry.
 Writes wait in a queue; whenever fewer than `entries_in_flight` entries of this
 bucket are being replicated, everything waiting (up to a count and byte budget)
 is proposed as one WRITE_BATCH entry without blocking (`BucketReplica.submit`).
+A submitted write does not propose at once but at the end of the loop iteration
+(`call_soon`), so the writes of one `WriteMany` call - and of every call handled in
+the same iteration - share an entry instead of the first few taking a free slot
+each (measured: 7.5 writes per entry at 18 per call before this).
 When an entry is applied, pysyncobj's tick thread hands the whole entry's outcome
 back to the loop in one call, which completes each write's future and proposes
 the next entry. So batching never waits for a timer - at one write in flight
@@ -67,6 +71,7 @@ class WriteBatcher:
         self._in_flight_max = entries_in_flight
         self._queue: collections.deque[_Waiting] = collections.deque()
         self._in_flight = 0
+        self._propose_scheduled = False
         self._closed = False
         self.entries = 0
         self.writes = 0
@@ -78,7 +83,9 @@ class WriteBatcher:
             raise ReplicaUnavailable("node is shutting down", reason="closed")
         waiting = _Waiting(write, write_size(write), self._loop.create_future())
         self._queue.append(waiting)
-        self._propose()
+        if not self._propose_scheduled:
+            self._propose_scheduled = True
+            self._loop.call_soon(self._propose)
         return waiting.future
 
     def close(self) -> None:
@@ -91,6 +98,7 @@ class WriteBatcher:
                 )
 
     def _propose(self) -> None:
+        self._propose_scheduled = False
         while self._queue and self._in_flight < self._in_flight_max:
             batch = [self._queue.popleft()]
             size = batch[0].size

@@ -5,6 +5,9 @@ A gRPC call costs a node far more CPU than replicating one write (measured: abou
 coalesces: every write waiting while a call is in flight goes out in the next call
 to the same node, up to `batch_writes_max` per call and `calls_in_flight` calls per
 node. With one write in flight nothing waits; under load batches grow by themselves.
+Writes submitted from other threads reach the loop through one inbox and one wakeup
+per loop iteration, not one per write, and a call leaves only once everything the
+iteration brought is queued (the first writes do not take a call each).
 
 Each write keeps its own outcome. A write is sent to its bucket's leader once a
 node has named it; UNAVAILABLE (no leader, a leader change, a dead node) retries
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import random
+import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -103,6 +107,9 @@ class WritePipeline:
         self._leaders: dict[int, str] = {}
         self._queues: dict[str, collections.deque[_Pending]] = {}
         self._calls: dict[str, int] = {}
+        self._inbox: collections.deque[_Pending] = collections.deque()
+        self._inbox_lock = threading.Lock()
+        self._drain_scheduled = False
         self.calls = 0
         self.writes = 0
 
@@ -115,15 +122,32 @@ class WritePipeline:
             request.ByteSize(),
             backoff_s=self._backoff_initial_s,
         )
-        self._engine.loop.call_soon_threadsafe(self._enqueue, pending)
+        self._inbox.append(pending)
+        with self._inbox_lock:
+            if self._drain_scheduled:
+                return pending.future
+            self._drain_scheduled = True
+        self._engine.loop.call_soon_threadsafe(self._drain)
         return pending.future
 
     # ---- the loop side ---------------------------------------------------------------
 
-    def _enqueue(self, pending: _Pending) -> None:
+    def _drain(self) -> None:
+        with self._inbox_lock:
+            self._drain_scheduled = False
+        targets = set()
+        while self._inbox:
+            targets.add(self._queue(self._inbox.popleft()))
+        for target in targets:
+            self._kick(target)
+
+    def _queue(self, pending: _Pending) -> str:
         target = self._leaders.get(pending.bucket) or self._engine.any_endpoint()
         self._queues.setdefault(target, collections.deque()).append(pending)
-        self._kick(target)
+        return target
+
+    def _enqueue(self, pending: _Pending) -> None:
+        self._kick(self._queue(pending))
 
     def _kick(self, target: str) -> None:
         queue = self._queues.get(target)

@@ -11,7 +11,7 @@ import pytest
 from cluster_harness import LocalCluster, wait_for
 
 from sevendb.outbox.errors import PreconditionFailed
-from sevendb.sdk.client import Client, WriteResult
+from sevendb.sdk.client import Client, WriteResult, set_op
 
 pytestmark = pytest.mark.slow
 
@@ -167,3 +167,21 @@ def test_write_many_gives_each_write_its_own_outcome(cluster: LocalCluster) -> N
         assert record is not None and record.value == b"1"  # refused writes changed nothing
         assert client.get(other) is None
         assert [client.get(k).value for k in ("wm/0", "wm/1")] == [b"a", b"f"]  # type: ignore[union-attr]
+
+
+def test_a_burst_of_writes_shares_one_call_and_one_raft_entry(cluster: LocalCluster) -> None:
+    """Writes queued while the SDK's loop is busy leave in one WriteMany call, and the
+    leader proposes that call's writes as one entry (not the first few one each)."""
+    with cluster.client() as client:
+        layout = client.layout()
+        keys = [k for k in (f"burst/{i}" for i in range(400)) if layout.bucket_of(k) == 0][:60]
+        client.put(keys[0], b"warm")  # the SDK now knows bucket 0's leader
+        pipeline = client._pipeline()
+        calls_before, writes_before = pipeline.calls, pipeline.writes
+        gate = threading.Event()
+        client._loop().loop.call_soon_threadsafe(gate.wait)  # the loop is busy until released
+        futures = [client.write_async([set_op(k, b"v")]) for k in keys]
+        gate.set()
+        results = [f.result(timeout=10) for f in futures]
+        assert (pipeline.calls - calls_before, pipeline.writes - writes_before) == (1, len(keys))
+        assert len({r.committed.commit_index for r in results}) == 1
