@@ -498,6 +498,7 @@ class NodeService(pb_grpc.SevenDBServicer):
         )
         done = iter(results)
         outcomes = []
+        leaders: dict[int, str] = {}
         for item in started:
             try:
                 if isinstance(item, _Failure):
@@ -514,8 +515,10 @@ class NodeService(pb_grpc.SevenDBServicer):
                 )
                 continue
             # Name the leader when it is elsewhere: the SDK sends there next time.
-            leader = self._leader_address(ok.bucket)
-            outcomes.append(pb.WriteOutcome(ok=ok, leader=leader if leader != self._me else ""))
+            if ok.bucket not in leaders:
+                address = self._leader_address(ok.bucket)
+                leaders[ok.bucket] = address if address and address != self._me else ""
+            outcomes.append(pb.WriteOutcome(ok=ok, leader=leaders[ok.bucket]))
         return pb.WriteManyResponse(outcomes=outcomes)
 
     @_unary

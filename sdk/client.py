@@ -89,6 +89,15 @@ def _emit_seq(msg: pb.EmitSeq) -> EmitSeq:
     return EmitSeq(msg.epoch_id.bucket_uuid, msg.epoch_id.epoch_counter, msg.commit_index)
 
 
+def _write_result(response: pb.WriteResponse) -> WriteResult:
+    return WriteResult(
+        _emit_seq(response.committed),
+        response.bucket,
+        {kv.key: kv.version for kv in response.versions},
+        response.duplicate,
+    )
+
+
 def _call_error(exc: grpc.RpcError) -> SevenDBError | None:
     trailers = dict(exc.trailing_metadata() or ())
     error = trailers.get(ERROR_CODE_KEY)
@@ -121,7 +130,7 @@ class Client:
         self._lock = threading.Lock()
         self._layout: ClusterLayout | None = None
         self._engine: Engine | None = None
-        self._writes: WritePipeline | None = None
+        self._writes: WritePipeline[WriteResult] | None = None
         self._ack_pipeline: AckPipeline | None = None
 
     def close(self) -> None:
@@ -211,25 +220,7 @@ class Client:
             raise ERROR_TYPES[ErrorCode.INVALID_ARGUMENT]("a write needs at least one op")
         request = pb.WriteRequest(ops=list(ops), producer=producer)
         bucket = self.layout().bucket_of(ops[0].key)
-        result: Future[WriteResult] = Future()
-
-        def done(sent: Future[pb.WriteResponse]) -> None:
-            error = sent.exception()
-            if error is not None:
-                result.set_exception(error)
-                return
-            response = sent.result()
-            result.set_result(
-                WriteResult(
-                    _emit_seq(response.committed),
-                    response.bucket,
-                    {kv.key: kv.version for kv in response.versions},
-                    response.duplicate,
-                )
-            )
-
-        self._pipeline().submit(request, bucket).add_done_callback(done)
-        return result
+        return self._pipeline().submit(request, bucket)
 
     def put(
         self,
@@ -312,7 +303,7 @@ class Client:
                 self._engine = Engine(self._endpoints)
             return self._engine
 
-    def _pipeline(self) -> WritePipeline:
+    def _pipeline(self) -> WritePipeline[WriteResult]:
         engine = self._loop()
         with self._lock:
             if self._writes is None:
@@ -320,6 +311,7 @@ class Client:
                 self._writes = WritePipeline(
                     engine,
                     self.metadata,
+                    _write_result,
                     deadline_s=policy.deadline_s,
                     call_timeout_s=policy.call_timeout_s,
                     backoff_initial_s=policy.backoff_initial_s,

@@ -40,6 +40,7 @@ class Engine:
         self.endpoints = list(endpoints)
         self.loop = asyncio.new_event_loop()
         self._channels: dict[str, aio.Channel] = {}
+        self._stubs: dict[str, pb_grpc.SevenDBStub] = {}
         self._rotation = itertools.count(random.randrange(1 << 16))
         self._thread = threading.Thread(target=self._run, name="sevendb-sdk", daemon=True)
         self._thread.start()
@@ -53,11 +54,13 @@ class Engine:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def stub(self, address: str) -> pb_grpc.SevenDBStub:
-        """Only on the loop."""
-        channel = self._channels.get(address)
-        if channel is None:
+        """Only on the loop. One channel and one stub per address (a stub builds a
+        callable per method: not something to do per call)."""
+        stub = self._stubs.get(address)
+        if stub is None:
             channel = self._channels[address] = aio.insecure_channel(address)
-        return pb_grpc.SevenDBStub(channel)
+            stub = self._stubs[address] = pb_grpc.SevenDBStub(channel)
+        return stub
 
     def any_endpoint(self) -> str:
         return self.endpoints[next(self._rotation) % len(self.endpoints)]

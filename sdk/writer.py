@@ -24,9 +24,10 @@ import collections
 import random
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final, Generic, TypeVar
 
 import grpc
 from grpc import aio
@@ -45,6 +46,7 @@ _RETRYABLE: Final = (
     grpc.StatusCode.ABORTED,
 )
 _STATUS_BY_VALUE: Final = {code.value[0]: code for code in grpc.StatusCode}
+T = TypeVar("T")
 
 
 class Unavailable(SevenDBError):
@@ -76,18 +78,20 @@ class _Pending:
     bucket: int
     deadline: float
     size: int
-    future: Future[pb.WriteResponse] = field(default_factory=Future)
+    future: Future[Any] = field(default_factory=Future)
     attempts: int = 0
     backoff_s: float = 0.0
 
 
-class WritePipeline:
-    """Per-node queues of writes on the SDK's loop; see the module docstring."""
+class WritePipeline(Generic[T]):
+    """Per-node queues of writes on the SDK's loop; see the module docstring. A
+    committed write's future holds `convert(WriteResponse)`: one future per write."""
 
     def __init__(
         self,
         engine: Engine,
         metadata: tuple[tuple[str, str], ...],
+        convert: Callable[[pb.WriteResponse], T],
         *,
         deadline_s: float,
         call_timeout_s: float,
@@ -98,6 +102,7 @@ class WritePipeline:
     ) -> None:
         self._engine = engine
         self._metadata = metadata
+        self._convert = convert
         self._deadline_s = deadline_s
         self._call_timeout_s = call_timeout_s
         self._backoff_initial_s = backoff_initial_s
@@ -113,8 +118,8 @@ class WritePipeline:
         self.calls = 0
         self.writes = 0
 
-    def submit(self, request: pb.WriteRequest, bucket: int) -> Future[pb.WriteResponse]:
-        """Queue a write (any thread); the future holds its WriteResponse or error."""
+    def submit(self, request: pb.WriteRequest, bucket: int) -> Future[T]:
+        """Queue a write (any thread); the future holds its converted response or error."""
         pending = _Pending(
             request,
             bucket,
@@ -188,7 +193,7 @@ class WritePipeline:
                     if outcome.leader:
                         self._leaders[pending.bucket] = outcome.leader
                     if not pending.future.done():
-                        pending.future.set_result(outcome.ok)
+                        pending.future.set_result(self._convert(outcome.ok))
                 else:
                     code = _STATUS_BY_VALUE.get(outcome.code, grpc.StatusCode.UNKNOWN)
                     self._failed(
