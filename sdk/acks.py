@@ -56,10 +56,12 @@ class AckPipeline:
         if current is None or position > current.position:
             waiting[sub_id] = _Ack(position, confirmed)
         if target not in self._busy:
+            # Busy from now, not from when the task starts: acks arriving in this
+            # loop iteration join the first call instead of starting calls of their own.
+            self._busy.add(target)
             self._engine.loop.create_task(self._send(target))
 
     async def _send(self, target: str) -> None:
-        self._busy.add(target)
         try:
             while waiting := self._waiting.get(target):
                 batch = list(waiting.items())[:ACKS_PER_CALL_MAX]
