@@ -459,6 +459,8 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
         self._keep_alive_s = conf.connectionTimeout / 4
         self._next_keep_alive_s = 0.0
         self._gate_closed_until_s = 0.0
+        self._poll_until = 0.0
+        """When the current tick's final poll times out (see `_onTick`)."""
         super().__init__(self_addr, partners, conf)
         # pysyncobj's tick thread exits when the thread that constructed the SyncObj
         # exits (syncobj.py:587); a node may build replicas in a worker thread, so tie
@@ -509,11 +511,13 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
             self._quarantined_tick()
         self._try_transfer()
         self._keep_alive()
+        now = _monotonic()
         if self._SyncObj__raftState == _LEADER:
             # Wake for a commit notification due sooner than the idle poll timeout.
-            timeToWait = max(
-                0.0, min(timeToWait, self._SyncObj__newAppendEntriesTime - _monotonic())
-            )
+            timeToWait = max(0.0, min(timeToWait, self._SyncObj__newAppendEntriesTime - now))
+        # The poll that ends this tick uses timeToWait, computed before this tick's
+        # applies: one that brings the next AppendEntries forward wakes it (below).
+        self._poll_until = now + timeToWait
         SyncObj._onTick(self, timeToWait)
 
     def _keep_alive(self) -> None:
@@ -700,6 +704,12 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
             due = _monotonic() + self._owner._tuning.commit_notify_s
             if due < self._SyncObj__newAppendEntriesTime:
                 self._SyncObj__newAppendEntriesTime = due
+                if due < self._poll_until:
+                    # Otherwise this tick's poll sleeps up to tick_s (measured: a write
+                    # forwarded by a follower waited p50 15 ms, p90 105 ms, for the
+                    # follower to learn the commit; 10 ms is the design).
+                    with contextlib.suppress(BlockingIOError):  # full pipe: awake
+                        self._SyncObj__pipeNotifier.notify()
         return False
 
     def _SyncObj__onBecomeLeader(self) -> None:
