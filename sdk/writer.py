@@ -132,7 +132,12 @@ class WritePipeline(Generic[T]):
             if self._drain_scheduled:
                 return pending.future
             self._drain_scheduled = True
-        self._engine.loop.call_soon_threadsafe(self._drain)
+        try:
+            self._engine.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: fail this write, not the next ones
+            with self._inbox_lock:
+                self._drain_scheduled = False
+            raise
         return pending.future
 
     # ---- the loop side ---------------------------------------------------------------
