@@ -174,6 +174,36 @@ def test_commit_index_is_lazy_hint_clamped_to_log(path: Path) -> None:
     assert DurableJournal(path).getRaftCommitIndex() == 2
 
 
+def test_the_commit_hint_costs_no_fsync_and_a_bad_one_is_ignored(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    j = DurableJournal(path)
+    for entry in make_entries(5):
+        j.add(*entry)
+    j.sync()
+    j.setCurrentTerm(3, "n1")  # term and vote: durable at once
+    fsyncs = j.fsync_count
+    for commit in (2, 3, 4):
+        j.setRaftCommitIndex(commit)
+        j.onOneSecondTimer()  # once a second on the tick thread: must not block on disk
+    assert j.fsync_count == fsyncs
+    j.close()
+    reopened = DurableJournal(path)
+    assert reopened.getRaftCommitIndex() == 4
+    assert (reopened.getCurrentTerm(), reopened.getVotedForNodeId()) == (3, "n1")
+    reopened.close()
+    hint = Path(str(path) + ".commit")
+    raw = bytearray(hint.read_bytes())
+    raw[9] ^= 0xFF  # a torn or flipped hint: only a hint, so it is ignored and logged
+    hint.write_bytes(bytes(raw))
+    with caplog.at_level(logging.WARNING):
+        reopened = DurableJournal(path)
+    assert reopened.getRaftCommitIndex() == 1  # back to the default; the leader resends it
+    assert (reopened.getCurrentTerm(), reopened.getVotedForNodeId()) == (3, "n1")
+    assert "unreadable commit-index hint" in caplog.text
+    reopened.close()
+
+
 # ------------------------------------------------------------- torn / corrupt
 
 
