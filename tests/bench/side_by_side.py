@@ -6,7 +6,8 @@
 On a fresh Debian machine (as root) it installs etcd-server, etcd-client and
 nats-server with apt-get when missing, and generates etcd's Python gRPC stubs into
 ~/.cache/sevendb-bench from the .proto files of Debian's golang-etcd-server-dev.
-Python packages: nats-py and matplotlib besides sevendb's dev extra.
+Python packages: nats-py and matplotlib (the `bench` extra) are pip-installed into
+the running interpreter when missing.
 
 Each run starts a fresh 3-node cluster of each system on 127.0.0.1 (one system at a
 time; the order rotates between runs), drives the same workloads through Python
@@ -60,6 +61,7 @@ from peers.install import (
     debian_version,
     ensure_binaries,
     ensure_etcd_stubs,
+    ensure_python_packages,
 )
 from peers.workloads import INFLIGHTS, LATENCY_RATE, W4_INFLIGHT, WORKLOADS, Context, Options
 
@@ -337,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         ensure_binaries(systems)
+        ensure_python_packages(systems)
         if "etcd" in systems:
             ensure_etcd_stubs()
     except InstallError as exc:

@@ -5,17 +5,23 @@ Debian's golang-etcd-server-dev (nothing of etcd is kept in this repository)."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Final
 
-from peers.common import CACHE_DIR, log
+from peers.common import BENCH_DIR, CACHE_DIR, log
 
 APT_TIMEOUT_S: Final = 900
+PIP_TIMEOUT_S: Final = 900
+PYPROJECT: Final = BENCH_DIR.parent.parent / "pyproject.toml"
+BENCH_MODULES: Final = {"nats": "nats", "chart": "matplotlib"}
+"""What imports each part of the harness needs (the `bench` extra in pyproject.toml)."""
 PROTO_PACKAGE: Final = "golang-etcd-server-dev"
 GO_SRC: Final = Path("usr/share/gocode/src/go.etcd.io/etcd")
 PROTOS: Final = {
@@ -71,6 +77,18 @@ def ensure_binaries(systems: list[str]) -> None:
         )
     _apt_update()
     _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], APT_TIMEOUT_S)
+
+
+def ensure_python_packages(systems: list[str]) -> None:
+    """pip install the `bench` extra of pyproject.toml into this interpreter when a
+    module the run needs (nats-py for NATS, matplotlib for the chart) is missing."""
+    needed = [BENCH_MODULES["chart"]] + ([BENCH_MODULES["nats"]] if "nats" in systems else [])
+    if all(importlib.util.find_spec(module) is not None for module in needed):
+        return
+    with PYPROJECT.open("rb") as f:
+        specs = tomllib.load(f)["project"]["optional-dependencies"]["bench"]
+    _run([sys.executable, "-m", "pip", "install", "-q", *specs], PIP_TIMEOUT_S)
+    importlib.invalidate_caches()
 
 
 def _proto_sources() -> Path:
