@@ -242,6 +242,11 @@ class RaftTuning:
     """How often a node hands the leadership of buckets it leads to their preferred
     replica (`ClusterSpec.preferred_leaders`) when that one is connected and caught
     up; 0 turns balancing off."""
+    leader_balance_backoff_max_s: float = 300.0
+    """A bucket this node keeps getting back is handed over again only after a wait
+    that doubles with each hand-over (from `leader_balance_s`) up to this; it resets
+    once a hand-over has held this long. Stops a preferred replica that loses every
+    election it is handed (a starved process) from being handed the bucket forever."""
     bind_retries: int = 10
     bind_retry_s: float = 0.2
 
@@ -256,6 +261,8 @@ class RaftTuning:
             raise ValueError("leader_fallback_s must exceed heartbeat_s")
         if not self.connection_timeout_s >= self.election_max_s:
             raise ValueError("connection_timeout_s must be at least election_max_s")
+        if self.leader_balance_s < 0 or self.leader_balance_backoff_max_s < self.leader_balance_s:
+            raise ValueError("0 <= leader_balance_s <= leader_balance_backoff_max_s")
         if self.compaction_min_entries < 2 or self.compaction_min_time_s <= 0:
             raise ValueError("compaction_min_entries >= 2 and compaction_min_time_s > 0")
         if self.append_batch_bytes <= 0 or self.snapshot_chunk_bytes <= 0:

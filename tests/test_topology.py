@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sevendb.cluster.node import HandoverPacer
 from sevendb.cluster.topology import (
     ClusterSpec,
     ConfigError,
@@ -83,3 +84,23 @@ def test_key_routing_uses_the_bucket_count() -> None:
     s = spec(buckets=4)
     assert s.bucket_for_key("x").bucket == bucket_of("x", 4)
     assert dataclasses.replace(s, buckets=s.buckets[:1]).bucket_for_key("x").bucket == 0
+
+
+def test_leader_hand_overs_back_off_while_the_bucket_keeps_coming_back() -> None:
+    """A node hands a bucket to its preferred replica at once, then waits 2, 4, 8 ...
+    seconds (up to the cap) each time the bucket comes back; other buckets are paced
+    on their own, and a hand-over that held for the cap resets the wait."""
+    pacer = HandoverPacer(base_s=2.0, max_s=30.0)
+    now = 100.0
+    waits = []
+    for _ in range(6):
+        assert pacer.due(0, now)
+        wait_s = pacer.handed_over(0, now)
+        waits.append(wait_s)
+        assert not pacer.due(0, now + wait_s - 0.01)
+        assert pacer.due(1, now)  # bucket 1 was never handed over
+        now += wait_s
+    assert waits == [2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    # The last hand-over held: long after its wait and the cap, the wait starts over.
+    now += 30.0 + 30.0
+    assert pacer.handed_over(0, now) == 2.0
