@@ -195,8 +195,8 @@ class WritePipeline(Generic[T]):
         else:
             for pending, outcome in zip(batch, response.outcomes, strict=True):
                 if outcome.HasField("ok"):
-                    if outcome.leader:
-                        self._leaders[pending.bucket] = outcome.leader
+                    # A node names the leader only when it is another node.
+                    self._leaders[pending.bucket] = outcome.leader or target
                     if not pending.future.done():
                         pending.future.set_result(self._convert(outcome.ok))
                 else:
