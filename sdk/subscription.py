@@ -362,7 +362,10 @@ class Subscription:
         while True:
             flush = self._take_flush_if_due()
             if flush is not None:
-                await asyncio.to_thread(self._persist_and_ack, flush)
+                if self._store is None:
+                    self._persist_and_ack(flush)  # nothing blocks: no thread hop
+                else:
+                    await asyncio.to_thread(self._persist_and_ack, flush)  # fsync
             if self._batch:
                 break
             if self._closed:
