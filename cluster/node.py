@@ -91,18 +91,18 @@ def notifier_settings_from_env(environ: Mapping[str, str], tuning: RaftTuning) -
     )
 
 
-
 class HandoverPacer:
     """When a node may hand a bucket's leadership to its preferred replica again.
 
     The first hand-over is due at once; each later one waits twice as long as the one
     before (from `base_s` up to `max_s`), and a hand-over that held for `max_s`
     resets the wait. Measured with 10,000 subscriptions on one bucket: the preferred
-    replica, flooded by every subscription reconnecting to it, lost each election it
-    was handed within 2-4 s and was handed the bucket back 2 s later, so the streams
-    never settled (80-190 subscriptions set up per second, 0.6-0.9 cores burnt while
-    idle, events lost to the run's deadline); with the bucket left where an election
-    put it, 620 per second and 0.06 cores.
+    replica lost leadership 2-4 s after each hand-over (its tick thread paused by
+    snapshots while every stream reconnected to it) and was handed the bucket back 2 s
+    later, about forty times, so the streams never settled (80-190 subscriptions set
+    up per second, 0.6-0.9 cores burnt while idle, events lost to the run's
+    deadline); with the bucket left where an election put it, 620 per second and
+    0.06 cores.
     """
 
     def __init__(self, base_s: float, max_s: float) -> None:
@@ -124,6 +124,7 @@ class HandoverPacer:
             wait_s = min(self._max_s, max(self._base_s, 2 * last[1]))
         self._last[bucket] = (now, wait_s)
         return wait_s
+
 
 class Node:
     """Everything one node process runs; `start_background()`, `serve()`, then
