@@ -816,7 +816,12 @@ class BucketStateMachine:
 
     def snapshot(self) -> bytes:
         """Deterministic bytes of the whole state (sorted; no sets or hash order)."""
-        data = [[k, r.value, r.version, r.mod_index] for k, r in sorted(self._data.items())]
+        # Sorting the keys alone and packing tuples (msgpack arrays, as lists are)
+        # takes a third of sorting the items into lists: 0.33 s instead of 0.9 s for
+        # 300k keys inserted in random order. It runs in the Raft tick thread, where
+        # a leader sends no heartbeats meanwhile.
+        records = self._data
+        data = [(k, (r := records[k]).value, r.version, r.mod_index) for k in sorted(records)]
         producers = [
             [pid, p.epoch, p.last_seq, [[seq, _pack_write_result(r)] for seq, r in p.results]]
             for pid, p in sorted(self._producers.items())
