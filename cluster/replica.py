@@ -330,6 +330,7 @@ class _Counters:
     matching_entries_kept: int = 0
     journal_trims_at_startup: int = 0
     transfer_pauses: int = 0
+    late_leader_ticks: int = 0
 
 
 @dataclass(eq=False)
@@ -471,6 +472,9 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
         self._gate_closed_until_s = 0.0
         self._poll_until = 0.0
         """When the current tick's final poll times out (see `_onTick`)."""
+        self._last_tick_s = 0.0
+        self._late_tick_s = conf.raftMinTimeout / 2
+        self._next_late_warning_s = 0.0
         super().__init__(self_addr, partners, conf)
         # pysyncobj's tick thread exits when the thread that constructed the SyncObj
         # exits (syncobj.py:587); a node may build replicas in a worker thread, so tie
@@ -513,6 +517,7 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
             )
             time.sleep(timeToWait)
             return
+        self._note_late_tick()
         # Everything appended so far is durable before this tick's commit computation
         # counts the leader itself (`count = 1`, syncobj.py:660). A no-op if nothing is
         # pending (group commit happens in _checkCommandsToApply).
@@ -529,6 +534,29 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
         # applies: one that brings the next AppendEntries forward wakes it (below).
         self._poll_until = now + timeToWait
         SyncObj._onTick(self, timeToWait)
+
+    def _note_late_tick(self) -> None:
+        """A leader sends heartbeats from its tick thread only, and pysyncobj says
+        nothing when that thread is held up (a snapshot, the GIL, no free core): its
+        followers just start an election. Like etcd's "leader failed to send out
+        heartbeat on time", warn when a leader's ticks are further apart than half the
+        shortest election timeout (at most every 10 s), and count them in status()."""
+        now = _monotonic()
+        last, self._last_tick_s = self._last_tick_s, now
+        if not last or now - last < self._late_tick_s or self._SyncObj__raftState != _LEADER:
+            return
+        self._counters.late_leader_ticks += 1
+        if now >= self._next_late_warning_s:
+            self._next_late_warning_s = now + 10.0
+            logger.warning(
+                "bucket %d: leader %s sent no heartbeat for %.0f ms (followers campaign "
+                "after %.1f s): this process is overloaded (%d late ticks so far)",
+                self._owner.bucket,
+                self.selfNode.id,
+                1000 * (now - last),
+                2 * self._late_tick_s,
+                self._counters.late_leader_ticks,
+            )
 
     def _keep_alive(self) -> None:
         """pysyncobj drops a connection that has read nothing for `connectionTimeout`,
@@ -1273,6 +1301,7 @@ class BucketReplica:
             "matching_entries_kept": counters.matching_entries_kept,
             "journal_trims_at_startup": counters.journal_trims_at_startup,
             "transfer_pauses": counters.transfer_pauses,
+            "late_leader_ticks": counters.late_leader_ticks,
         }
 
     def wait_ready(self, timeout_s: float) -> bool:

@@ -677,6 +677,22 @@ def test_loaded_group_never_truncates_applied_entries_and_converges(
         c.close()
 
 
+def test_a_held_up_leader_warns_that_its_heartbeats_are_late(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """BEFORE: a leader sends heartbeats only from its tick thread, and pysyncobj says
+    nothing when that thread is held up (a snapshot of a large state, the GIL): the
+    first sign was an election, which moved every stream.
+    AFTER: ticks further apart than half the shortest election timeout are counted in
+    status() and logged, like etcd's "leader failed to send out heartbeat on time"."""
+    caplog.set_level(logging.WARNING)
+    leader = cluster.leader()
+    held_s = 0.7 * cluster.tuning.election_min_s  # late, but short of an election
+    in_tick(leader._node, lambda: time.sleep(held_s), timeout_s=held_s + 5)
+    wait_until(lambda: num(leader, "late_leader_ticks") > 0, what="a late tick")
+    assert any("sent no heartbeat for" in r.getMessage() for r in caplog.records)
+
+
 # ------------------------------------------------------------ (5) snapshots / compaction
 
 
