@@ -405,7 +405,9 @@ class DurableJournal:
         )
 
     def _store_commit_hint(self) -> None:
-        """Overwrite the hint in place, without fsync: see the module docstring."""
+        """Overwrite a changed hint in place, without fsync: see the module docstring."""
+        if not self._commit_index_dirty:
+            return
         if self._commit_fd is None:
             self._commit_fd = os.open(self._commit_path, os.O_WRONLY | os.O_CREAT, 0o644)
         payload = _COMMIT_HINT.pack(COMMIT_MAGIC, self._commit_index)
@@ -564,8 +566,7 @@ class DurableJournal:
             return
         try:
             self.sync()
-            if self._commit_index_dirty:
-                self._store_commit_hint()
+            self._store_commit_hint()
         finally:
             self._closed = True
             os.close(self._fd)
@@ -608,8 +609,7 @@ class DurableJournal:
         exposure to a second."""
         self._check_open()
         self.sync()
-        if self._commit_index_dirty:
-            self._store_commit_hint()
+        self._store_commit_hint()
 
     def flush(self) -> None:
         """``FileJournal.flush`` equivalent; here it means :meth:`sync`."""

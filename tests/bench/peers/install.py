@@ -20,8 +20,6 @@ from peers.common import BENCH_DIR, CACHE_DIR, log
 APT_TIMEOUT_S: Final = 900
 PIP_TIMEOUT_S: Final = 900
 PYPROJECT: Final = BENCH_DIR.parent.parent / "pyproject.toml"
-BENCH_MODULES: Final = {"nats": "nats", "chart": "matplotlib"}
-"""What imports each part of the harness needs (the `bench` extra in pyproject.toml)."""
 PROTO_PACKAGE: Final = "golang-etcd-server-dev"
 GO_SRC: Final = Path("usr/share/gocode/src/go.etcd.io/etcd")
 PROTOS: Final = {
@@ -82,7 +80,7 @@ def ensure_binaries(systems: list[str]) -> None:
 def ensure_python_packages(systems: list[str]) -> None:
     """pip install the `bench` extra of pyproject.toml into this interpreter when a
     module the run needs (nats-py for NATS, matplotlib for the chart) is missing."""
-    needed = [BENCH_MODULES["chart"]] + ([BENCH_MODULES["nats"]] if "nats" in systems else [])
+    needed = ["matplotlib"] + (["nats"] if "nats" in systems else [])
     if all(importlib.util.find_spec(module) is not None for module in needed):
         return
     with PYPROJECT.open("rb") as f:
