@@ -69,6 +69,10 @@ def _check_str(value: object, name: str, max_bytes: int, *, empty_ok: bool = Fal
         raise InvalidArgument(f"{name} must be a string, got {type(value).__name__}")
     if not value and not empty_ok:
         raise InvalidArgument(f"{name} must not be empty")
+    if value.isascii():  # the common case: one byte per character, valid UTF-8
+        if len(value) > max_bytes:
+            raise LimitExceeded(f"{name} is {len(value)} bytes; the limit is {max_bytes}")
+        return value
     size = len(value.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
         raise LimitExceeded(f"{name} is {size} bytes; the limit is {max_bytes}")
@@ -160,6 +164,9 @@ class Write:
     def __post_init__(self) -> None:
         if not isinstance(self.ops, tuple) or not self.ops:
             raise InvalidArgument("a write needs at least one op")
+        _check_int(self.now_ms, "now_ms")
+        if len(self.ops) == 1 and isinstance(self.ops[0], Op):
+            return  # one op: its own checks bound its value below the write's limit
         if len(self.ops) > limits.OPS_PER_WRITE_MAX:
             raise LimitExceeded(
                 f"a write has {len(self.ops)} ops; the limit is {limits.OPS_PER_WRITE_MAX}"
@@ -172,7 +179,6 @@ class Write:
             raise LimitExceeded(
                 f"a write carries {total} value bytes; the limit is {limits.WRITE_VALUE_BYTES_MAX}"
             )
-        _check_int(self.now_ms, "now_ms")
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,15 +447,25 @@ def _emit_seq(value: object) -> EmitSeq:
     return _check_emit_seq(EmitSeq(uuid, epoch, index), "emit_seq")  # type: ignore[arg-type]
 
 
+_OP_KINDS: Final = tuple(OpKind)
+_EXPECT_KINDS: Final = tuple(ExpectKind)
+
+
+def _decode_op(raw: object) -> Op:
+    item = _as_list(raw, "op", 5)
+    _arity(item, 5, "op")
+    op_kind, key, value, exp_kind, exp_version = item
+    if type(exp_kind) is int and exp_kind == 0 and type(exp_version) is int and exp_version == 0:
+        expected = ANY  # most ops: no precondition, no object to build and check
+    else:
+        kind = _EXPECT_KINDS[_check_int(exp_kind, "expected kind", hi=2)]
+        expected = Expected(kind, exp_version)  # type: ignore[arg-type]
+    return Op(_OP_KINDS[_check_int(op_kind, "op kind", hi=1)], key, value, expected)  # type: ignore[arg-type]
+
+
 def _decode_write(f: list[object]) -> Write:
     _arity(f, 3, "WRITE")
-    ops = []
-    for raw in _as_list(f[0], "ops", limits.OPS_PER_WRITE_MAX):
-        item = _as_list(raw, "op", 5)
-        _arity(item, 5, "op")
-        op_kind, key, value, exp_kind, exp_version = item
-        expected = Expected(ExpectKind(_check_int(exp_kind, "expected kind", hi=2)), exp_version)  # type: ignore[arg-type]
-        ops.append(Op(OpKind(_check_int(op_kind, "op kind", hi=1)), key, value, expected))  # type: ignore[arg-type]
+    ops = [_decode_op(raw) for raw in _as_list(f[0], "ops", limits.OPS_PER_WRITE_MAX)]
     producer = None
     if f[1] is not None:
         p = _as_list(f[1], "producer", 3)

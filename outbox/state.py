@@ -202,15 +202,17 @@ class BucketStateMachine:
         effects: list[Effect] = []
         result: Result
         if isinstance(entry, Write):
-            result, changes = self._apply_write(commit_index, entry)
-            self._emit_rows(commit_index, changes, entry.now_ms, effects)
+            commit = self.emit_seq(commit_index)
+            result, changes = self._apply_write(commit, entry)
+            self._emit_rows(commit, changes, entry.now_ms, effects)
         elif isinstance(entry, WriteBatch):
+            commit = self.emit_seq(commit_index)
             results, changes = [], []
             for write in entry.writes:
-                one, some = self._apply_write(commit_index, write)
+                one, some = self._apply_write(commit, write)
                 results.append(one)
                 changes.extend(some)
-            self._emit_rows(commit_index, changes, entry.writes[-1].now_ms, effects)
+            self._emit_rows(commit, changes, entry.writes[-1].now_ms, effects)
             result = WriteBatchResult(tuple(results))
         elif isinstance(entry, Subscribe):
             result = self._apply_subscribe(commit_index, entry)
@@ -241,9 +243,9 @@ class BucketStateMachine:
 
     # ---- WRITE -----------------------------------------------------------------
 
-    def _apply_write(self, index: int, entry: Write) -> tuple[WriteResult, list[Change]]:
-        """Apply one write; returns its result and the changes it made (none if refused)."""
-        commit = self.emit_seq(index)
+    def _apply_write(self, commit: EmitSeq, entry: Write) -> tuple[WriteResult, list[Change]]:
+        """Apply one write committed at `commit`; returns its result and the changes it
+        made (none if refused)."""
         producer = None
         if entry.producer is not None:
             ref = entry.producer
@@ -294,14 +296,14 @@ class BucketStateMachine:
                         f"sequence {ref.sequence} skips ahead; expected {producer.last_seq + 1}",
                     ),
                 )
-        result, changes = self._write_ops(index, entry)
+        result, changes = self._write_ops(commit, entry)
         if producer is not None and entry.producer is not None:
             producer.last_seq = entry.producer.sequence
             producer.results.append((entry.producer.sequence, result))
         return result, changes
 
-    def _write_ops(self, index: int, entry: Write) -> tuple[WriteResult, list[Change]]:
-        commit = self.emit_seq(index)
+    def _write_ops(self, commit: EmitSeq, entry: Write) -> tuple[WriteResult, list[Change]]:
+        index = commit.commit_index
         for op in entry.ops:
             current = self._data.get(op.key)
             expected = op.expected
@@ -340,11 +342,11 @@ class BucketStateMachine:
         return WriteResult(commit, tuple(versions)), changes
 
     def _emit_rows(
-        self, index: int, changes: list[Change], now_ms: int, effects: list[Effect]
+        self, commit: EmitSeq, changes: list[Change], now_ms: int, effects: list[Effect]
     ) -> None:
-        rows = self._rows_for(self.emit_seq(index), tuple(changes), now_ms)
+        rows = self._rows_for(commit, tuple(changes), now_ms)
         if rows:
-            self._pending.append(_PendingBatch(index, rows))
+            self._pending.append(_PendingBatch(commit.commit_index, rows))
             effects.append(RowsPending(rows))
 
     def _rows_for(

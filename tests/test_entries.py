@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgpack
 import pytest
 from helpers import Driver
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sevendb.outbox import limits
 from sevendb.outbox.emitseq import EmitSeq
@@ -137,6 +141,9 @@ def test_oversize_entry_is_refused_before_parsing() -> None:
     ("build", "error"),
     [
         (lambda: Op(OpKind.SET, "k" * (limits.KEY_BYTES_MAX + 1)), LimitExceeded),
+        # The limit is in UTF-8 bytes, not characters (2 bytes each here).
+        (lambda: Op(OpKind.SET, "é" * (limits.KEY_BYTES_MAX // 2 + 1)), LimitExceeded),
+        (lambda: Op(OpKind.SET, "k\ud800"), InvalidArgument),  # a lone surrogate
         (lambda: Op(OpKind.SET, "k", b"x" * (limits.VALUE_BYTES_MAX + 1)), LimitExceeded),
         (lambda: Op(OpKind.DEL, "k", b"x"), InvalidArgument),
         (
@@ -165,6 +172,48 @@ def test_construction_validates_with_client_facing_errors(
 ) -> None:
     with pytest.raises(error):
         build()  # type: ignore[operator]
+
+
+def test_a_key_at_the_byte_limit_is_accepted() -> None:
+    assert Op(OpKind.SET, "é" * (limits.KEY_BYTES_MAX // 2)).key.startswith("é")
+    assert Op(OpKind.SET, "k" * limits.KEY_BYTES_MAX).key.startswith("k")
+
+
+_keys = st.text(min_size=1, max_size=12)
+_ops = st.builds(
+    Op,
+    st.sampled_from(list(OpKind)),
+    _keys,
+    st.just(b""),
+    st.sampled_from([Expected(), NOT_EXISTS, Expected.exact(1), Expected.exact(2**64 - 1)]),
+).map(
+    lambda op: (
+        op if op.kind is OpKind.DEL else dataclasses.replace(op, value=b"v" + op.key.encode())
+    )
+)
+_writes = st.builds(
+    Write,
+    st.lists(_ops, min_size=1, max_size=4, unique_by=lambda op: op.key).map(tuple),
+    st.none()
+    | st.builds(
+        ProducerRef, st.integers(1, 2**64 - 1), st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1)
+    ),
+    st.integers(0, 2**64 - 1),
+)
+
+
+@given(
+    st.one_of(
+        _writes, st.lists(_writes, min_size=1, max_size=5).map(lambda w: WriteBatch(tuple(w)))
+    )
+)
+def test_every_valid_write_round_trips_exactly(entry: Entry) -> None:
+    """The leader applies the writes it built without decoding its own entry
+    (`BucketReplica.submit`); followers decode the bytes. They agree only because
+    decoding what was encoded gives back an equal entry."""
+    data = encode_entry(entry)
+    assert decode_entry(data) == entry
+    assert encode_entry(decode_entry(data)) == data
 
 
 def test_query_parse() -> None:
