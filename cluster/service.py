@@ -28,7 +28,7 @@ from sevendb.cluster.auth import (
     AuthError,
     principal_from_metadata,
 )
-from sevendb.cluster.batcher import WriteBatcher
+from sevendb.cluster.batcher import Outcome, WriteBatcher
 from sevendb.cluster.grpc_errors import ERROR_CODE_KEY, LEADER_HINT_KEY, STATUS_OF
 from sevendb.cluster.metrics import NodeMetrics
 from sevendb.cluster.replica import (
@@ -43,6 +43,7 @@ from sevendb.notifier.host import BucketNotifier
 from sevendb.outbox import limits
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import (
+    ANY,
     Entry,
     EpochCreate,
     Expected,
@@ -139,7 +140,7 @@ def _op_from_pb(op: pb.Op) -> Op:
     elif which == "exact":
         expected = Expected.exact(op.expected.exact)
     else:
-        expected = Expected()
+        expected = ANY
     return Op(OpKind(op.kind), op.key, op.value, expected)
 
 
@@ -404,12 +405,8 @@ class NodeService(pb_grpc.SevenDBServicer):
 
     # ---- writes --------------------------------------------------------------------
 
-    def _start_write(
-        self, request: pb.WriteRequest, metadata: Sequence[tuple[str, Any]]
-    ) -> tuple[int, Awaitable[WriteResult | pb.WriteResponse]]:
-        """Validate and route one write, and queue it for its bucket's next Raft entry
-        (or forward it when this node has no replica of the bucket). No task per write:
-        WriteMany starts hundreds at a time."""
+    def _parse_write(self, request: pb.WriteRequest) -> tuple[int, Write]:
+        """Validate one write and find its bucket (raises _Failure)."""
         try:
             ops = tuple(_op_from_pb(op) for op in request.ops)
             producer = None
@@ -421,61 +418,90 @@ class NodeService(pb_grpc.SevenDBServicer):
             raise _Failure.domain(exc) from None
         except ValueError as exc:
             raise _Failure(grpc.StatusCode.INVALID_ARGUMENT, f"bad op: {exc}") from None
-        buckets = {bucket_of(op.key, len(self._spec.buckets)) for op in ops}
-        if len(buckets) > 1:
-            raise _Failure(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"ops route to buckets {sorted(buckets)}; a write is atomic within one bucket",
-            )
-        bucket = buckets.pop()
+        count = len(self._spec.buckets)
+        bucket = bucket_of(ops[0].key, count)
+        if len(ops) > 1:
+            buckets = {bucket_of(op.key, count) for op in ops}
+            if len(buckets) > 1:
+                raise _Failure(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"ops route to buckets {sorted(buckets)}; a write is atomic within one bucket",
+                )
+        return bucket, entry
+
+    def _batcher(self, bucket: int) -> WriteBatcher | None:
+        """The batcher of this node's replica of `bucket` (None: no replica here)."""
         replica = self._replicas.get(bucket)
         if replica is None:
-            return bucket, self._forward(
-                metadata,
-                bucket,
-                lambda s, md: s.Write(request, timeout=FORWARD_TIMEOUT_S, metadata=md),
-                to_leader=False,
-            )
+            return None
         batcher = self._batchers.get(bucket)
         if batcher is None or batcher.replica is not replica:  # new, or restarted
             batcher = self._batchers[bucket] = WriteBatcher(
                 replica, asyncio.get_running_loop(), timeout_s=PROPOSE_TIMEOUT_S
             )
-        try:
-            return bucket, batcher.submit(entry)
-        except ReplicaUnavailable as exc:
-            raise self._unavailable(bucket, exc) from None
+        return batcher
 
-    def _write_response(
-        self, bucket: int, done: WriteResult | pb.WriteResponse | BaseException
-    ) -> pb.WriteResponse:
-        """The answer to one started write (raises _Failure for a failed one)."""
-        if isinstance(done, pb.WriteResponse):
-            return done  # forwarded
+    def _forward_write(
+        self, request: pb.WriteRequest, metadata: Sequence[tuple[str, Any]], bucket: int
+    ) -> Awaitable[pb.WriteResponse]:
+        return self._forward(
+            metadata,
+            bucket,
+            lambda s, md: s.Write(request, timeout=FORWARD_TIMEOUT_S, metadata=md),
+            to_leader=False,
+        )
+
+    def _committed(self, bucket: int, done: object) -> WriteResult | pb.WriteResponse:
+        """A started write's committed result (raises _Failure for a failed one)."""
         if isinstance(done, ReplicaUnavailable):
             raise self._unavailable(bucket, done)
-        if isinstance(done, _Failure):
-            raise done
         if isinstance(done, BaseException):
             raise done
-        if done.error is not None:
+        if isinstance(done, WriteResult) and done.error is not None:
             raise _Failure.rejected(done.error)
-        return pb.WriteResponse(
-            bucket=bucket,
-            committed=seq_pb(done.commit),
-            duplicate=done.duplicate,
-            versions=[pb.KeyVersion(key=k, version=v) for k, v in done.versions],
-        )
+        assert isinstance(done, WriteResult | pb.WriteResponse), done
+        return done
+
+    @staticmethod
+    def _fill_write(
+        out: pb.WriteResponse,
+        bucket: int,
+        done: WriteResult | pb.WriteResponse,
+        seqs: dict[EmitSeq, pb.EmitSeq],
+    ) -> None:
+        """Fill `out` in place: building messages and copying them into their parent
+        cost more than the rest of a write's answer. `seqs` caches the commit
+        positions built so far (the writes of one entry share theirs)."""
+        if isinstance(done, pb.WriteResponse):
+            out.CopyFrom(done)  # forwarded
+            return
+        committed = seqs.get(done.commit)
+        if committed is None:
+            committed = seqs[done.commit] = seq_pb(done.commit)
+        out.bucket = bucket
+        out.committed.CopyFrom(committed)
+        out.duplicate = done.duplicate
+        for key, version in done.versions:
+            out.versions.add(key=key, version=version)
 
     @_unary
     async def Write(self, request: pb.WriteRequest, context: Ctx) -> pb.WriteResponse:
         self._principal(context)
-        bucket, pending = self._start_write(request, context.invocation_metadata() or ())
-        try:
-            done: WriteResult | pb.WriteResponse | BaseException = await pending
-        except (ReplicaUnavailable, _Failure) as exc:
-            done = exc
-        return self._write_response(bucket, done)
+        bucket, entry = self._parse_write(request)
+        batcher = self._batcher(bucket)
+        done: Outcome | pb.WriteResponse
+        if batcher is None:
+            metadata = context.invocation_metadata() or ()
+            done = await self._forward_write(request, metadata, bucket)
+        else:
+            try:
+                submitted = batcher.submit([entry])
+            except ReplicaUnavailable as exc:
+                raise self._unavailable(bucket, exc) from None
+            (done,) = await submitted
+        response = pb.WriteResponse()
+        self._fill_write(response, bucket, self._committed(bucket, done), {})
+        return response
 
     @_unary
     async def WriteMany(self, request: pb.WriteManyRequest, context: Ctx) -> pb.WriteManyResponse:
@@ -487,39 +513,63 @@ class NodeService(pb_grpc.SevenDBServicer):
                 f"{limits.WRITES_PER_BATCH_MAX}",
             )
         metadata = context.invocation_metadata() or ()
-        started: list[tuple[int, Awaitable[WriteResult | pb.WriteResponse]] | _Failure] = []
+        # Per write: refused up front, or (bucket, place): its place in the bucket's
+        # group here, or -1 - its place among the writes forwarded elsewhere.
+        plan: list[_Failure | tuple[int, int]] = []
+        groups: dict[int, list[Write]] = {}
+        forwards: list[Awaitable[pb.WriteResponse]] = []
         for write in request.writes:
             try:
-                started.append(self._start_write(write, metadata))
+                bucket, entry = self._parse_write(write)
             except _Failure as failure:
-                started.append(failure)
-        results = await asyncio.gather(
-            *(s[1] for s in started if not isinstance(s, _Failure)), return_exceptions=True
-        )
-        done = iter(results)
-        outcomes = []
+                plan.append(failure)
+                continue
+            if bucket in self._replicas:
+                group = groups.setdefault(bucket, [])
+                plan.append((bucket, len(group)))
+                group.append(entry)
+            else:
+                plan.append((bucket, -1 - len(forwards)))
+                forwards.append(self._forward_write(write, metadata, bucket))
+        submitted: dict[int, Awaitable[list[Outcome]]] = {}
+        refused: dict[int, _Failure] = {}
+        for bucket, group in groups.items():
+            batcher = self._batcher(bucket)
+            assert batcher is not None  # the bucket has a replica here
+            try:
+                submitted[bucket] = batcher.submit(group)
+            except ReplicaUnavailable as exc:
+                refused[bucket] = self._unavailable(bucket, exc)
+        done = await asyncio.gather(*submitted.values(), *forwards, return_exceptions=True)
+        outcomes = dict(zip(submitted, done, strict=False))
+        forwarded = done[len(submitted) :]
+
+        response = pb.WriteManyResponse()
         leaders: dict[int, str] = {}
-        for item in started:
+        seqs: dict[EmitSeq, pb.EmitSeq] = {}
+        for item in plan:
+            out = response.outcomes.add()
             try:
                 if isinstance(item, _Failure):
                     raise item
-                ok = self._write_response(item[0], next(done))
+                bucket, place = item
+                if bucket in refused:
+                    raise refused[bucket]
+                got = outcomes[bucket] if place >= 0 else forwarded[-1 - place]
+                ok = self._committed(bucket, got[place] if isinstance(got, list) else got)
             except _Failure as f:
-                outcomes.append(
-                    pb.WriteOutcome(
-                        code=f.code.value[0],
-                        message=f.message,
-                        error=f.error or "",
-                        leader=f.leader or "",
-                    )
-                )
+                out.code = f.code.value[0]
+                out.message = f.message
+                out.error = f.error or ""
+                out.leader = f.leader or ""
                 continue
+            self._fill_write(out.ok, bucket, ok, seqs)
             # Name the leader when it is elsewhere: the SDK sends there next time.
-            if ok.bucket not in leaders:
-                address = self._leader_address(ok.bucket)
-                leaders[ok.bucket] = address if address and address != self._me else ""
-            outcomes.append(pb.WriteOutcome(ok=ok, leader=leaders[ok.bucket]))
-        return pb.WriteManyResponse(outcomes=outcomes)
+            if bucket not in leaders:
+                address = self._leader_address(bucket)
+                leaders[bucket] = address if address and address != self._me else ""
+            out.leader = leaders[bucket]
+        return response
 
     @_unary
     async def InitProducer(

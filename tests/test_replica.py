@@ -26,7 +26,7 @@ from sevendb.cluster.replica import (
     RaftTuning,
     ReplicaUnavailable,
 )
-from sevendb.outbox.entries import ANY, Op, OpKind, Write, encode_entry
+from sevendb.outbox.entries import ANY, Entry, Op, OpKind, Write, decode_entry, encode_entry
 from sevendb.outbox.errors import LimitExceeded
 from sevendb.outbox.model import Applied, WriteResult
 from sevendb.outbox.state import BucketStateMachine
@@ -230,6 +230,32 @@ def test_propose_commits_and_applies_identically_on_every_replica(cluster: Clust
     status = leader.status()
     assert status["is_leader"] and status["quarantined"] is None
     assert status["commit_index"] == status["applied_index"] == status["durable_index"]
+
+
+def test_the_proposer_applies_the_entry_it_built_without_decoding_it(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sevendb.outbox.state as core
+
+    decoded: list[bytes] = []
+
+    def counting_decode(data: bytes) -> Entry:
+        decoded.append(data)
+        return decode_entry(data)
+
+    monkeypatch.setattr(core, "decode_entry", counting_decode)
+    leader = cluster.leader()
+    built = [Write((Op(OpKind.SET, f"d{n}", b"v", ANY),), None, 2_000 + n) for n in range(4)]
+    plain = [write(f"p{n}", b"v", 3_000 + n) for n in range(4)]
+    futures = [leader.submit(encode_entry(e), e) for e in built]
+    futures += [leader.submit(data) for data in plain]
+    for future in futures:
+        outcome = future.result(timeout=10)
+        assert outcome.error is None and outcome.applied is not None
+    cluster.converge()  # the same state on every replica, whichever path applied
+    # Only the followers decode the entries the leader was handed decoded.
+    assert [decoded.count(encode_entry(e)) for e in built] == [2] * len(built)
+    assert [decoded.count(data) for data in plain] == [3] * len(plain)
 
 
 def test_malformed_entry_is_an_error_outcome_and_the_group_moves_on(cluster: Cluster) -> None:
