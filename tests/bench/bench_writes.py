@@ -99,42 +99,60 @@ def write_load(
     rate: float = 0.0,
 ) -> dict[str, Any]:
     """Through the SDK (concurrent writes share WriteMany calls): `inflight` writes
-    kept in flight (closed loop), or one started every 1/`rate` s (open loop)."""
+    kept in flight (closed loop: each answer starts the next write, from the SDK's
+    callback, as an application reacting to its writes would), or one started
+    every 1/`rate` s from this thread (open loop)."""
     acks: list[tuple[int, int, int, int]] = []  # (bucket, commit index, sent ns, acked ns)
     errors = [0]
-    slots = threading.Semaphore(inflight if not rate else 1 << 30)
+    issued = [0]
     lock = threading.Lock()
+    finished = threading.Condition(lock)
     with Client([n.grpc_address for n in spec.nodes], token=token) as client:
         client.layout()
         t0 = time.monotonic()
         end = t0 + seconds
-        i = 0
-        while time.monotonic() < end:
-            if rate:
-                pause = t0 + i / rate - time.monotonic()
-                if pause > 0:
-                    time.sleep(pause)
-            slots.acquire()
-            key = f"{prefix}{i:010d}"
+
+        def claim() -> int:
+            """The next write's number; with `lock` held, so that the wait below
+            never sees every issued write answered while another is being issued."""
+            issued[0] += 1
+            return issued[0] - 1
+
+        def issue(i: int) -> None:
             sent = time.time_ns()
+            future = client.write_async([set_op(f"{prefix}{i:010d}", VALUE)])
+            future.add_done_callback(lambda f: done(f, sent))
 
-            def done(f: Future[Any], sent: int = sent) -> None:
-                now = time.time_ns()
-                with lock:
-                    if f.exception() is None:
-                        r = f.result()
-                        acks.append((r.bucket, r.committed.commit_index, sent, now))
-                    else:
-                        errors[0] += 1
-                slots.release()
+        def done(f: Future[Any], sent: int) -> None:
+            now = time.time_ns()
+            with lock:
+                if f.exception() is None:
+                    r = f.result()
+                    acks.append((r.bucket, r.committed.commit_index, sent, now))
+                else:
+                    errors[0] += 1
+                if rate or time.monotonic() >= end:
+                    finished.notify_all()  # only now can the wait below be over
+                    return
+                i = claim()
+            issue(i)
 
-            client.write_async([set_op(key, VALUE)]).add_done_callback(done)
-            i += 1
-        for _ in range(inflight if not rate else 0):
-            slots.acquire()
-        deadline = time.monotonic() + 30
-        while len(acks) + errors[0] < i and time.monotonic() < deadline:
-            time.sleep(0.01)
+        for _ in range(0 if rate else inflight):
+            with lock:
+                i = claim()
+            issue(i)
+        while rate and time.monotonic() < end:
+            pause = t0 + issued[0] / rate - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            with lock:
+                i = claim()
+            issue(i)
+        with finished:
+            finished.wait_for(
+                lambda: len(acks) + errors[0] >= issued[0] and time.monotonic() >= end,
+                timeout=seconds + 30,
+            )
         elapsed = time.monotonic() - t0
         stats = client._pipeline()
         calls, writes = stats.calls, stats.writes
