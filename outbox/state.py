@@ -305,10 +305,10 @@ class BucketStateMachine:
     def _write_ops(self, commit: EmitSeq, entry: Write) -> tuple[WriteResult, list[Change]]:
         index = commit.commit_index
         for op in entry.ops:
-            current = self._data.get(op.key)
             expected = op.expected
             if expected.kind is ExpectKind.ANY:
                 continue
+            current = self._data.get(op.key)
             if expected.kind is ExpectKind.NOT_EXISTS and current is None:
                 continue
             if (
