@@ -132,6 +132,14 @@ def rows_digest(rows: Iterator[OutboxRow] | tuple[OutboxRow, ...]) -> tuple[int,
     return count, hasher.intdigest()
 
 
+_Record = tuple[bytes, int, int]
+"""A key's value, version and mod_index. A tuple of atomic values is untracked by
+the garbage collector, and so is a dict holding only such tuples: a full collection
+skips the bucket's data. With a `KeyRecord` object per key it walked them all (33 ms
+for 300k keys on an idle core; full collections of up to 195 ms measured in a loaded
+node)."""
+
+
 class BucketStateMachine:
     """One bucket's replicated state: data, producers, subscriptions, outbox, epoch, lease."""
 
@@ -145,7 +153,9 @@ class BucketStateMachine:
         self._outboxed_through = 0
         self._lease_holder = ""
         self._lease_index = 0
-        self._data: dict[str, KeyRecord] = {}
+        # key -> (value, version, mod_index): tuples of atomic values, which the
+        # garbage collector stops tracking (see `_Record`).
+        self._data: dict[str, _Record] = {}
         self._producers: dict[int, _Producer] = {}
         self._subs: dict[str, Subscription] = {}
         self._pending: deque[_PendingBatch] = deque()
@@ -311,13 +321,10 @@ class BucketStateMachine:
             current = self._data.get(op.key)
             if expected.kind is ExpectKind.NOT_EXISTS and current is None:
                 continue
-            if (
-                expected.kind is ExpectKind.EXACT
-                and current is not None
-                and current.version == expected.version
-            ):
-                continue
-            actual = "absent" if current is None else f"at version {current.version}"
+            version = 0 if current is None else current[1]
+            if expected.kind is ExpectKind.EXACT and version == expected.version:
+                continue  # (a version is >= 1; 0 means absent)
+            actual = "absent" if current is None else f"at version {version}"
             return _refused(
                 commit,
                 error=_reject(
@@ -330,15 +337,15 @@ class BucketStateMachine:
         for op in entry.ops:
             current = self._data.get(op.key)
             if op.kind is OpKind.SET:
-                version = 1 if current is None else current.version + 1
-                self._data[op.key] = KeyRecord(op.value, version, index)
+                version = 1 if current is None else current[1] + 1
+                self._data[op.key] = (op.value, version, index)
                 changes.append(Change(op.key, OpKind.SET, op.value, version))
                 versions.append((op.key, version))
             else:
                 versions.append((op.key, 0))
                 if current is not None:
                     del self._data[op.key]
-                    changes.append(Change(op.key, OpKind.DEL, b"", current.version))
+                    changes.append(Change(op.key, OpKind.DEL, b"", current[1]))
         return WriteResult(commit, tuple(versions)), changes
 
     def _emit_rows(
@@ -655,7 +662,8 @@ class BucketStateMachine:
     # ---- reads -----------------------------------------------------------------
 
     def get(self, key: str) -> KeyRecord | None:
-        return self._data.get(key)
+        record = self._data.get(key)
+        return None if record is None else KeyRecord(*record)
 
     def __len__(self) -> int:
         return len(self._data)
@@ -669,14 +677,9 @@ class BucketStateMachine:
             limit = limits.SYNC_LIMIT_DEFAULT
         limit = min(limit, limits.SYNC_LIMIT_MAX)
         cursor = (since_index, since_key)
-        after = sorted(
-            (rec.mod_index, key) for key, rec in self._data.items() if (rec.mod_index, key) > cursor
-        )
+        after = sorted((rec[2], key) for key, rec in self._data.items() if (rec[2], key) > cursor)
         page = after[:limit]
-        items = tuple(
-            KeyValue(key, self._data[key].value, self._data[key].version, index)
-            for index, key in page
-        )
+        items = tuple(KeyValue(key, *self._data[key][:2], index) for index, key in page)
         next_index, next_key = page[-1] if page else cursor
         return SyncPage(items, len(after) > limit, next_index, next_key, self._applied_index)
 
@@ -823,7 +826,7 @@ class BucketStateMachine:
         # 300k keys inserted in random order. It runs in the Raft tick thread, where
         # a leader sends no heartbeats meanwhile.
         records = self._data
-        data = [(k, (r := records[k]).value, r.version, r.mod_index) for k in sorted(records)]
+        data = [(k, *records[k]) for k in sorted(records)]
         producers = [
             [pid, p.epoch, p.last_seq, [[seq, _pack_write_result(r)] for seq, r in p.results]]
             for pid, p in sorted(self._producers.items())
@@ -895,7 +898,7 @@ class BucketStateMachine:
             sm = cls(uuid, planner=planner, epoch_counter=epoch)
             sm._applied_index, sm._outboxed_through = applied, outboxed
             sm._lease_holder, sm._lease_index = holder, lease_index
-            sm._data = {k: KeyRecord(v, ver, mod) for k, v, ver, mod in kv}
+            sm._data = {k: (v, ver, mod) for k, v, ver, mod in kv}
             for pid, p_epoch, last_seq, results in producers:
                 producer = _Producer(p_epoch, last_seq)
                 producer.results.extend((seq, _unpack_write_result(r)) for seq, r in results)
