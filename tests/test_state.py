@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import xxhash
 from helpers import BUCKET, Driver
 
 from sevendb.outbox import limits
@@ -624,3 +625,20 @@ def test_a_full_garbage_collection_does_not_walk_the_keys() -> None:
     assert not gc.is_tracked(d.sm._data)
     record = d.sm.get("k0")
     assert record is not None and (record.value, record.version) == (b"again", 2)
+
+
+def test_a_later_snapshot_is_of_the_state_when_it_was_asked_for() -> None:
+    """The replica makes snapshot bytes in another thread while applies go on."""
+    d = Driver()
+    d.lease()
+    d.subscribe("s", "prefix:k")
+    for i in range(50):
+        d.set(f"k{i}", b"v%d" % i)
+    before = d.sm.snapshot()
+    make = d.sm.snapshot_later()
+    d.set("k0", b"changed")
+    d.set("new", b"key")
+    d.outbox()
+    assert make() == before
+    assert d.sm.snapshot() != before
+    assert BucketStateMachine.restore(make()).digest() == xxhash.xxh64_hexdigest(before)
