@@ -58,6 +58,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.pbkdf2 import PBKDF2HMAC
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.atomic_replace import atomicReplace as atomic_replace
+from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.monotonic import monotonic as _monotonic
 from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import SyncObjExceptionWrongVer
@@ -160,8 +162,78 @@ def _aead_encryptor(password: str | bytes) -> _AeadEncryptor:
     return _AeadEncryptor(kdf.derive(secret))
 
 
+class _BackgroundSerializer(_pysyncobj.Serializer):  # type: ignore[misc]
+    """pysyncobj's Serializer (serializer.py), but the snapshot is written in a
+    thread of its own. The custom serializer (`BucketReplica._write_snapshot`) runs
+    in the tick thread and returns the function that writes the file; this class
+    runs that function, then renames the file into place, in a thread, and reports
+    SERIALIZING until it is done. pysyncobj compacts its log only once
+    `checkSerializing` says SUCCESS, and sends no snapshot to a follower while one
+    is being written (`getTransmissionData` waits for ``__pid == 0``).
+
+    Written in the tick thread, a snapshot of ~300k keys held a leader's heartbeats
+    back for 0.3-1.1 s (docs/performance.md): long enough for elections.
+    """
+
+    _WRITING: Final = -3
+    """``__pid`` while the thread runs (pysyncobj: 0 idle, -1 done, -2 failed)."""
+    # The base class's (name-mangled) attributes this class uses.
+    _Serializer__pid: int
+    _Serializer__currentID: Any
+    _Serializer__fileName: str | None
+    _Serializer__serializer: Callable[[str, Any], Callable[[], None]] | None
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._thread: threading.Thread | None = None
+        self._result = -2
+
+    def serialize(self, data: Any, id: Any) -> None:
+        if self._Serializer__serializer is None or self._Serializer__fileName is None:
+            super().serialize(data, id)  # a stock SyncObj (tests of the "before")
+            return
+        if self._Serializer__pid != 0:
+            return
+        self._Serializer__currentID = id
+        tmp = self._Serializer__fileName + ".tmp"
+        try:
+            write = self._Serializer__serializer(tmp, data[1:])
+        except Exception:
+            logger.exception("snapshot not taken")
+            self._Serializer__pid = -2
+            return
+
+        def run() -> None:
+            try:
+                write()
+                atomic_replace(tmp, self._Serializer__fileName)
+                self._result = -1
+            except Exception:
+                logger.exception("snapshot not written")
+                self._result = -2
+
+        self._result = -2
+        self._Serializer__pid = self._WRITING
+        self._thread = threading.Thread(target=run, name="sevendb-snapshot", daemon=True)
+        self._thread.start()
+
+    def checkSerializing(self) -> tuple[int, Any]:
+        if self._Serializer__pid == self._WRITING:
+            thread = self._thread
+            if thread is not None and thread.is_alive():
+                return SERIALIZER_STATE.SERIALIZING, self._Serializer__currentID
+            self._Serializer__pid = self._result
+        return super().checkSerializing()
+
+    def join(self) -> None:
+        """Wait for a snapshot being written (before the data dir is let go)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join()
+
+
 def _install_patches() -> None:
-    """Three small, idempotent patches of pysyncobj module globals.
+    """Four small, idempotent patches of pysyncobj module globals.
 
     1. ``createJournal`` (syncobj.py:166) returns a :class:`DurableJournal` passed as
        ``conf.journalFile`` as is, so the adapter owns the journal object.
@@ -173,6 +245,8 @@ def _install_patches() -> None:
        the encryptor is AES-256-GCM (:class:`_AeadEncryptor`) instead of Fernet:
        Fernet (AES-CBC + HMAC + base64 in several Python-level steps) cost ~16% of a
        loaded leader's GIL time, one AEAD call costs a few microseconds.
+    4. ``Serializer`` (syncobj.py:198) is :class:`_BackgroundSerializer`: snapshots
+       are written outside the tick thread.
     """
     if getattr(_pysyncobj, "_sevendb_patched", False):
         return
@@ -186,6 +260,7 @@ def _install_patches() -> None:
     _pysyncobj.createJournal = create_journal
     vars(_pysyncobj_pickle)["__protocol"] = _pysyncobj_pickle.pickle.DEFAULT_PROTOCOL
     _pysyncobj.getEncryptor = functools.lru_cache(maxsize=8)(_aead_encryptor)
+    _pysyncobj.Serializer = _BackgroundSerializer
     _pysyncobj._sevendb_patched = True
 
 
@@ -1358,6 +1433,7 @@ class BucketReplica:
             self._closed = True
             pending = list(self._pending)
         self._node.destroy_synchronous()
+        self._node._SyncObj__serializer.join()  # no snapshot lands after we let go
         self._journal.close()
         for future in pending:
             with contextlib.suppress(InvalidStateError):
@@ -1441,29 +1517,32 @@ class BucketReplica:
             and (archived is None or archived >= applied)
         )
 
-    def _write_snapshot(self, tmp_path: str, data: tuple[Any, Any, Any]) -> None:
-        """pysyncobj's custom serializer (serializer.py:87): one file with the core
-        snapshot and pysyncobj's (lastEntry, prevEntry, cluster), fsynced. pysyncobj
-        renames it into place; the directory is fsynced before compaction drops log
-        entries (_RaftNode._SyncObj__deleteEntriesTo)."""
+    def _write_snapshot(self, tmp_path: str, data: tuple[Any, Any, Any]) -> Callable[[], None]:
+        """pysyncobj's custom serializer (serializer.py:87), called in the tick thread:
+        takes the core's state now and returns the function that writes it
+        (`_BackgroundSerializer` runs that in a thread): one file with the core
+        snapshot and pysyncobj's (lastEntry, prevEntry, cluster), fsynced, then renamed
+        into place; the directory is fsynced before compaction drops log entries
+        (_RaftNode._SyncObj__deleteEntriesTo)."""
         last, prev, cluster = data
         with self._lock:
             if self._quarantine is not None:
                 raise RuntimeError("quarantined replicas take no snapshots")
-            core = self._sm.snapshot()
+            make_core = self._sm.snapshot_later()
             core_applied = self._sm.applied_index
         if core_applied > last[1]:
             raise RuntimeError(f"core applied {core_applied} past the snapshot index {last[1]}")
-        snap = _Snapshot(
-            self.bucket_uuid,
-            core,
-            (bytes(last[0]), int(last[1]), int(last[2])),
-            (bytes(prev[0]), int(prev[1]), int(prev[2])),
-            tuple(sorted(str(node.id) for node in cluster)),
-        )
-        write_synced(Path(tmp_path), _encode_snapshot(snap))
-        self._snapshot_index = snap.last[1]
-        self._counters.snapshots_written += 1
+        last_entry = (bytes(last[0]), int(last[1]), int(last[2]))
+        prev_entry = (bytes(prev[0]), int(prev[1]), int(prev[2]))
+        members = tuple(sorted(str(node.id) for node in cluster))
+
+        def write() -> None:
+            snap = _Snapshot(self.bucket_uuid, make_core(), last_entry, prev_entry, members)
+            write_synced(Path(tmp_path), _encode_snapshot(snap))
+            self._snapshot_index = snap.last[1]
+            self._counters.snapshots_written += 1
+
+        return write
 
     def _load_snapshot(self, path: Path) -> _Snapshot:
         with open(path, "rb") as f:

@@ -334,6 +334,55 @@ def test_a_follower_catches_up_from_a_snapshot_after_compaction(tmp_path: Path) 
         c.close()
 
 
+def test_writes_commit_while_a_snapshot_is_being_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snapshot is written outside the tick thread: a leader making one still
+    commits writes and sends heartbeats (written in the tick thread, a large one
+    held them back for up to a second and followers started elections)."""
+    held = threading.Event()
+    release = threading.Event()
+    later = BucketStateMachine.snapshot_later
+
+    def slow_snapshot_later(sm: BucketStateMachine) -> Callable[[], bytes]:
+        make = later(sm)
+
+        def slow() -> bytes:
+            held.set()
+            release.wait(30)
+            return make()
+
+        return slow
+
+    monkeypatch.setattr(BucketStateMachine, "snapshot_later", slow_snapshot_later)
+    c = Cluster(tmp_path, tuning=fast(compaction_min_entries=20)).start_all()
+    try:
+        leader = c.leader()
+        n = 0
+        while not held.is_set():  # until some replica starts a snapshot
+            leader.propose(write(f"k{n}"), timeout_s=5)
+            n += 1
+        for _ in range(30):  # every replica's snapshot may be held here: none waits
+            outcome = leader.propose(write(f"k{n}"), timeout_s=5)
+            assert outcome.error is None
+            n += 1
+        assert sum(num(r, "snapshots_written") for r in c.live) == 0
+        release.set()
+        wait_until(
+            lambda: all(num(r, "snapshots_written") >= 1 for r in c.live),
+            what="every replica to finish its snapshot",
+        )
+        wait_until(lambda: num(leader, "log_first_index") > 1, what="the leader to compact")
+        digest = c.converge()
+        c.stop(0)
+        restarted = c.start(0)
+        assert c.converge() == digest
+        assert num(restarted, "snapshots_loaded") == 1  # its own, written in the background
+    finally:
+        release.set()
+        c.close()
+
+
 def test_proposals_work_after_a_leader_change(cluster: Cluster) -> None:
     old = cluster.leader()
     old_index = cluster.index_of(old)
