@@ -153,8 +153,6 @@ class BucketStateMachine:
         self._outboxed_through = 0
         self._lease_holder = ""
         self._lease_index = 0
-        # key -> (value, version, mod_index): tuples of atomic values, which the
-        # garbage collector stops tracking (see `_Record`).
         self._data: dict[str, _Record] = {}
         self._producers: dict[int, _Producer] = {}
         self._subs: dict[str, Subscription] = {}
