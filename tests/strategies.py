@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from helpers import Driver
@@ -69,33 +70,42 @@ EXPECT = {
 }
 
 
-def run_actions(d: Driver, acts: list[tuple[Any, ...]]) -> list[Applied]:
-    """Turn actions into entries on `d`'s log; returns what each valid entry applied to."""
+def run_actions(
+    d: Driver, acts: list[tuple[Any, ...]], after: Callable[[Applied], None] | None = None
+) -> list[Applied]:
+    """Turn actions into entries on `d`'s log; returns what each valid entry applied
+    to. `after` sees each as it is applied (with `d` in the state it left)."""
     from sevendb.outbox.errors import EntryError
 
     applied: list[Applied] = []
+
+    def add(one: Applied) -> None:
+        applied.append(one)
+        if after is not None:
+            after(one)
+
     producer_seq: dict[int, int] = {}
     producer_epoch: dict[int, int] = {}
     for act in acts:
         kind = act[0]
         if kind == "set":
             _, key, value, exp = act
-            applied.append(d.set(key, value, EXPECT[exp]))
+            add(d.set(key, value, EXPECT[exp]))
         elif kind == "del":
-            applied.append(d.delete(act[1]))
+            add(d.delete(act[1]))
         elif kind == "sub":
-            applied.append(d.subscribe(f"s{act[1]}", act[2], act[3]))
+            add(d.subscribe(f"s{act[1]}", act[2], act[3]))
         elif kind == "unsub":
-            applied.append(d.unsubscribe(f"s{act[1]}", act[2]))
+            add(d.unsubscribe(f"s{act[1]}", act[2]))
         elif kind == "outbox":
             out = d.outbox()
             if out is not None:
-                applied.append(out)
+                add(out)
         elif kind == "ack":
             _, sub, pick, who = act
             rows = d.rows(f"s{sub}")
             up_to = rows[min(pick, len(rows) - 1)].emit_seq if rows else EmitSeq("x", 1, 1)
-            applied.append(
+            add(
                 d.apply(
                     OutboxPurge(
                         d.sm.lease_index,
@@ -105,19 +115,19 @@ def run_actions(d: Driver, acts: list[tuple[Any, ...]]) -> list[Applied]:
                 )
             )
         elif kind == "lease":
-            applied.append(d.lease(act[1]))
+            add(d.lease(act[1]))
         elif kind == "epoch":
-            applied.append(d.epoch())
+            add(d.epoch())
         elif kind == "init":
             pid = act[1]
-            applied.append(d.init_producer(pid))
+            add(d.init_producer(pid))
             producer_epoch[pid] = producer_epoch.get(pid, -1) + 1
             producer_seq[pid] = 0
         elif kind == "pwrite":
             _, pid, delta, key = act
             seq = max(0, producer_seq.get(pid, 0) + delta)
             ref = ProducerRef(pid, producer_epoch.get(pid, 0), seq)
-            applied.append(d.set(key, b"p", producer=ref))
+            add(d.set(key, b"p", producer=ref))
             if delta == 0:
                 producer_seq[pid] = seq + 1
         elif kind == "batch":
@@ -125,12 +135,12 @@ def run_actions(d: Driver, acts: list[tuple[Any, ...]]) -> list[Applied]:
                 Write((Op(OpKind.SET, key, value, EXPECT[exp]),), None, d.tick())
                 for key, value, exp in act[1]
             )
-            applied.append(d.apply(WriteBatch(writes)))
+            add(d.apply(WriteBatch(writes)))
         elif kind == "expire":
             _, sub, jump = act
             now = d.tick(jump)
-            applied.append(d.apply(OutboxPurge(d.sm.lease_index, (), (f"s{sub}",), 1_000, now)))
+            add(d.apply(OutboxPurge(d.sm.lease_index, (), (f"s{sub}",), 1_000, now)))
         else:
             with contextlib.suppress(EntryError):
-                applied.append(d.apply(act[1]))
+                add(d.apply(act[1]))
     return applied

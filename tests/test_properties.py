@@ -17,6 +17,7 @@ from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import Ack, Op, OpKind, OutboxPurge, Write
 from sevendb.outbox.model import (
     AckStatus,
+    Applied,
     OutboxRow,
     PurgeResult,
     ReconnectStatus,
@@ -65,7 +66,8 @@ def test_purge_never_removes_an_unacked_row(acts: list[tuple[object, ...]]) -> N
     d = Driver()
     accepted: dict[str, EmitSeq] = {}
     computed: dict[str, list[OutboxRow]] = {}
-    for applied in run_actions(d, acts):
+
+    def check(applied: Applied) -> None:  # as each entry is applied, not after the last
         for effect in applied.effects:
             if isinstance(effect, RowsPending):
                 for row in effect.rows:
@@ -80,6 +82,8 @@ def test_purge_never_removes_an_unacked_row(acts: list[tuple[object, ...]]) -> N
             if isinstance(effect, RowsPurged):
                 for row in effect.rows:
                     assert row.emit_seq <= accepted[row.sub_id]
+
+    run_actions(d, acts, after=check)
     for sub in d.sm.subscriptions():
         if sub.stale:
             continue
