@@ -80,6 +80,8 @@ Ctx: TypeAlias = "aio.ServicerContext[Any, Any]"
 FORWARD_KEY: Final = "sevendb-forwarded"
 PROPOSE_TIMEOUT_S: Final = 5.0
 FORWARD_TIMEOUT_S: Final = 10.0
+STREAM_WRITES_IN_FLIGHT: Final = 16
+"""WriteMany requests one WriteStream has handled at once."""
 STREAM_BATCH_EVENTS_MAX: Final = 4096
 """Most events one EventBatch message carries."""
 
@@ -185,6 +187,13 @@ class _Failure(Exception):
     @classmethod
     def domain(cls, exc: SevenDBError) -> _Failure:
         return cls(STATUS_OF[exc.code], str(exc), error=str(exc.code))
+
+    def fill(self, out: pb.WriteOutcome) -> None:
+        """Make `out` the outcome of a write of a WriteMany that failed this way."""
+        out.code = self.code.value[0]
+        out.message = self.message
+        out.error = self.error or ""
+        out.leader = self.leader or ""
 
     async def abort(self, context: Ctx) -> NoReturn:
         trailers = []
@@ -506,13 +515,71 @@ class NodeService(pb_grpc.SevenDBServicer):
     @_unary
     async def WriteMany(self, request: pb.WriteManyRequest, context: Ctx) -> pb.WriteManyResponse:
         self._principal(context)
+        return await self._write_many(request, context.invocation_metadata() or ())
+
+    @_streaming
+    async def WriteStream(
+        self, requests: AsyncIterator[pb.WriteManyRequest], context: Ctx
+    ) -> AsyncIterator[pb.WriteStreamResponse]:
+        """WriteMany on one stream: up to `STREAM_WRITES_IN_FLIGHT` requests are
+        handled at once (the next is read only when one is answered: HTTP/2 flow
+        control holds the client back), each answered under its id as it commits.
+        Answers ready together leave in one message, so that the client sees them
+        together (and sends the writes they prompt together)."""
+        self._principal(context)
+        metadata = context.invocation_metadata() or ()
+        answers: asyncio.Queue[pb.WriteManyResponse | None] = asyncio.Queue()
+        slots = asyncio.Semaphore(STREAM_WRITES_IN_FLIGHT)
+        handling: set[asyncio.Task[None]] = set()
+
+        async def answer(request: pb.WriteManyRequest) -> None:
+            try:
+                response = await self._write_many(request, metadata)
+            except Exception as exc:
+                if not isinstance(exc, _Failure):
+                    log.exception("WriteStream: request %d failed", request.id)
+                    exc = _Failure(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+                response = pb.WriteManyResponse()
+                for _ in request.writes:
+                    exc.fill(response.outcomes.add())
+            response.id = request.id
+            answers.put_nowait(response)
+            slots.release()
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    await slots.acquire()
+                    task = asyncio.create_task(answer(request))
+                    handling.add(task)
+                    task.add_done_callback(handling.discard)
+                await asyncio.gather(*handling)
+            finally:
+                answers.put_nowait(None)  # the client is done, or gone
+
+        reader = asyncio.create_task(read())
+        try:
+            while (response := await answers.get()) is not None:
+                message = pb.WriteStreamResponse(answers=[response])
+                while not answers.empty() and (response := answers.get_nowait()) is not None:
+                    message.answers.append(response)
+                yield message
+                if response is None:
+                    break
+        finally:
+            reader.cancel()
+            for task in handling:
+                task.cancel()
+
+    async def _write_many(
+        self, request: pb.WriteManyRequest, metadata: Sequence[tuple[str, Any]]
+    ) -> pb.WriteManyResponse:
         if len(request.writes) > limits.WRITES_PER_BATCH_MAX:
             raise _Failure(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"{len(request.writes)} writes in one call; the limit is "
                 f"{limits.WRITES_PER_BATCH_MAX}",
             )
-        metadata = context.invocation_metadata() or ()
         # Per write: refused up front, or (bucket, place): its place in the bucket's
         # group here, or -1 - its place among the writes forwarded elsewhere.
         plan: list[_Failure | tuple[int, int]] = []
@@ -557,11 +624,8 @@ class NodeService(pb_grpc.SevenDBServicer):
                     raise refused[bucket]
                 got = outcomes[bucket] if place >= 0 else forwarded[-1 - place]
                 ok = self._committed(bucket, got[place] if isinstance(got, list) else got)
-            except _Failure as f:
-                out.code = f.code.value[0]
-                out.message = f.message
-                out.error = f.error or ""
-                out.leader = f.leader or ""
+            except _Failure as failure:
+                failure.fill(out)
                 continue
             self._fill_write(out.ok, bucket, ok, seqs)
             # Name the leader when it is elsewhere: the SDK sends there next time.

@@ -279,10 +279,12 @@ class WriteResponse(_message.Message):
     def __init__(self, bucket: _Optional[int] = ..., committed: _Optional[_Union[EmitSeq, _Mapping]] = ..., versions: _Optional[_Iterable[_Union[KeyVersion, _Mapping]]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class WriteManyRequest(_message.Message):
-    __slots__ = ("writes",)
+    __slots__ = ("writes", "id")
     WRITES_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
     writes: _containers.RepeatedCompositeFieldContainer[WriteRequest]
-    def __init__(self, writes: _Optional[_Iterable[_Union[WriteRequest, _Mapping]]] = ...) -> None: ...
+    id: int
+    def __init__(self, writes: _Optional[_Iterable[_Union[WriteRequest, _Mapping]]] = ..., id: _Optional[int] = ...) -> None: ...
 
 class WriteOutcome(_message.Message):
     __slots__ = ("ok", "code", "message", "error", "leader")
@@ -299,10 +301,18 @@ class WriteOutcome(_message.Message):
     def __init__(self, ok: _Optional[_Union[WriteResponse, _Mapping]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., error: _Optional[str] = ..., leader: _Optional[str] = ...) -> None: ...
 
 class WriteManyResponse(_message.Message):
-    __slots__ = ("outcomes",)
+    __slots__ = ("outcomes", "id")
     OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
     outcomes: _containers.RepeatedCompositeFieldContainer[WriteOutcome]
-    def __init__(self, outcomes: _Optional[_Iterable[_Union[WriteOutcome, _Mapping]]] = ...) -> None: ...
+    id: int
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[WriteOutcome, _Mapping]]] = ..., id: _Optional[int] = ...) -> None: ...
+
+class WriteStreamResponse(_message.Message):
+    __slots__ = ("answers",)
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    answers: _containers.RepeatedCompositeFieldContainer[WriteManyResponse]
+    def __init__(self, answers: _Optional[_Iterable[_Union[WriteManyResponse, _Mapping]]] = ...) -> None: ...
 
 class InitProducerRequest(_message.Message):
     __slots__ = ("producer_id", "bucket")

@@ -45,6 +45,11 @@ class SevenDBStub:
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.WriteManyRequest.SerializeToString,
                 response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.WriteManyResponse.FromString,
                 _registered_method=True)
+        self.WriteStream = channel.stream_stream(
+                '/sevendb.v1.SevenDB/WriteStream',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.WriteManyRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.WriteStreamResponse.FromString,
+                _registered_method=True)
         self.Get = channel.unary_unary(
                 '/sevendb.v1.SevenDB/Get',
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.GetRequest.SerializeToString,
@@ -130,6 +135,14 @@ class SevenDBServicer:
 
     def WriteMany(self, request, context):
         """Several independent writes in one call, one outcome each.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WriteStream(self, request_iterator, context):
+        """WriteMany requests on one long-lived stream, answered by id as each
+        commits; no call set-up per request. The SDK's write path.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -245,6 +258,11 @@ def add_SevenDBServicer_to_server(servicer, server):
                     servicer.WriteMany,
                     request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.WriteManyRequest.FromString,
                     response_serializer=sevendb_dot_proto_dot_sevendb__pb2.WriteManyResponse.SerializeToString,
+            ),
+            'WriteStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.WriteStream,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.WriteManyRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.WriteStreamResponse.SerializeToString,
             ),
             'Get': grpc.unary_unary_rpc_method_handler(
                     servicer.Get,
@@ -372,6 +390,33 @@ class SevenDB:
             '/sevendb.v1.SevenDB/WriteMany',
             sevendb_dot_proto_dot_sevendb__pb2.WriteManyRequest.SerializeToString,
             sevendb_dot_proto_dot_sevendb__pb2.WriteManyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/sevendb.v1.SevenDB/WriteStream',
+            sevendb_dot_proto_dot_sevendb__pb2.WriteManyRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.WriteStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

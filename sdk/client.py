@@ -215,7 +215,7 @@ class Client:
         self, ops: Sequence[pb.Op], producer: pb.ProducerRef | None = None
     ) -> Future[WriteResult]:
         """`write` without blocking: keep many in flight from one thread. Concurrent
-        writes share `WriteMany` calls (see `sevendb.sdk.writer`)."""
+        writes share `WriteMany` requests (see `sevendb.sdk.writer`)."""
         if not ops:
             raise ERROR_TYPES[ErrorCode.INVALID_ARGUMENT]("a write needs at least one op")
         request = pb.WriteRequest(ops=list(ops), producer=producer)

@@ -1,13 +1,17 @@
-"""Client-side write batching: concurrent writes share `WriteMany` calls.
+"""Client-side write batching: concurrent writes share `WriteMany` requests.
 
 A gRPC call costs a node far more CPU than replicating one write (measured: about
 0.45 ms of the leader's single core per call against 0.25 ms per write), so the SDK
-coalesces: every write waiting while a call is in flight goes out in the next call
-to the same node, up to `batch_writes_max` per call and `calls_in_flight` calls per
-node. With one write in flight nothing waits; under load batches grow by themselves.
+coalesces: every write waiting while a request is in flight goes out in the next
+request to the same node, up to `batch_writes_max` per request and `calls_in_flight`
+requests per node. Requests travel on one long-lived `WriteStream` per node, not a
+call each (a round trip on a stream costs about half a unary call's); each is
+answered by id, and a request without an answer after `call_timeout_s`, or on a
+stream that breaks, fails like a call would (and its writes are retried). With one
+write in flight nothing waits; under load batches grow by themselves.
 Writes submitted from other threads reach the loop through one inbox and one wakeup
-per loop iteration, not one per write, and a call leaves only once everything the
-iteration brought is queued (the first writes do not take a call each).
+per loop iteration, not one per write, and a request leaves only once everything the
+iteration brought is queued (the first writes do not take a request each).
 
 Each write keeps its own outcome. A write is sent to its bucket's leader once a
 node has named it; UNAVAILABLE (no leader, a leader change, a dead node) retries
@@ -20,11 +24,13 @@ attempt committed but its answer was lost: use an idempotent producer
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import itertools
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
@@ -83,6 +89,28 @@ class _Pending:
     backoff_s: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class _CallFailure:
+    """Why a request on a write stream got no answer (the status a call would end with)."""
+
+    code: grpc.StatusCode
+    message: str
+    error: str | None = None
+    hint: str | None = None
+
+
+@dataclass(eq=False)
+class _Stream:
+    """One WriteStream to a node: requests go out one at a time and are answered by id."""
+
+    call: Any  # aio.StreamStreamCall
+    ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    waiting: dict[int, asyncio.Future[Any]] = field(default_factory=dict)
+    sending: asyncio.Lock = field(default_factory=asyncio.Lock)
+    reader: asyncio.Task[None] | None = None
+    reset: bool = False
+
+
 class WritePipeline(Generic[T]):
     """Per-node queues of writes on the SDK's loop; see the module docstring. A
     committed write's future holds `convert(WriteResponse)`: one future per write."""
@@ -112,6 +140,7 @@ class WritePipeline(Generic[T]):
         self._leaders: dict[int, str] = {}
         self._queues: dict[str, collections.deque[_Pending]] = {}
         self._calls: dict[str, int] = {}
+        self._streams: dict[str, _Stream] = {}
         self._inbox: collections.deque[_Pending] = collections.deque()
         self._inbox_lock = threading.Lock()
         self._drain_scheduled = False
@@ -173,24 +202,92 @@ class WritePipeline(Generic[T]):
             self._calls[target] = self._calls.get(target, 0) + 1
             self._engine.loop.create_task(self._send(target, batch))
 
+    def _stream(self, target: str) -> _Stream:
+        stream = self._streams.get(target)
+        if stream is None:
+            call = self._engine.stub(target).WriteStream(metadata=self._metadata)
+            stream = self._streams[target] = _Stream(call)
+            stream.reader = self._engine.loop.create_task(self._read(target, stream))
+        return stream
+
+    async def _read(self, target: str, stream: _Stream) -> None:
+        """Hand each answer to its request; when the stream ends, fail the rest."""
+        ended = _CallFailure(grpc.StatusCode.UNAVAILABLE, "the write stream ended")
+        try:
+            async for message in stream.call:
+                for response in message.answers:
+                    answer = stream.waiting.pop(response.id, None)
+                    if answer is not None and not answer.done():
+                        answer.set_result(response)
+        except aio.AioRpcError as exc:
+            ended = _CallFailure(
+                exc.code(), exc.details() or "", trailer(exc, ERROR_CODE_KEY), leader_hint(exc)
+            )
+        except asyncio.CancelledError:
+            ended = (
+                _CallFailure(grpc.StatusCode.UNAVAILABLE, "the write stream was reset")
+                if stream.reset
+                else _CallFailure(grpc.StatusCode.CANCELLED, "the client is closing")
+            )
+            raise
+        finally:
+            if self._streams.get(target) is stream:
+                del self._streams[target]
+            for answer in stream.waiting.values():
+                if not answer.done():
+                    answer.set_result(ended)
+            stream.waiting.clear()
+
+    def _expire(self, target: str, stream: _Stream, answer: asyncio.Future[Any]) -> None:
+        """A request got no answer in time: fail it and reset its stream (a node
+        answers every request within its own timeout, so the stream is broken)."""
+        if answer.done():
+            return
+        answer.set_result(
+            _CallFailure(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no answer from {target} within {self._call_timeout_s} s",
+            )
+        )
+        if self._streams.get(target) is stream:
+            del self._streams[target]
+        stream.reset = True
+        stream.call.cancel()
+
     async def _send(self, target: str, batch: list[_Pending]) -> None:
         self.calls += 1
         self.writes += len(batch)
+        stream = self._stream(target)
+        request_id = next(stream.ids)
+        answer: asyncio.Future[pb.WriteManyResponse | _CallFailure] = (
+            self._engine.loop.create_future()
+        )
+        stream.waiting[request_id] = answer
+        timer = self._engine.loop.call_later(
+            self._call_timeout_s, self._expire, target, stream, answer
+        )
         try:
-            response = await self._engine.stub(target).WriteMany(
-                pb.WriteManyRequest(writes=[p.request for p in batch]),
-                metadata=self._metadata,
-                timeout=self._call_timeout_s,
-            )
-        except aio.AioRpcError as exc:
+            async with stream.sending:  # one message at a time on a stream
+                try:
+                    await stream.call.write(
+                        pb.WriteManyRequest(id=request_id, writes=[p.request for p in batch])
+                    )
+                except (aio.AioRpcError, asyncio.InvalidStateError):
+                    pass  # the stream has failed: its reader answers with the status
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if not stream.call.cancelled() or (task and task.cancelling()):
+                        raise
+                    # else: the stream was reset (`_expire`) or closed under the write
+            response = await answer
+        finally:
+            timer.cancel()
+            stream.waiting.pop(request_id, None)
+            self._calls[target] -= 1
+        if isinstance(response, _CallFailure):
             for pending in batch:
                 self._failed(
-                    pending,
-                    exc.code(),
-                    exc.details() or "",
-                    trailer(exc, ERROR_CODE_KEY),
-                    leader_hint(exc),
-                    target,
+                    pending, response.code, response.message, response.error, response.hint, target
                 )
         else:
             for pending, outcome in zip(batch, response.outcomes, strict=True):
@@ -204,9 +301,7 @@ class WritePipeline(Generic[T]):
                     self._failed(
                         pending, code, outcome.message, outcome.error, outcome.leader, target
                     )
-        finally:
-            self._calls[target] -= 1
-            self._kick(target)
+        self._kick(target)
 
     def _failed(
         self,

@@ -169,6 +169,54 @@ def test_write_many_gives_each_write_its_own_outcome(cluster: LocalCluster) -> N
         assert [client.get(k).value for k in ("wm/0", "wm/1")] == [b"a", b"f"]  # type: ignore[union-attr]
 
 
+def test_write_stream_answers_each_request_by_id_and_survives_a_bad_one(
+    cluster: LocalCluster,
+) -> None:
+    import grpc
+
+    from sevendb.outbox import limits
+    from sevendb.proto import sevendb_pb2 as pb
+    from sevendb.proto import sevendb_pb2_grpc as pb_grpc
+
+    channel = grpc.insecure_channel(cluster.spec.nodes[0].grpc_address)  # type: ignore[no-untyped-call]
+    stub = pb_grpc.SevenDBStub(channel)  # type: ignore[no-untyped-call]
+    with cluster.client() as client:
+        too_many = [pb.WriteRequest(ops=[pb.Op(key="ws/x", value=b"x")])] * (
+            limits.WRITES_PER_BATCH_MAX + 1
+        )
+        requests = [
+            pb.WriteManyRequest(
+                id=7, writes=[pb.WriteRequest(ops=[pb.Op(key="ws/a", value=b"a")])]
+            ),
+            pb.WriteManyRequest(id=8, writes=too_many),
+            pb.WriteManyRequest(
+                id=9,
+                writes=[
+                    pb.WriteRequest(ops=[pb.Op(key="ws/b", value=b"b")]),
+                    pb.WriteRequest(ops=[pb.Op(key="", value=b"c")]),
+                ],
+            ),
+        ]
+        answers = {}
+        for message in stub.WriteStream(iter(requests), metadata=client.metadata, timeout=20):
+            for answer in message.answers:
+                assert answer.id not in answers
+                answers[answer.id] = answer.outcomes
+        # The client closed its side: the stream ended once every request was answered.
+        assert sorted(answers) == [7, 8, 9]
+        assert [o.HasField("ok") for o in answers[7]] == [True]
+        assert len(answers[8]) == limits.WRITES_PER_BATCH_MAX + 1
+        assert {o.code for o in answers[8]} == {grpc.StatusCode.INVALID_ARGUMENT.value[0]}
+        assert [o.HasField("ok") for o in answers[9]] == [True, False]
+        assert client.get("ws/x") is None  # the refused request changed nothing
+        assert [client.get(k).value for k in ("ws/a", "ws/b")] == [b"a", b"b"]  # type: ignore[union-attr]
+        with pytest.raises(grpc.RpcError) as refused:
+            list(stub.WriteStream(iter(requests[:1]), timeout=10))  # no token
+        assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED  # type: ignore[attr-defined]
+        assert client.get("ws/a").version == 1  # type: ignore[union-attr]
+    channel.close()  # type: ignore[no-untyped-call]
+
+
 def test_a_burst_of_writes_shares_one_call_and_one_raft_entry(cluster: LocalCluster) -> None:
     """Writes queued while the SDK's loop is busy leave in one WriteMany call, and the
     leader proposes that call's writes as one entry (not the first few one each)."""

@@ -154,29 +154,30 @@ def test_service_methods() -> None:
         method.name: (
             method.input_type.name,
             method.output_type.name,
+            method.client_streaming,
             method.server_streaming,
         )
         for method in service.methods
     }
     assert methods == {
-        "Write": ("WriteRequest", "WriteResponse", False),
-        "WriteMany": ("WriteManyRequest", "WriteManyResponse", False),
-        "Get": ("GetRequest", "GetResponse", False),
-        "Sync": ("SyncRequest", "SyncResponse", False),
-        "InitProducer": ("InitProducerRequest", "InitProducerResponse", False),
-        "Subscribe": ("SubscribeRequest", "StreamMessage", True),
-        "Reconnect": ("ReconnectRequest", "StreamMessage", True),
-        "Ack": ("AckBatch", "AckResponse", False),
-        "Unsubscribe": ("UnsubscribeRequest", "UnsubscribeResponse", False),
-        "Status": ("StatusRequest", "StatusResponse", False),
-        "ClusterInfo": ("ClusterInfoRequest", "ClusterInfoResponse", False),
-        "AddMember": ("MemberRequest", "MemberResponse", False),
-        "RemoveMember": ("MemberRequest", "MemberResponse", False),
-        "TransferLeader": ("MemberRequest", "MemberResponse", False),
-        "CreateEpoch": ("EpochRequest", "EpochResponse", False),
-        "Reload": ("ReloadRequest", "ReloadResponse", False),
+        "Write": ("WriteRequest", "WriteResponse", False, False),
+        "WriteMany": ("WriteManyRequest", "WriteManyResponse", False, False),
+        "WriteStream": ("WriteManyRequest", "WriteStreamResponse", True, True),
+        "Get": ("GetRequest", "GetResponse", False, False),
+        "Sync": ("SyncRequest", "SyncResponse", False, False),
+        "InitProducer": ("InitProducerRequest", "InitProducerResponse", False, False),
+        "Subscribe": ("SubscribeRequest", "StreamMessage", False, True),
+        "Reconnect": ("ReconnectRequest", "StreamMessage", False, True),
+        "Ack": ("AckBatch", "AckResponse", False, False),
+        "Unsubscribe": ("UnsubscribeRequest", "UnsubscribeResponse", False, False),
+        "Status": ("StatusRequest", "StatusResponse", False, False),
+        "ClusterInfo": ("ClusterInfoRequest", "ClusterInfoResponse", False, False),
+        "AddMember": ("MemberRequest", "MemberResponse", False, False),
+        "RemoveMember": ("MemberRequest", "MemberResponse", False, False),
+        "TransferLeader": ("MemberRequest", "MemberResponse", False, False),
+        "CreateEpoch": ("EpochRequest", "EpochResponse", False, False),
+        "Reload": ("ReloadRequest", "ReloadResponse", False, False),
     }
-    assert not any(method.client_streaming for method in service.methods)
 
 
 def test_grpc_module_exports() -> None:
@@ -268,10 +269,13 @@ MESSAGES: dict[str, Message] = {
     ),
     "ReloadRequest": pb.ReloadRequest(),
     "ReloadResponse": pb.ReloadResponse(buckets=[0, 3]),
-    "WriteManyRequest": pb.WriteManyRequest(writes=[pb.WriteRequest(ops=[pb.Op(key="a")])]),
+    "WriteManyRequest": pb.WriteManyRequest(id=5, writes=[pb.WriteRequest(ops=[pb.Op(key="a")])]),
     "WriteOutcome": pb.WriteOutcome(code=9, message="m", error="PRECONDITION_FAILED"),
     "WriteManyResponse": pb.WriteManyResponse(
         outcomes=[pb.WriteOutcome(ok=pb.WriteResponse(bucket=1)), pb.WriteOutcome(code=14)]
+    ),
+    "WriteStreamResponse": pb.WriteStreamResponse(
+        answers=[pb.WriteManyResponse(id=5, outcomes=[pb.WriteOutcome(code=14)])]
     ),
     "BucketInfo": pb.BucketInfo(bucket=3, bucket_uuid="u", nodes=["127.0.0.1:7001"]),
     "ClusterInfoResponse": pb.ClusterInfoResponse(
