@@ -1,8 +1,10 @@
-"""One process of the raw-pysyncobj baseline: a bare replicated counter.
+"""One process of the raw-pysyncobj baseline: bare replicated counters.
 
 Default journal (in memory, nothing fsynced); `--tuned` applies the same send
 tuning sevendb uses, so the comparison isolates durability and sevendb's layers.
-The process that becomes leader runs the closed-loop load itself and prints JSON.
+With several groups (one counter each, as sevendb has one Raft group per bucket)
+the in-flight writes are split evenly between them. Each process drives the
+groups it leads with a closed loop of its own and prints one JSON line.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ class Counter(SyncObj):  # type: ignore[misc]
         return self.value
 
 
-def drive(obj: Counter, inflight: int, seconds: float) -> dict[str, float]:
+def drive(obj: Counter, inflight: int, seconds: float) -> tuple[int, float, list[float]]:
+    """(errors, elapsed s, latencies ms) of a closed loop of `inflight` increments."""
     latencies: list[float] = []
     sem = threading.Semaphore(inflight)
     lock = threading.Lock()
@@ -40,7 +43,7 @@ def drive(obj: Counter, inflight: int, seconds: float) -> dict[str, float]:
             nonlocal errors
             with lock:
                 if error == 0:
-                    latencies.append(time.monotonic() - start)
+                    latencies.append(1000 * (time.monotonic() - start))
                 else:
                     errors += 1
             sem.release()
@@ -53,22 +56,44 @@ def drive(obj: Counter, inflight: int, seconds: float) -> dict[str, float]:
         obj.incr(payload, callback=done(time.monotonic()))
     for _ in range(inflight):
         sem.acquire()
-    elapsed = time.monotonic() - t0
-    latencies.sort()
-    n = len(latencies)
+    return errors, time.monotonic() - t0, latencies
+
+
+def drive_all(groups: list[Counter], inflight: int, seconds: float) -> dict[str, object]:
+    """Drive the groups this process leads, each from a thread of its own."""
+    results: list[tuple[int, float, list[float]]] = []
+    threads = []
+    for i, group in enumerate(groups):
+        # Group i's share of the in-flight writes (with 1 in flight, only group 0 runs).
+        share = inflight // len(groups) + (i < inflight % len(groups))
+        if group._isLeader() and share:
+            threads.append(
+                threading.Thread(
+                    target=lambda g=group, n=share: results.append(drive(g, n, seconds))
+                )
+            )
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    latencies = [x for r in results for x in r[2]]
     return {
-        "ops": n,
-        "ops_per_s": n / elapsed,
-        "errors": errors,
-        "p50_ms": 1000 * latencies[n // 2] if n else 0.0,
-        "p99_ms": 1000 * latencies[min(n - 1, int(n * 0.99))] if n else 0.0,
+        "groups_driven": len(threads),
+        "ops": len(latencies),
+        "ops_per_s": sum(len(r[2]) / r[1] for r in results),
+        "errors": sum(r[0] for r in results),
+        "latencies_ms": [round(x, 3) for x in latencies],
     }
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--me", required=True)
-    p.add_argument("--partners", required=True)
+    p.add_argument(
+        "--me", required=True, help="this process's address in each group, comma-separated"
+    )
+    p.add_argument(
+        "--partners", required=True, help="per group (';'-separated): the other addresses"
+    )
     p.add_argument("--inflight", type=int, default=1)
     p.add_argument("--seconds", type=float, default=5)
     p.add_argument("--tuned", action="store_true")
@@ -89,17 +114,17 @@ def main() -> int:
             "connectionRetryTime": t.connection_retry_s,
         }
     conf = SyncObjConf(**kw)
-    obj = Counter(args.me, args.partners.split(","), conf)
+    groups = [
+        Counter(me, partners.split(","), conf)
+        for me, partners in zip(args.me.split(","), args.partners.split(";"), strict=True)
+    ]
     deadline = time.monotonic() + 30
-    while obj._getLeader() is None or not obj.isReady():
+    while any(g._getLeader() is None or not g.isReady() for g in groups):
         if time.monotonic() > deadline:
             print(json.dumps({"error": "no leader"}), flush=True)
             return 1
         time.sleep(0.05)
-    if obj._isLeader():
-        print(json.dumps(drive(obj, args.inflight, args.seconds)), flush=True)
-    else:
-        print(json.dumps({"follower": True}), flush=True)
+    print(json.dumps(drive_all(groups, args.inflight, args.seconds)), flush=True)
     sys.stdin.read()  # keep replicating until the parent closes our stdin
     return 0
 
