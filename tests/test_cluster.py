@@ -237,3 +237,40 @@ def test_a_burst_of_writes_shares_one_call_and_one_raft_entry(cluster: LocalClus
         results = [f.result(timeout=10) for f in futures]
         assert (pipeline.calls - calls_before, pipeline.writes - writes_before) == (1, len(keys))
         assert len({r.committed.commit_index for r in results}) == 1
+
+
+def test_writes_wait_for_the_request_in_flight_and_then_leave_together(
+    cluster: LocalCluster,
+) -> None:
+    """While a request to a node is in flight, writes that come in loop turns of
+    their own (fewer than `PIPELINE_MIN_WRITES`) wait for its answer and then leave
+    as one request: with several buckets, a request per turn made Raft entries of a
+    few writes each."""
+    import os
+    import signal
+
+    from sevendb.cluster.local import running_pid
+
+    with cluster.client() as client:
+        layout = client.layout()
+        keys = [k for k in (f"wait/{i}" for i in range(400)) if layout.bucket_of(k) == 0][:10]
+        client.put(keys[0], b"warm")  # the SDK learns bucket 0's leader
+        pipeline = client._pipeline()
+        pid = running_pid(cluster.data_dir, cluster.leader_node(0))
+        assert pid is not None
+        calls = pipeline.calls
+        os.kill(pid, signal.SIGSTOP)  # the first request stays in flight
+        try:
+            first = client.write_async([set_op(keys[1], b"v")])
+            wait_for(lambda: pipeline.calls == calls + 1, 10, "the first request to leave")
+            later = []
+            for key in keys[2:]:
+                later.append(client.write_async([set_op(key, b"v")]))
+                wait_for(lambda: not pipeline._inbox, 10, "the loop to take the write")
+            assert pipeline.calls == calls + 1  # the later writes wait
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        first.result(timeout=10)
+        results = [f.result(timeout=10) for f in later]
+        assert pipeline.calls == calls + 2
+        assert len({r.committed.commit_index for r in results}) == 1
