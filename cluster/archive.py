@@ -61,7 +61,8 @@ import pyarrow.dataset as pa_ds
 import pyarrow.parquet as pq
 
 from sevendb.cluster.journal import fsync_dir, write_synced
-from sevendb.outbox.model import Applied, OutboxRow, RowsPurged
+from sevendb.outbox.entries import OpKind
+from sevendb.outbox.model import Applied, Delta, OutboxRow, RowsPurged
 
 log = logging.getLogger("sevendb.archive")
 
@@ -284,6 +285,9 @@ def read_archive(root: Path, *, node_id: str | None = None) -> pa.Table:
     return dataset.to_table(filter=expr)
 
 
+_OP_NAMES: Final = {op: op.name for op in OpKind}
+
+
 def rows_table(rows: Iterable[tuple[int, int, OutboxRow]], node_id: str) -> pa.Table:
     """Arrow columns (FILE_SCHEMA) for `(purge_index, ack_time_ms, row)` triples."""
     commit_index: list[int] = []
@@ -299,19 +303,30 @@ def rows_table(rows: Iterable[tuple[int, int, OutboxRow]], node_id: str) -> pa.T
     commit_time: list[int] = []
     ack_time: list[int] = []
     purge_index: list[int] = []
+    # The rows of one source entry usually share a Delta: its columns are made once
+    # (kept with the Delta, so that its id is not reused meanwhile).
+    columns: dict[int, tuple[Delta, list[str], list[str], list[bytes], list[int]]] = {}
     n = 0
     for purge, ack_ms, row in rows:
-        seq, prev = row.emit_seq, row.prev_emit_seq
+        seq, prev, delta = row.emit_seq, row.prev_emit_seq, row.delta
         commit_index.append(seq.commit_index)
         sub_id.append(row.sub_id)
         prev_uuid.append(prev.bucket_uuid)
         prev_epoch.append(prev.epoch_counter)
         prev_index.append(prev.commit_index)
-        for change in row.delta.changes:
-            keys.append(change.key)
-            ops.append(change.op.name)
-            values.append(change.value)
-            versions.append(change.version)
+        cols = columns.get(id(delta))
+        if cols is None or cols[0] is not delta:
+            cols = columns[id(delta)] = (
+                delta,
+                [c.key for c in delta.changes],
+                [_OP_NAMES[c.op] for c in delta.changes],
+                [c.value for c in delta.changes],
+                [c.version for c in delta.changes],
+            )
+        keys += cols[1]
+        ops += cols[2]
+        values += cols[3]
+        versions += cols[4]
         offsets.append(len(keys))
         commit_time.append(row.delta.commit_time_ms)
         ack_time.append(ack_ms)

@@ -126,10 +126,29 @@ def rows_digest(rows: Iterator[OutboxRow] | tuple[OutboxRow, ...]) -> tuple[int,
     """(row count, xxh64 over the canonical encoding of `rows`), as OUTBOX_WRITE carries."""
     hasher = xxhash.xxh64()
     count = 0
+    # The rows of one source entry share its EmitSeq and usually its Delta: each is
+    # encoded once (the object is kept with its encoding, so its id is not reused).
+    encoded: dict[int, tuple[object, bytes]] = {}
+
+    def encode(part: EmitSeq | Delta) -> bytes:
+        hit = encoded.get(id(part))
+        if hit is None or hit[0] is not part:
+            hit = encoded[id(part)] = (part, msgpack.packb(part.pack(), use_bin_type=True))
+        return hit[1]
+
     for row in rows:
-        hasher.update(msgpack.packb(row.pack(), use_bin_type=True))
+        # Exactly the bytes of packb(row.pack()): a 4-array header, then its items.
+        hasher.update(_ROW_HEADER)
+        hasher.update(msgpack.packb(row.sub_id, use_bin_type=True))
+        hasher.update(encode(row.emit_seq))
+        hasher.update(encode(row.prev_emit_seq))
+        hasher.update(encode(row.delta))
         count += 1
     return count, hasher.intdigest()
+
+
+_ROW_HEADER: Final = b"\x94"
+"""msgpack's header of a 4-element array (an `OutboxRow.pack()`)."""
 
 
 _Record = tuple[bytes, int, int]
