@@ -61,6 +61,7 @@ from sevendb.outbox.entries import (
 from sevendb.outbox.errors import Rejection, SevenDBError
 from sevendb.outbox.model import (
     AckStatus,
+    Delta,
     EpochResult,
     InitProducerResult,
     OutboxRow,
@@ -120,18 +121,44 @@ def seq_from_pb(msg: pb.EmitSeq) -> EmitSeq:
     return EmitSeq(msg.epoch_id.bucket_uuid, msg.epoch_id.epoch_counter, msg.commit_index)
 
 
-def event_pb(row: OutboxRow) -> pb.DataEvent:
-    return pb.DataEvent(
-        sub_id=row.sub_id,
-        emit_seq=seq_pb(row.emit_seq),
-        prev_emit_seq=seq_pb(row.prev_emit_seq),
-        delta=pb.Delta(
-            changes=[
-                pb.Change(key=c.key, op=int(c.op), value=c.value, version=c.version)  # type: ignore[arg-type]
-                for c in row.delta.changes
-            ],
-            commit_time_ms=row.delta.commit_time_ms,
-        ),
+class EventEncoder:
+    """DataEvent messages for outbox rows; on the event loop only.
+
+    The rows of one source entry share their EmitSeq and usually their Delta, and go
+    out on every matching subscription's stream: each is built as a message once
+    and copied into the events (building from Python objects cost several times the
+    copy). The last `size` are kept, each with its object, so that ids are not reused.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._built: dict[int, tuple[object, Any]] = {}
+
+    def event(self, row: OutboxRow) -> pb.DataEvent:
+        return pb.DataEvent(
+            sub_id=row.sub_id,
+            emit_seq=self._message(row.emit_seq),
+            prev_emit_seq=self._message(row.prev_emit_seq),
+            delta=self._message(row.delta),
+        )
+
+    def _message(self, part: EmitSeq | Delta) -> Any:
+        hit = self._built.get(id(part))
+        if hit is None or hit[0] is not part:
+            message = seq_pb(part) if isinstance(part, EmitSeq) else delta_pb(part)
+            hit = self._built[id(part)] = (part, message)
+            if len(self._built) > self._size:
+                del self._built[next(iter(self._built))]
+        return hit[1]
+
+
+def delta_pb(delta: Delta) -> pb.Delta:
+    return pb.Delta(
+        changes=[
+            pb.Change(key=c.key, op=int(c.op), value=c.value, version=c.version)  # type: ignore[arg-type]
+            for c in delta.changes
+        ],
+        commit_time_ms=delta.commit_time_ms,
     )
 
 
@@ -298,6 +325,7 @@ class NodeService(pb_grpc.SevenDBServicer):
         self._batchers: dict[int, WriteBatcher] = {}
         self._bucket_of_uuid = {b.bucket_uuid: b.bucket for b in node.spec.buckets}
         self._channels: dict[str, aio.Channel] = {}
+        self._events = EventEncoder()
 
     # The node's spec, replicas and notifiers change when it reloads cluster.json
     # (migrations); each access sees one consistent version of each.
@@ -878,7 +906,7 @@ class NodeService(pb_grpc.SevenDBServicer):
                             caught_up=pb.CaughtUp(sub_id=sub_id, head_emit_seq=seq_pb(head))
                         )
                         head = None
-                    events.append(event_pb(row))
+                    events.append(self._events.event(row))
                 yield pb.StreamMessage(events=pb.EventBatch(events=events))
                 if head is not None and item[-1].emit_seq == head:
                     yield pb.StreamMessage(
@@ -1143,4 +1171,4 @@ def _int(value: object) -> int:
     return value if isinstance(value, int) else 0
 
 
-__all__ = ["NodeService", "event_pb", "query_from_pb", "seq_from_pb", "seq_pb"]
+__all__ = ["EventEncoder", "NodeService", "query_from_pb", "seq_from_pb", "seq_pb"]
