@@ -379,6 +379,13 @@ class BucketStateMachine:
         """One row per live subscription that any change matches, in sub_id order."""
         if not changes or not self._subs:
             return ()
+        if len(changes) == 1:  # the common case: every matching sub gets the one delta
+            return self._rows_of_one(commit, changes, now_ms)
+        return self._rows_matched(commit, changes, now_ms)
+
+    def _rows_matched(
+        self, commit: EmitSeq, changes: tuple[Change, ...], now_ms: int
+    ) -> tuple[OutboxRow, ...]:
         matched: dict[str, list[int]] = {}
         for i, change in enumerate(changes):
             hits: set[str] = set(self._all_subs)
@@ -396,6 +403,27 @@ class BucketStateMachine:
             if delta is None:
                 delta = deltas[picked] = Delta(tuple(changes[i] for i in picked), now_ms)
             sub = self._subs[sub_id]
+            rows.append(OutboxRow(sub_id, commit, sub.head, delta))
+            sub.head = commit
+        return tuple(rows)
+
+    def _rows_of_one(
+        self, commit: EmitSeq, changes: tuple[Change, ...], now_ms: int
+    ) -> tuple[OutboxRow, ...]:
+        """`_rows_for` of a single change: the same rows, without the per-sub bookkeeping."""
+        key = changes[0].key
+        hits: set[str] = set(self._all_subs)
+        hits.update(self._key_subs.get(key, ()))
+        for prefix, sub_ids in self._prefix_subs.items():
+            if key.startswith(prefix):
+                hits.update(sub_ids)
+        if not hits:
+            return ()
+        delta = Delta(changes, now_ms)
+        subs = self._subs
+        rows = []
+        for sub_id in sorted(hits):
+            sub = subs[sub_id]
             rows.append(OutboxRow(sub_id, commit, sub.head, delta))
             sub.head = commit
         return tuple(rows)

@@ -695,3 +695,23 @@ def test_rows_digest_is_xxh64_over_each_rows_canonical_encoding(
     for row in rows:
         hasher.update(msgpack.packb(row.pack(), use_bin_type=True))
     assert rows_digest(iter(rows)) == (len(rows), hasher.intdigest())
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.sampled_from(["all", "key:a/1", "prefix:a/", "prefix:b", "key:b/2"]), max_size=6),
+    st.lists(st.sampled_from(["a/1", "a/2", "b/2", "c"]), min_size=1, max_size=6),
+)
+def test_a_single_change_makes_the_rows_the_general_matching_makes(
+    queries: list[str], keys: list[str]
+) -> None:
+    fast, general = Driver(), Driver()
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(BucketStateMachine, "_rows_of_one", BucketStateMachine._rows_matched)
+        for i, query in enumerate(queries):
+            general.subscribe(f"s{i}", query)
+        slow_rows = [general.set(key).effects for key in keys]
+    for i, query in enumerate(queries):
+        fast.subscribe(f"s{i}", query)
+    assert [fast.set(key).effects for key in keys] == slow_rows
+    assert fast.sm.digest() == general.sm.digest()
