@@ -290,60 +290,57 @@ _OP_NAMES: Final = {op: op.name for op in OpKind}
 
 def rows_table(rows: Iterable[tuple[int, int, OutboxRow]], node_id: str) -> pa.Table:
     """Arrow columns (FILE_SCHEMA) for `(purge_index, ack_time_ms, row)` triples."""
-    commit_index: list[int] = []
-    sub_id: list[str] = []
-    prev_uuid: list[str] = []
-    prev_epoch: list[int] = []
-    prev_index: list[int] = []
-    offsets: list[int] = [0]
+    triples = list(rows)
+    n = len(triples)
+    # The rows of one source entry usually share a Delta: each distinct Delta's
+    # changes become one list, and Arrow repeats it for the rows that share it.
+    deltas: list[Delta] = []
+    place: dict[int, int] = {}  # id(delta) -> its place in `deltas` (which keeps it alive)
+    which: list[int] = []
+    for _, _, row in triples:
+        at = place.get(id(row.delta))
+        if at is None:
+            at = place[id(row.delta)] = len(deltas)
+            deltas.append(row.delta)
+        which.append(at)
+    offsets = [0]
     keys: list[str] = []
     ops: list[str] = []
     values: list[bytes] = []
     versions: list[int] = []
-    commit_time: list[int] = []
-    ack_time: list[int] = []
-    purge_index: list[int] = []
-    # The rows of one source entry usually share a Delta: its columns are made once
-    # (kept with the Delta, so that its id is not reused meanwhile).
-    columns: dict[int, tuple[Delta, list[str], list[str], list[bytes], list[int]]] = {}
-    n = 0
-    for purge, ack_ms, row in rows:
-        seq, prev, delta = row.emit_seq, row.prev_emit_seq, row.delta
-        commit_index.append(seq.commit_index)
-        sub_id.append(row.sub_id)
-        prev_uuid.append(prev.bucket_uuid)
-        prev_epoch.append(prev.epoch_counter)
-        prev_index.append(prev.commit_index)
-        cols = columns.get(id(delta))
-        if cols is None or cols[0] is not delta:
-            cols = columns[id(delta)] = (
-                delta,
-                [c.key for c in delta.changes],
-                [_OP_NAMES[c.op] for c in delta.changes],
-                [c.value for c in delta.changes],
-                [c.version for c in delta.changes],
-            )
-        keys += cols[1]
-        ops += cols[2]
-        values += cols[3]
-        versions += cols[4]
+    for delta in deltas:
+        for c in delta.changes:
+            keys.append(c.key)
+            ops.append(_OP_NAMES[c.op])
+            values.append(c.value)
+            versions.append(c.version)
         offsets.append(len(keys))
-        commit_time.append(row.delta.commit_time_ms)
-        ack_time.append(ack_ms)
-        purge_index.append(purge)
-        n += 1
-    changes = pa.ListArray.from_arrays(
-        pa.array(offsets, pa.int32()),
-        pa.StructArray.from_arrays(
-            [
-                pa.array(keys, pa.string()),
-                pa.array(ops, pa.string()),
-                pa.array(values, pa.binary()),
-                pa.array(versions, pa.int64()),
-            ],
-            fields=list(CHANGE_TYPE),
-        ),
-    ).cast(FILE_SCHEMA.field("changes").type)
+    changes = (
+        pa.ListArray.from_arrays(
+            pa.array(offsets, pa.int32()),
+            pa.StructArray.from_arrays(
+                [
+                    pa.array(keys, pa.string()),
+                    pa.array(ops, pa.string()),
+                    pa.array(values, pa.binary()),
+                    pa.array(versions, pa.int64()),
+                ],
+                fields=list(CHANGE_TYPE),
+            ),
+        )
+        .take(pa.array(which, pa.int32()))
+        .cast(FILE_SCHEMA.field("changes").type)
+    )
+    seqs = [row.emit_seq for _, _, row in triples]
+    prevs = [row.prev_emit_seq for _, _, row in triples]
+    commit_index = [s.commit_index for s in seqs]
+    sub_id = [row.sub_id for _, _, row in triples]
+    prev_uuid = [s.bucket_uuid for s in prevs]
+    prev_epoch = [s.epoch_counter for s in prevs]
+    prev_index = [s.commit_index for s in prevs]
+    commit_time = [row.delta.commit_time_ms for _, _, row in triples]
+    ack_time = [ack_ms for _, ack_ms, _ in triples]
+    purge_index = [purge for purge, _, _ in triples]
     return pa.Table.from_arrays(
         [
             pa.array(commit_index, pa.int64()),
