@@ -162,15 +162,19 @@ def delta_pb(delta: Delta) -> pb.Delta:
     )
 
 
+_OP_KINDS: Final = {int(kind): kind for kind in OpKind}
+
+
 def _op_from_pb(op: pb.Op) -> Op:
-    which = op.expected.WhichOneof("kind")
-    if which == "not_exists":
-        expected = Expected(ExpectKind.NOT_EXISTS)
-    elif which == "exact":
-        expected = Expected.exact(op.expected.exact)
-    else:
-        expected = ANY
-    return Op(OpKind(op.kind), op.key, op.value, expected)
+    expected = ANY
+    if op.HasField("expected"):
+        which = op.expected.WhichOneof("kind")
+        if which == "not_exists":
+            expected = Expected(ExpectKind.NOT_EXISTS)
+        elif which == "exact":
+            expected = Expected.exact(op.expected.exact)
+    kind = _OP_KINDS.get(op.kind)
+    return Op(OpKind(op.kind) if kind is None else kind, op.key, op.value, expected)
 
 
 def query_from_pb(query: pb.Query) -> Query:

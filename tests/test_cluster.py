@@ -155,10 +155,13 @@ def test_write_many_gives_each_write_its_own_outcome(cluster: LocalCluster) -> N
                 pb.WriteRequest(ops=[pb.Op(key="wm/0", value=b"c"), pb.Op(key=other, value=b"d")]),
                 pb.WriteRequest(ops=[pb.Op(key="", value=b"e")]),
                 pb.WriteRequest(ops=[pb.Op(key="wm/1", value=b"f")]),
+                pb.WriteRequest(ops=[pb.Op(kind=7, key="wm/2", value=b"g")]),  # type: ignore[arg-type]
             ]
         )
         outcomes = stub.WriteMany(request, metadata=client.metadata, timeout=10).outcomes
-        assert [o.HasField("ok") for o in outcomes] == [True, False, False, False, True]
+        assert [o.HasField("ok") for o in outcomes] == [True, False, False, False, True, False]
+        assert outcomes[5].code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert "bad op" in outcomes[5].message
         assert outcomes[1].error == "PRECONDITION_FAILED"
         assert outcomes[1].code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
         assert "atomic within one bucket" in outcomes[2].message
@@ -166,6 +169,7 @@ def test_write_many_gives_each_write_its_own_outcome(cluster: LocalCluster) -> N
         record = client.get("wm/taken")
         assert record is not None and record.value == b"1"  # refused writes changed nothing
         assert client.get(other) is None
+        assert client.get("wm/2") is None
         assert [client.get(k).value for k in ("wm/0", "wm/1")] == [b"a", b"f"]  # type: ignore[union-attr]
 
 
