@@ -127,12 +127,15 @@ class EventEncoder:
     The rows of one source entry share their EmitSeq and usually their Delta, and go
     out on every matching subscription's stream: each is built as a message once
     and copied into the events (building from Python objects cost several times the
-    copy). The last `size` are kept, each with its object, so that ids are not reused.
+    copy). The most recent are kept, each with its object so that its id is not
+    reused, up to `count` of them and about `bytes_max` of keys and values.
     """
 
-    def __init__(self, size: int = 4096) -> None:
-        self._size = size
-        self._built: dict[int, tuple[object, Any]] = {}
+    def __init__(self, count: int = 4096, bytes_max: int = 32 * 1024 * 1024) -> None:
+        self._count = count
+        self._bytes_max = bytes_max
+        self._bytes = 0
+        self._built: dict[int, tuple[object, Any, int]] = {}
 
     def event(self, row: OutboxRow) -> pb.DataEvent:
         return pb.DataEvent(
@@ -145,10 +148,17 @@ class EventEncoder:
     def _message(self, part: EmitSeq | Delta) -> Any:
         hit = self._built.get(id(part))
         if hit is None or hit[0] is not part:
-            message = seq_pb(part) if isinstance(part, EmitSeq) else delta_pb(part)
-            hit = self._built[id(part)] = (part, message)
-            if len(self._built) > self._size:
-                del self._built[next(iter(self._built))]
+            message: Any
+            if isinstance(part, EmitSeq):
+                message, size = seq_pb(part), 64
+            else:
+                message = delta_pb(part)
+                size = 64 + sum(len(c.key) + len(c.value) for c in part.changes)
+            hit = self._built[id(part)] = (part, message, size)
+            self._bytes += size
+            while len(self._built) > self._count or self._bytes > self._bytes_max:
+                oldest = next(iter(self._built))
+                self._bytes -= self._built.pop(oldest)[2]
         return hit[1]
 
 

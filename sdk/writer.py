@@ -156,12 +156,19 @@ class WritePipeline(Generic[T]):
         self.writes = 0
 
     def submit(self, request: pb.WriteRequest, bucket: int) -> Future[T]:
-        """Queue a write (any thread); the future holds its converted response or error."""
+        """Queue a write (any thread); the future holds its converted response or error.
+        A write too large for a request is refused here: sent, it would end the stream
+        (RESOURCE_EXHAUSTED) for every write in flight on it."""
+        size = request.ByteSize()
+        if size > BATCH_BYTES_MAX:
+            raise ERROR_TYPES[ErrorCode.INVALID_ARGUMENT](
+                f"a write of {size} bytes; the limit is {BATCH_BYTES_MAX}"
+            )
         pending = _Pending(
             request,
             bucket,
             time.monotonic() + self._deadline_s,
-            request.ByteSize(),
+            size,
             backoff_s=self._backoff_initial_s,
         )
         self._inbox.append(pending)
@@ -267,53 +274,83 @@ class WritePipeline(Generic[T]):
     async def _send(self, target: str, batch: list[_Pending]) -> None:
         self.calls += 1
         self.writes += len(batch)
-        stream = self._stream(target)
-        request_id = next(stream.ids)
-        answer: asyncio.Future[pb.WriteManyResponse | _CallFailure] = (
-            self._engine.loop.create_future()
-        )
-        stream.waiting[request_id] = answer
-        timer = self._engine.loop.call_later(
-            self._call_timeout_s, self._expire, target, stream, answer
-        )
         try:
-            async with stream.sending:  # one message at a time on a stream
-                try:
-                    await stream.call.write(
-                        pb.WriteManyRequest(id=request_id, writes=[p.request for p in batch])
+            response = await self._request(target, batch)
+            if isinstance(response, _CallFailure):
+                for pending in batch:
+                    self._failed(
+                        pending,
+                        response.code,
+                        response.message,
+                        response.error,
+                        response.hint,
+                        target,
                     )
-                except (aio.AioRpcError, asyncio.InvalidStateError):
-                    pass  # the stream has failed: its reader answers with the status
-                except asyncio.CancelledError:
-                    task = asyncio.current_task()
-                    if not stream.call.cancelled() or (task and task.cancelling()):
-                        raise
-                    # else: the stream was reset (`_expire`) or closed under the write
-            response = await answer
+            else:
+                self._answered(target, batch, response)
+        except BaseException as exc:  # never strand a batch: settle what is left, loudly
+            closing = isinstance(exc, asyncio.CancelledError)
+            failure = SevenDBError("the client is closing" if closing else f"write failed: {exc!r}")
+            for pending in batch:
+                if not pending.future.done():
+                    pending.future.set_exception(failure)
+            raise
+        finally:
+            self._calls[target] -= 1
+            # After the inbox drain that writes made by the callbacks above scheduled,
+            # so that those leave with the ones already waiting.
+            self._engine.loop.call_soon(self._kick, target)
+
+    async def _request(
+        self, target: str, batch: list[_Pending]
+    ) -> pb.WriteManyResponse | _CallFailure:
+        """Send `batch` on the stream to `target`; its answer, or why there is none.
+        Bounded by `call_timeout_s` in every case, also when the write itself hangs
+        (a node that accepts connections but does not answer)."""
+        loop = self._engine.loop
+        try:
+            stream = self._stream(target)
+        except Exception as exc:  # e.g. the channel is closing
+            return _CallFailure(grpc.StatusCode.UNAVAILABLE, f"no write stream to {target}: {exc}")
+        request_id = next(stream.ids)
+        answer: asyncio.Future[pb.WriteManyResponse | _CallFailure] = loop.create_future()
+        stream.waiting[request_id] = answer
+        timer = loop.call_later(self._call_timeout_s, self._expire, target, stream, answer)
+        request = pb.WriteManyRequest(id=request_id, writes=[p.request for p in batch])
+        writing = loop.create_task(self._write(stream, request, answer))
+        try:
+            await asyncio.wait((writing, answer), return_when=asyncio.FIRST_COMPLETED)
+            return await answer  # written (or failed): the reader or the timer answers
         finally:
             timer.cancel()
             stream.waiting.pop(request_id, None)
-            self._calls[target] -= 1
-        if isinstance(response, _CallFailure):
-            for pending in batch:
-                self._failed(
-                    pending, response.code, response.message, response.error, response.hint, target
-                )
-        else:
-            for pending, outcome in zip(batch, response.outcomes, strict=True):
-                if outcome.HasField("ok"):
-                    # A node names the leader only when it is another node.
-                    self._leaders[pending.bucket] = outcome.leader or target
-                    if not pending.future.done():
-                        pending.future.set_result(self._convert(outcome.ok))
-                else:
-                    code = _STATUS_BY_VALUE.get(outcome.code, grpc.StatusCode.UNKNOWN)
-                    self._failed(
-                        pending, code, outcome.message, outcome.error, outcome.leader, target
+            writing.cancel()  # a no-op unless the write is stuck
+
+    @staticmethod
+    async def _write(
+        stream: _Stream, request: pb.WriteManyRequest, answer: asyncio.Future[Any]
+    ) -> None:
+        async with stream.sending:  # one message at a time on a stream
+            try:
+                await stream.call.write(request)
+            except (aio.AioRpcError, asyncio.InvalidStateError):
+                pass  # the stream has failed: its reader answers with the status
+            except Exception as exc:
+                if not answer.done():
+                    answer.set_result(
+                        _CallFailure(grpc.StatusCode.UNKNOWN, f"write stream: {exc!r}")
                     )
-        # After the inbox drain that writes made by the callbacks above scheduled, so
-        # that those leave with the ones already waiting.
-        self._engine.loop.call_soon(self._kick, target)
+
+    def _answered(self, target: str, batch: list[_Pending], response: pb.WriteManyResponse) -> None:
+        for pending, outcome in zip(batch, response.outcomes, strict=True):
+            if outcome.HasField("ok"):
+                # A node names the leader only when it is another node.
+                self._leaders[pending.bucket] = outcome.leader or target
+                if not pending.future.done():
+                    pending.future.set_result(self._convert(outcome.ok))
+            else:
+                code = _STATUS_BY_VALUE.get(outcome.code, grpc.StatusCode.UNKNOWN)
+                self._failed(pending, code, outcome.message, outcome.error, outcome.leader, target)
 
     def _failed(
         self,
