@@ -567,8 +567,15 @@ class NodeService(pb_grpc.SevenDBServicer):
         handled at once (the next is read only when one is answered: HTTP/2 flow
         control holds the client back), each answered under its id as it commits.
         Answers ready together leave in one message, so that the client sees them
-        together (and sends the writes they prompt together)."""
-        self._principal(context)
+        together (and sends the writes they prompt together). A caller without a
+        valid token gets every request answered UNAUTHENTICATED rather than the
+        stream ended: ending it races with the client's write, and grpc then reports
+        INTERNAL to the client instead (seen in CI)."""
+        try:
+            self._principal(context)
+            refused = None
+        except _Failure as failure:
+            refused = failure
         metadata = context.invocation_metadata() or ()
         answers: asyncio.Queue[pb.WriteManyResponse | None] = asyncio.Queue()
         slots = asyncio.Semaphore(STREAM_WRITES_IN_FLIGHT)
@@ -576,6 +583,8 @@ class NodeService(pb_grpc.SevenDBServicer):
 
         async def answer(request: pb.WriteManyRequest) -> None:
             try:
+                if refused is not None:
+                    raise refused
                 response = await self._write_many(request, metadata)
             except Exception as exc:
                 if not isinstance(exc, _Failure):

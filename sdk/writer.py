@@ -237,8 +237,13 @@ class WritePipeline(Generic[T]):
                     if answer is not None and not answer.done():
                         answer.set_result(response)
         except aio.AioRpcError as exc:
+            code = exc.code()
+            if code is grpc.StatusCode.INTERNAL:
+                # What grpc reports when a write races with the end of the stream
+                # (the node stopping, say): the transport broke, so like UNAVAILABLE.
+                code = grpc.StatusCode.UNAVAILABLE
             ended = _CallFailure(
-                exc.code(), exc.details() or "", trailer(exc, ERROR_CODE_KEY), leader_hint(exc)
+                code, exc.details() or "", trailer(exc, ERROR_CODE_KEY), leader_hint(exc)
             )
         except asyncio.CancelledError:
             ended = (
