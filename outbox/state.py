@@ -388,12 +388,7 @@ class BucketStateMachine:
     ) -> tuple[OutboxRow, ...]:
         matched: dict[str, list[int]] = {}
         for i, change in enumerate(changes):
-            hits: set[str] = set(self._all_subs)
-            hits.update(self._key_subs.get(change.key, ()))
-            for prefix, sub_ids in self._prefix_subs.items():
-                if change.key.startswith(prefix):
-                    hits.update(sub_ids)
-            for sub_id in hits:
+            for sub_id in self._subs_matching(change.key):
                 matched.setdefault(sub_id, []).append(i)
         deltas: dict[tuple[int, ...], Delta] = {}
         rows = []
@@ -407,16 +402,20 @@ class BucketStateMachine:
             sub.head = commit
         return tuple(rows)
 
-    def _rows_of_one(
-        self, commit: EmitSeq, changes: tuple[Change, ...], now_ms: int
-    ) -> tuple[OutboxRow, ...]:
-        """`_rows_for` of a single change: the same rows, without the per-sub bookkeeping."""
-        key = changes[0].key
-        hits: set[str] = set(self._all_subs)
+    def _subs_matching(self, key: str) -> set[str]:
+        """The live subscriptions whose query matches `key`."""
+        hits = set(self._all_subs)
         hits.update(self._key_subs.get(key, ()))
         for prefix, sub_ids in self._prefix_subs.items():
             if key.startswith(prefix):
                 hits.update(sub_ids)
+        return hits
+
+    def _rows_of_one(
+        self, commit: EmitSeq, changes: tuple[Change, ...], now_ms: int
+    ) -> tuple[OutboxRow, ...]:
+        """`_rows_for` of a single change: the same rows, without the per-sub bookkeeping."""
+        hits = self._subs_matching(changes[0].key)
         if not hits:
             return ()
         delta = Delta(changes, now_ms)
