@@ -50,13 +50,13 @@ from sevendb.outbox.entries import (
     ExpectKind,
     InitProducer,
     Op,
-    OpKind,
     ProducerRef,
     Subscribe,
     Unsubscribe,
     Write,
     check_key,
     encode_entry,
+    op_kind,
 )
 from sevendb.outbox.errors import Rejection, SevenDBError
 from sevendb.outbox.model import (
@@ -172,9 +172,6 @@ def delta_pb(delta: Delta) -> pb.Delta:
     )
 
 
-_OP_KINDS: Final = {int(kind): kind for kind in OpKind}
-
-
 def _op_from_pb(op: pb.Op) -> Op:
     expected = ANY
     if op.HasField("expected"):
@@ -183,8 +180,7 @@ def _op_from_pb(op: pb.Op) -> Op:
             expected = Expected(ExpectKind.NOT_EXISTS)
         elif which == "exact":
             expected = Expected.exact(op.expected.exact)
-    kind = _OP_KINDS.get(op.kind)
-    return Op(OpKind(op.kind) if kind is None else kind, op.key, op.value, expected)
+    return Op(op_kind(op.kind), op.key, op.value, expected)
 
 
 def query_from_pb(query: pb.Query) -> Query:

@@ -45,7 +45,7 @@ import grpc
 from grpc import aio
 
 from sevendb.outbox.emitseq import EmitSeq
-from sevendb.outbox.entries import OpKind
+from sevendb.outbox.entries import op_kind
 from sevendb.outbox.errors import SevenDBError
 from sevendb.outbox.model import Change
 from sevendb.outbox.query import Query
@@ -235,21 +235,13 @@ def _seq_pb(seq: EmitSeq) -> pb.EmitSeq:
     )
 
 
-_OP_KINDS: Final = {int(op): op for op in OpKind}
-"""`OpKind(value)` without the enum's call machinery (a third of an event's decoding)."""
-
-
 def _event(bucket: int, ev: pb.DataEvent) -> Event:
-    changes = []
-    for c in ev.delta.changes:
-        op = _OP_KINDS.get(c.op)
-        changes.append(Change(c.key, OpKind(c.op) if op is None else op, c.value, c.version))
     return Event(
         bucket,
         ev.sub_id,
         _seq(ev.emit_seq),
         _seq(ev.prev_emit_seq),
-        tuple(changes),
+        tuple(Change(c.key, op_kind(c.op), c.value, c.version) for c in ev.delta.changes),
         ev.delta.commit_time_ms,
     )
 
