@@ -39,7 +39,7 @@ from sevendb.cluster.replica import (
 )
 from sevendb.cluster.topology import ClusterSpec, ConfigError, NodeSpec, bucket_of
 from sevendb.notifier.core import AttachStatus
-from sevendb.notifier.host import BucketNotifier
+from sevendb.notifier.host import AckWait, BucketNotifier
 from sevendb.outbox import limits
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import (
@@ -82,6 +82,10 @@ FORWARD_KEY: Final = "sevendb-forwarded"
 PROPOSE_TIMEOUT_S: Final = 5.0
 FORWARD_TIMEOUT_S: Final = 10.0
 STREAM_WRITES_IN_FLIGHT: Final = 16
+ACK_WAIT_S_MAX: Final = 10.0
+"""The longest an `AckBatch` with `wait_applied` is held (less if its deadline is sooner)."""
+_ACK_WAIT_POLL_S: Final = 0.005
+_ACK_TAKEN: Final = (pb.AckResult.ACCEPTED, pb.AckResult.DUPLICATE, pb.AckResult.REGRESSIVE)
 """WriteMany requests one WriteStream has handled at once."""
 STREAM_BATCH_EVENTS_MAX: Final = 4096
 """Most events one EventBatch message carries."""
@@ -947,10 +951,52 @@ class NodeService(pb_grpc.SevenDBServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"{len(request.acks)} acks in one batch; the limit is {limits.ACKS_PER_PURGE_MAX}",
             )
-        results = []
-        for ack in request.acks:
-            results.append(self._ack_one(principal, ack))
+        results = [self._ack_one(principal, ack) for ack in request.acks]
+        if request.wait_applied:
+            await self._wait_applied(principal, request.acks, results, context)
         return pb.AckResponse(results=results)
+
+    async def _wait_applied(
+        self, principal: str, acks: Sequence[pb.ClientAck], results: list[pb.AckResult], ctx: Ctx
+    ) -> None:
+        """Hold the answers of acks this node took until OUTBOX_PURGEs covering them
+        are applied here (rare: `Subscription.close` asks, so polling is cheap enough)."""
+        waiting = {i for i, r in enumerate(results) if r.status in _ACK_TAKEN}
+        remaining = ctx.time_remaining()
+        budget = ACK_WAIT_S_MAX if remaining is None else min(ACK_WAIT_S_MAX, remaining * 0.8)
+        deadline = time.monotonic() + budget
+        while True:
+            for i in sorted(waiting):
+                sub_id = acks[i].sub_id
+                up_to = seq_from_pb(acks[i].up_to_emit_seq)
+                bucket = self._bucket_of_uuid[up_to.bucket_uuid]  # _ack_one took it
+                notifier = self._notifiers.get(bucket)
+                state = (
+                    AckWait.LOST
+                    if notifier is None
+                    else notifier.ack_applied(sub_id, principal, up_to)
+                )
+                if state is AckWait.QUEUED:
+                    continue
+                waiting.discard(i)
+                results[i] = (
+                    self._not_holder(bucket, notifier, sub_id)
+                    if state is AckWait.LOST
+                    else pb.AckResult(
+                        sub_id=sub_id, status=_ACK_STATUS[state.status], message=state.message
+                    )
+                )
+            if not waiting:
+                return
+            if time.monotonic() >= deadline:
+                for i in waiting:
+                    results[i] = pb.AckResult(
+                        sub_id=acks[i].sub_id,
+                        status=pb.AckResult.PENDING,
+                        message=f"queued, but not applied within {budget:.2f}s; send it again",
+                    )
+                return
+            await asyncio.sleep(_ACK_WAIT_POLL_S)
 
     def _ack_one(self, principal: str, ack: pb.ClientAck) -> pb.AckResult:
         if not ack.sub_id or not ack.HasField("up_to_emit_seq"):
@@ -970,16 +1016,21 @@ class NodeService(pb_grpc.SevenDBServicer):
         notifier = self._notifiers.get(bucket)
         outcome = None if notifier is None else notifier.ack(ack.sub_id, principal, up_to)
         if outcome is None:
-            holder = None if notifier is None else notifier.holder()
-            where = self._client_address(bucket, holder) or "unknown yet"
-            return pb.AckResult(
-                sub_id=ack.sub_id,
-                status=pb.AckResult.NOT_HOLDER,
-                message=f"bucket {bucket}: this node does not hold the notifier lease "
-                f"(holder: {where})",
-            )
+            return self._not_holder(bucket, notifier, ack.sub_id)
         return pb.AckResult(
             sub_id=ack.sub_id, status=_ACK_STATUS[outcome.status], message=outcome.message
+        )
+
+    def _not_holder(
+        self, bucket: int, notifier: BucketNotifier | None, sub_id: str
+    ) -> pb.AckResult:
+        where = self._client_address(bucket, None if notifier is None else notifier.holder())
+        return pb.AckResult(
+            sub_id=sub_id,
+            status=pb.AckResult.NOT_HOLDER,
+            message=f"bucket {bucket}: this node does not hold the notifier lease "
+            f"(holder: {where or 'unknown yet'})",
+            holder=where or "",
         )
 
     @_unary

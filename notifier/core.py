@@ -327,12 +327,17 @@ class NotifierCore:
         outcome = sm.check_ack(sub_id, principal, up_to)
         if outcome.status is not AckStatus.ACCEPTED:
             return outcome
-        queued = self._acks.get(sub_id)
-        if queued is not None and queued.principal == principal and queued.up_to >= up_to:
+        if self.ack_queued(sub_id, principal, up_to):
+            queued = self._acks[sub_id]
             status = AckStatus.DUPLICATE if queued.up_to == up_to else AckStatus.REGRESSIVE
             return AckOutcome(sub_id, status, f"{queued.up_to} is already queued")
         self._acks[sub_id] = Ack(sub_id, principal, up_to)
         return outcome
+
+    def ack_queued(self, sub_id: str, principal: str, up_to: EmitSeq) -> bool:
+        """Is an ack at or past `up_to` queued for the next purge?"""
+        queued = self._acks.get(sub_id)
+        return queued is not None and queued.principal == principal and queued.up_to >= up_to
 
     def queued_acks(self) -> tuple[Ack, ...]:
         return tuple(self._acks[sub_id] for sub_id in sorted(self._acks))

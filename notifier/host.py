@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from enum import Enum
 from typing import Final, Protocol
 
 from sevendb.cluster.replica import ApplyOutcome, BucketReplica, ReplicaUnavailable
@@ -131,6 +132,13 @@ class _InFlight:
 
 def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+class AckWait(Enum):
+    """An accepted ack not applied (yet): see `BucketNotifier.ack_applied`."""
+
+    QUEUED = "queued"
+    LOST = "lost"
 
 
 class BucketNotifier:
@@ -269,6 +277,26 @@ class BucketNotifier:
         if outcome.status is AckStatus.ACCEPTED:
             self._wake.set()
         return outcome
+
+    def ack_applied(self, sub_id: str, principal: str, up_to: EmitSeq) -> AckOutcome | AckWait:
+        """Where an ack this replica took (`ack`) stands, for a caller that waits until
+        it is durable: ACCEPTED once an applied OUTBOX_PURGE covers it, the verdict if
+        the subscription went away meanwhile (STALE, SUBSCRIPTION_NOT_FOUND), QUEUED
+        while it waits for its purge, LOST if this replica no longer holds the lease or
+        no longer has the ack queued (a new lease term started with an empty queue)."""
+        with self._lock:  # the notifier loop drops covered acks under it
+            core = self._core
+            if core is None:
+                return AckWait.LOST
+            try:
+                verdict = self.replica.read(lambda sm: sm.check_ack(sub_id, principal, up_to))
+            except ReplicaUnavailable:
+                return AckWait.LOST
+            if verdict.status in (AckStatus.DUPLICATE, AckStatus.REGRESSIVE):
+                return AckOutcome(sub_id, AckStatus.ACCEPTED)
+            if verdict.status is not AckStatus.ACCEPTED:
+                return verdict
+            return AckWait.QUEUED if core.ack_queued(sub_id, principal, up_to) else AckWait.LOST
 
     # ---- the loop -------------------------------------------------------------------
 
@@ -430,6 +458,7 @@ class BucketNotifier:
 
 
 __all__ = [
+    "AckWait",
     "BucketNotifier",
     "EventSink",
     "NotifierMetrics",

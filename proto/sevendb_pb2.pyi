@@ -161,13 +161,15 @@ class ClientAck(_message.Message):
     def __init__(self, sub_id: _Optional[str] = ..., up_to_emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ...) -> None: ...
 
 class AckBatch(_message.Message):
-    __slots__ = ("acks",)
+    __slots__ = ("acks", "wait_applied")
     ACKS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_APPLIED_FIELD_NUMBER: _ClassVar[int]
     acks: _containers.RepeatedCompositeFieldContainer[ClientAck]
-    def __init__(self, acks: _Optional[_Iterable[_Union[ClientAck, _Mapping]]] = ...) -> None: ...
+    wait_applied: bool
+    def __init__(self, acks: _Optional[_Iterable[_Union[ClientAck, _Mapping]]] = ..., wait_applied: _Optional[bool] = ...) -> None: ...
 
 class AckResult(_message.Message):
-    __slots__ = ("sub_id", "status", "message")
+    __slots__ = ("sub_id", "status", "message", "holder")
     class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         ACCEPTED: _ClassVar[AckResult.Status]
@@ -178,6 +180,7 @@ class AckResult(_message.Message):
         SUBSCRIPTION_NOT_FOUND: _ClassVar[AckResult.Status]
         STALE: _ClassVar[AckResult.Status]
         NOT_HOLDER: _ClassVar[AckResult.Status]
+        PENDING: _ClassVar[AckResult.Status]
     ACCEPTED: AckResult.Status
     REGRESSIVE: AckResult.Status
     DUPLICATE: AckResult.Status
@@ -186,13 +189,16 @@ class AckResult(_message.Message):
     SUBSCRIPTION_NOT_FOUND: AckResult.Status
     STALE: AckResult.Status
     NOT_HOLDER: AckResult.Status
+    PENDING: AckResult.Status
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
     sub_id: str
     status: AckResult.Status
     message: str
-    def __init__(self, sub_id: _Optional[str] = ..., status: _Optional[_Union[AckResult.Status, str]] = ..., message: _Optional[str] = ...) -> None: ...
+    holder: str
+    def __init__(self, sub_id: _Optional[str] = ..., status: _Optional[_Union[AckResult.Status, str]] = ..., message: _Optional[str] = ..., holder: _Optional[str] = ...) -> None: ...
 
 class AckResponse(_message.Message):
     __slots__ = ("results",)

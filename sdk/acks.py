@@ -9,7 +9,9 @@ one Ack call per node per round trip, not one per subscription per flush.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -17,11 +19,15 @@ from grpc import aio
 
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.proto import sevendb_pb2 as pb
-from sevendb.sdk.engine import Engine
+from sevendb.sdk.engine import Engine, leader_hint
+
+log = logging.getLogger(__name__)
 
 ACKS_PER_CALL_MAX: Final = 4096
 """The node's limit per AckBatch (limits.ACKS_PER_PURGE_MAX)."""
 _SETTLED: Final = (pb.AckResult.ACCEPTED, pb.AckResult.DUPLICATE, pb.AckResult.REGRESSIVE)
+_RETRY: Final = (pb.AckResult.NOT_HOLDER, pb.AckResult.PENDING)
+_RETRY_PAUSE_S: Final = 0.05
 
 
 def _seq_pb(seq: EmitSeq) -> pb.EmitSeq:
@@ -83,6 +89,55 @@ class AckPipeline:
                         pending.confirmed(pending.position)
         finally:
             self._busy.discard(target)
+
+    async def ack_applied(
+        self,
+        acks: Sequence[tuple[str, str, EmitSeq, Callable[[EmitSeq], None]]],
+        timeout_s: float,
+    ) -> int:
+        """Send `(target, sub_id, position, confirmed)` acks with `wait_applied` until
+        an applied purge covers each (then `confirmed` is called) or the time is up,
+        following the lease holder when it moves. Returns how many stay unconfirmed.
+        (For a closing subscription: nothing will resend its acks later.)"""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        pending = {sub_id: (target, pos, done) for target, sub_id, pos, done in acks}
+
+        async def call(target: str, sub_ids: list[str], timeout: float) -> None:
+            request = pb.AckBatch(
+                acks=[
+                    pb.ClientAck(sub_id=s, up_to_emit_seq=_seq_pb(pending[s][1])) for s in sub_ids
+                ],
+                wait_applied=True,
+            )
+            try:
+                response = await self._engine.stub(target).Ack(
+                    request, metadata=self._metadata, timeout=timeout
+                )
+            except aio.AioRpcError as exc:
+                hint = leader_hint(exc) or self._engine.any_endpoint()
+                for s in sub_ids:
+                    pending[s] = (hint, *pending[s][1:])
+                return
+            for s, result in zip(sub_ids, response.results, strict=False):
+                _, pos, done = pending[s]
+                if result.status in _SETTLED:
+                    del pending[s]
+                    done(pos)
+                elif result.status == pb.AckResult.NOT_HOLDER:
+                    pending[s] = (result.holder or self._engine.any_endpoint(), pos, done)
+                elif result.status not in _RETRY:
+                    del pending[s]  # moot (the subscription is gone): nothing to wait for
+                    log.warning("final ack of %s: %s", s, result.message)
+
+        while pending and (left := deadline - loop.time()) > 0:
+            by_target: dict[str, list[str]] = {}
+            for sub_id, (target, _, _) in pending.items():
+                by_target.setdefault(target, []).append(sub_id)
+            await asyncio.gather(*(call(t, ids, left) for t, ids in by_target.items()))
+            if pending:
+                await asyncio.sleep(min(_RETRY_PAUSE_S, max(0.0, deadline - loop.time())))
+        return len(pending)
 
 
 __all__ = ["AckPipeline"]

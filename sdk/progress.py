@@ -111,10 +111,6 @@ class Progress:
         self._first_unflushed_s = None
         return Flush(tuple(out))
 
-    def unconfirmed(self) -> int:
-        """Streams whose last sent ack the server has not confirmed yet."""
-        return sum(1 for s in self._streams.values() if s.confirmed < s.flushed)
-
     def confirmed(self, bucket: int, sub_id: str, position: EmitSeq) -> None:
         """The server accepted (or had already covered) the ack for `position`."""
         s = self._streams.get(bucket)

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CLOSE_ACK_WAIT_S: Final = 3.0
-"""How long `Subscription.close` waits for the node to confirm its final acks."""
+"""How long `Subscription.close` waits, by default, for its final acks to be applied."""
 
 _FATAL_CODES: Final = (
     grpc.StatusCode.UNAUTHENTICATED,
@@ -420,19 +420,27 @@ class Subscription:
 
     def _persist_and_ack(self, flush: Flush) -> None:
         """Durable first, then the acks (a purge must never overtake the cursor)."""
-        if not flush.positions:
-            return
-        if self._store is not None:
+        if flush.positions:
+            self._persist(flush)
+            self._engine.loop.call_soon_threadsafe(self._send_acks, flush)
+
+    def _persist(self, flush: Flush) -> None:
+        if flush.positions and self._store is not None:
             self._store.save(
                 [
                     SavedCursor(sub_id, bucket, self.name, pos)
                     for bucket, sub_id, pos in flush.positions
                 ]
             )
-        self._engine.loop.call_soon_threadsafe(self._send_acks, flush)
 
-    def close(self, *, flush: bool = True) -> None:
-        """Stop the streams; persist and acknowledge what was processed (idempotent)."""
+    def close(self, *, flush: bool = True, ack_timeout_s: float = CLOSE_ACK_WAIT_S) -> None:
+        """Stop the streams; persist and acknowledge what was processed (idempotent).
+
+        The final acks are confirmed only once the node has applied a purge covering
+        them, following the lease holder if it moves, for up to `ack_timeout_s`: after
+        `close` returns the rows are gone from the outbox (and on their way to the
+        archive). An ack still unconfirmed then is logged; its rows stay until a later
+        reconnect of the subscription (which acks its position) or the stall window."""
         if self._closed:
             return
         self._mark_processed()
@@ -442,19 +450,33 @@ class Subscription:
             with self._lock:
                 final = self._progress.take_flush(time.monotonic(), final=True)
             try:
-                self._persist_and_ack(final)
+                self._persist(final)
             except Exception:
-                log.exception("final cursor persist failed")
-            # Wait (briefly) for the node to confirm the final acks, so that closing the
-            # Client right after does not drop them. Unconfirmed ones are harmless: the
-            # rows stay until a later reconnect (which acks its position) or the stall
-            # window.
-            deadline = time.monotonic() + CLOSE_ACK_WAIT_S
-            while time.monotonic() < deadline:
-                with self._lock:
-                    if not self._progress.unconfirmed():
-                        break
-                time.sleep(0.01)
+                log.exception("final cursor persist failed; the final acks are not sent")
+            else:
+                acks = [
+                    (
+                        self._streams[bucket].target or self._engine.any_endpoint(),
+                        sub_id,
+                        pos,
+                        functools.partial(self._confirmed, bucket, sub_id),
+                    )
+                    for bucket, sub_id, pos in final.positions
+                ]
+                try:
+                    left = self._engine.submit(self._acks.ack_applied(acks, ack_timeout_s)).result(
+                        ack_timeout_s + 5
+                    )
+                except Exception:
+                    log.exception("final acks failed")
+                else:
+                    if left:
+                        log.warning(
+                            "%d final acks not applied within %.1fs; their rows stay until "
+                            "the subscription reconnects or stalls out",
+                            left,
+                            ack_timeout_s,
+                        )
         with contextlib.suppress(Exception):
             self._engine.submit(self._stop()).result(5)
 

@@ -25,6 +25,7 @@ from cluster_harness import LocalCluster, wait_for
 
 from sevendb.cluster.auth import mint_token
 from sevendb.cluster.faults import KILL_BEFORE_SEND, fault_file
+from sevendb.cluster.local import running_pid
 from sevendb.cluster.node import node_dir
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.proto import sevendb_pb2 as pb
@@ -486,6 +487,99 @@ def test_bad_acks_are_rejected_and_change_nothing(cluster: LocalCluster) -> None
                 )
             )
         assert bad_query.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def _outbox_rows(cluster: LocalCluster, node_id: str, bucket: int) -> int:
+    status = cluster.status(node_id)
+    assert status is not None, f"{node_id} is not answering"
+    return next(r for r in status.replicas if r.bucket == bucket).outbox_rows
+
+
+# Acks only when the subscription closes: nothing else purges its rows.
+_CLOSE_ACKS_ONLY = SubscribeOptions(ack_every_events=1_000_000, ack_interval_s=3600)
+
+
+def _unacked_events(
+    cluster: LocalCluster, client: Client, key: str, count: int
+) -> tuple[Collector, int, str]:
+    """`count` writes of `key` delivered and not acked: (collector, bucket, holder)."""
+    collector = Collector(client.subscribe(f"key:{key}", options=_CLOSE_ACKS_ONLY))
+    for i in range(count):
+        client.put(key, f"{i}".encode())
+    wait_for(lambda: len(collector.events) == count, 30, f"{count} events")
+    [bucket] = collector.sub.sub_ids
+    holder = cluster.holder_node(bucket)
+    assert _outbox_rows(cluster, holder, bucket) == count  # nothing acked yet
+    return collector, bucket, holder
+
+
+def test_close_returns_once_its_final_acks_are_applied(cluster: LocalCluster) -> None:
+    with cluster.client() as client:
+        collector, bucket, holder = _unacked_events(cluster, client, "closing", 5)
+        collector.stop()  # close(): the final ack, held by the node until applied
+        assert _outbox_rows(cluster, holder, bucket) == 0
+
+
+def test_close_acks_the_new_lease_holder_after_kill9_of_the_old(cluster: LocalCluster) -> None:
+    """The final ack of `close` follows the lease: sent to the dead holder, it would
+    be lost and the rows would stay for the whole stall window (a day)."""
+    with cluster.client() as client:
+        collector, bucket, victim = _unacked_events(cluster, client, "orphan", 5)
+        collector.stop(close=False)
+        cluster.kill9(victim)
+        collector.sub.close(ack_timeout_s=30)
+        holder = cluster.holder_node(bucket)
+        assert holder != victim
+        assert _outbox_rows(cluster, holder, bucket) == 0
+
+
+def test_an_ack_waiting_to_be_applied_is_not_confirmed_while_its_purge_cannot_commit(
+    cluster: LocalCluster,
+) -> None:
+    """`AckBatch.wait_applied`: with the holder's peers frozen its purge cannot commit,
+    so the ack is not answered ACCEPTED; once they run again it is, after the rows
+    are gone. A plain ack is ACCEPTED at once (queued) either way."""
+    with cluster.client() as client:
+        collector, bucket, holder = _unacked_events(cluster, client, "frozen", 3)
+        sub_id = collector.sub.sub_ids[bucket]
+        first, last = collector.events[0].emit_seq, collector.events[-1].emit_seq
+        collector.stop(close=False)
+
+        def ack(seq: EmitSeq, *, wait: bool, node_id: str = holder) -> pb.AckResult:
+            up_to = pb.EmitSeq(
+                epoch_id=pb.EmitSeq.EpochId(
+                    bucket_uuid=seq.bucket_uuid, epoch_counter=seq.epoch_counter
+                ),
+                commit_index=seq.commit_index,
+            )
+            request = pb.AckBatch(
+                acks=[pb.ClientAck(sub_id=sub_id, up_to_emit_seq=up_to)], wait_applied=wait
+            )
+            with grpc.insecure_channel(cluster.spec.node(node_id).grpc_address) as channel:
+                s = pb_grpc.SevenDBStub(channel)  # type: ignore[no-untyped-call]
+                return s.Ack(request, metadata=auth(cluster), timeout=2).results[0]
+
+        peers = [n.node_id for n in cluster.spec.nodes if n.node_id != holder]
+        pids = [running_pid(cluster.data_dir, n) for n in peers]
+        for pid in pids:
+            assert pid is not None
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            assert ack(first, wait=False).status == pb.AckResult.ACCEPTED  # queued only
+            waited = ack(last, wait=True)
+            assert waited.status in (pb.AckResult.PENDING, pb.AckResult.NOT_HOLDER), waited
+        finally:
+            for pid in pids:
+                assert pid is not None
+                os.kill(pid, signal.SIGCONT)
+
+        def applied() -> str | None:
+            now_holding = cluster.holder_node(bucket)  # the peers may have taken the lease
+            result = ack(last, wait=True, node_id=now_holding)
+            return now_holding if result.status == pb.AckResult.ACCEPTED else None
+
+        node_id = wait_for(applied, 30, "the ack to be applied once the peers run again")
+        assert _outbox_rows(cluster, node_id, bucket) == 0
 
 
 def test_metrics_endpoint_exports_the_contract_metrics(cluster: LocalCluster) -> None:

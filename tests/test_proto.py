@@ -135,6 +135,7 @@ def test_ack_result_statuses() -> None:
         "SUBSCRIPTION_NOT_FOUND": 5,
         "STALE": 6,
         "NOT_HOLDER": 7,
+        "PENDING": 8,
     }
 
 
