@@ -23,6 +23,10 @@ from sevendb.sdk.client import Client, RetryPolicy
 
 T = TypeVar("T")
 
+STARTED: list[Path] = []
+"""Data directories of the clusters the running test started (conftest reports their
+node logs when it fails)."""
+
 
 def wait_for(
     condition: Callable[[], T], timeout_s: float, what: str, interval_s: float = 0.05
@@ -44,6 +48,7 @@ class LocalCluster:
 
     @classmethod
     def start(cls, data_dir: Path, *, nodes: int = 3, buckets: int = 2) -> LocalCluster:
+        STARTED.append(data_dir.resolve())
         cluster_up(data_dir, nodes=nodes, buckets=buckets, replicas=min(3, nodes))
         return cls(data_dir.resolve())
 
