@@ -134,13 +134,18 @@ class Client:
         self._ack_pipeline: AckPipeline | None = None
 
     def close(self) -> None:
+        """Close the connections. Writes not answered yet fail with "the client is
+        closing" (they may still commit: retry them through an idempotent producer)."""
         with self._lock:
-            engine, self._engine, self._writes = self._engine, None, None
+            engine, self._engine = self._engine, None
+            writes, self._writes = self._writes, None
             self._ack_pipeline = None
             for channel in self._channels.values():
                 channel.close()
             self._channels.clear()
         if engine is not None:
+            if writes is not None and engine.loop.is_running():
+                engine.submit(writes.close()).result(10)
             engine.close()
 
     def __enter__(self) -> Client:

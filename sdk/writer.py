@@ -152,6 +152,10 @@ class WritePipeline(Generic[T]):
         self._inbox: collections.deque[_Pending] = collections.deque()
         self._inbox_lock = threading.Lock()
         self._drain_scheduled = False
+        self._closed = False
+        self._retrying: set[_Pending] = set()
+        """Writes waiting out a retry backoff (in no queue until it ends)."""
+        self._sending: set[asyncio.Task[None]] = set()
         self.calls = 0
         self.writes = 0
 
@@ -171,8 +175,10 @@ class WritePipeline(Generic[T]):
             size,
             backoff_s=self._backoff_initial_s,
         )
-        self._inbox.append(pending)
         with self._inbox_lock:
+            if self._closed:
+                raise _closing()
+            self._inbox.append(pending)
             if self._drain_scheduled:
                 return pending.future
             self._drain_scheduled = True
@@ -183,6 +189,29 @@ class WritePipeline(Generic[T]):
                 self._drain_scheduled = False
             raise
         return pending.future
+
+    async def close(self) -> None:
+        """On the loop, before the client's channels close: every write not answered
+        yet (queued, waiting out a backoff, or in flight) fails with "the client is
+        closing" instead of waiting forever on a loop that is about to stop."""
+        with self._inbox_lock:
+            self._closed = True
+            waiting = [*self._inbox, *self._retrying]
+            self._inbox.clear()
+        self._retrying.clear()
+        for queue in self._queues.values():
+            waiting.extend(queue)
+            queue.clear()
+        for pending in waiting:
+            if not pending.future.done():
+                pending.future.set_exception(_closing())
+        for task in self._sending:
+            task.cancel()  # `_send` settles its batch on the way out
+        await asyncio.gather(*self._sending, return_exceptions=True)
+        for stream in list(self._streams.values()):
+            if stream.reader is not None:
+                stream.reader.cancel()
+            stream.call.cancel()
 
     # ---- the loop side ---------------------------------------------------------------
 
@@ -201,7 +230,10 @@ class WritePipeline(Generic[T]):
         return target
 
     def _enqueue(self, pending: _Pending) -> None:
-        self._kick(self._queue(pending))
+        """A retry's backoff is over."""
+        self._retrying.discard(pending)
+        if not self._closed:
+            self._kick(self._queue(pending))
 
     def _kick(self, target: str) -> None:
         queue = self._queues.get(target)
@@ -217,7 +249,9 @@ class WritePipeline(Generic[T]):
                 batch.append(pending)
                 size += pending.size
             self._calls[target] = self._calls.get(target, 0) + 1
-            self._engine.loop.create_task(self._send(target, batch))
+            task = self._engine.loop.create_task(self._send(target, batch))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
 
     def _stream(self, target: str) -> _Stream:
         stream = self._streams.get(target)
@@ -295,7 +329,7 @@ class WritePipeline(Generic[T]):
                 self._answered(target, batch, response)
         except BaseException as exc:  # never strand a batch: settle what is left, loudly
             closing = isinstance(exc, asyncio.CancelledError)
-            failure = SevenDBError("the client is closing" if closing else f"write failed: {exc!r}")
+            failure = _closing() if closing else SevenDBError(f"write failed: {exc!r}")
             for pending in batch:
                 if not pending.future.done():
                     pending.future.set_exception(failure)
@@ -385,9 +419,17 @@ class WritePipeline(Generic[T]):
                 )
             )
             return
+        if self._closed:
+            pending.future.set_exception(_closing())
+            return
         delay = 0.0 if hint and pending.attempts == 1 else pending.backoff_s
         pending.backoff_s = min(pending.backoff_s * 2, self._backoff_max_s)
+        self._retrying.add(pending)
         self._engine.loop.call_later(delay * (0.5 + random.random()), self._enqueue, pending)
+
+
+def _closing() -> SevenDBError:
+    return SevenDBError("the client is closing")
 
 
 __all__ = ["Unauthenticated", "Unavailable", "WritePipeline", "domain_error"]

@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from cluster_harness import wait_for
 
 from sevendb.outbox.errors import SevenDBError
 from sevendb.proto import sevendb_pb2 as pb
@@ -26,15 +27,29 @@ def mute_node() -> Iterator[str]:
         server.close()
 
 
-def pipeline(engine: Engine) -> WritePipeline[pb.WriteResponse]:
+@pytest.fixture
+def dead_node() -> str:
+    """An address nothing listens on (connections are refused: UNAVAILABLE)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{probe.getsockname()[1]}"
+
+
+def pipeline(
+    engine: Engine,
+    *,
+    deadline_s: float = 2.0,
+    call_timeout_s: float = 0.3,
+    backoff_s: float = 0.05,
+) -> WritePipeline[pb.WriteResponse]:
     return WritePipeline(
         engine,
         (),
         lambda response: response,
-        deadline_s=2.0,
-        call_timeout_s=0.3,
-        backoff_initial_s=0.05,
-        backoff_max_s=0.2,
+        deadline_s=deadline_s,
+        call_timeout_s=call_timeout_s,
+        backoff_initial_s=backoff_s,
+        backoff_max_s=max(0.2, backoff_s),
     )
 
 
@@ -70,5 +85,33 @@ def test_a_write_too_large_for_a_request_is_refused_before_it_is_queued(mute_nod
         with pytest.raises(SevenDBError, match="the limit is"):
             writes.submit(write("big", b"x" * (BATCH_BYTES_MAX + 1)), 0)
         assert not writes._inbox and writes.calls == 0
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("where", ["in flight", "in a retry backoff"])
+def test_closing_fails_every_write_not_answered_yet(
+    where: str, mute_node: str, dead_node: str
+) -> None:
+    """In flight to a node that never answers, or waiting out a backoff after a
+    refused connection: with minutes of deadline left, `close` fails them at once
+    (the loop they wait on stops next), and a write submitted afterwards is refused."""
+    endpoint = mute_node if where == "in flight" else dead_node
+    engine = Engine([endpoint])
+    try:
+        writes = pipeline(engine, deadline_s=300, call_timeout_s=300, backoff_s=60)
+        futures = [writes.submit(write(f"k{i}"), 0) for i in range(100)]  # 2+ requests
+        if where == "in flight":
+            wait_for(lambda: writes.calls >= 1, 10, "a request in flight")
+        else:
+            wait_for(lambda: len(writes._retrying) == 100, 10, "every write in a backoff")
+        started = time.monotonic()
+        engine.submit(writes.close()).result(10)
+        for future in futures:
+            with pytest.raises(SevenDBError, match="the client is closing"):
+                future.result(timeout=0)
+        assert time.monotonic() - started < 5
+        with pytest.raises(SevenDBError, match="the client is closing"):
+            writes.submit(write("late"), 0)
     finally:
         engine.close()
