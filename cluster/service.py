@@ -564,8 +564,9 @@ class NodeService(pb_grpc.SevenDBServicer):
         self, requests: AsyncIterator[pb.WriteManyRequest], context: Ctx
     ) -> AsyncIterator[pb.WriteStreamResponse]:
         """WriteMany on one stream: up to `STREAM_WRITES_IN_FLIGHT` requests are
-        handled at once (the next is read only when one is answered: HTTP/2 flow
-        control holds the client back), each answered under its id as it commits.
+        handled at once (the next is read only when the answer to one is sent: HTTP/2
+        flow control holds the client back, and a client that stops reading answers
+        stops being served), each answered under its id as it commits.
         Answers ready together leave in one message, so that the client sees them
         together (and sends the writes they prompt together). A caller without a
         valid token gets every request answered UNAUTHENTICATED rather than the
@@ -594,8 +595,7 @@ class NodeService(pb_grpc.SevenDBServicer):
                 for _ in request.writes:
                     exc.fill(response.outcomes.add())
             response.id = request.id
-            answers.put_nowait(response)
-            slots.release()
+            answers.put_nowait(response)  # its slot is freed once the answer is sent
 
         async def read() -> None:
             try:
@@ -614,7 +614,9 @@ class NodeService(pb_grpc.SevenDBServicer):
                 message = pb.WriteStreamResponse(answers=[response])
                 while not answers.empty() and (response := answers.get_nowait()) is not None:
                     message.answers.append(response)
-                yield message
+                yield message  # returns once grpc took it: a client that does not read
+                for _ in message.answers:  # its answers stops being read from
+                    slots.release()
                 if response is None:
                     break
         finally:
