@@ -114,7 +114,6 @@ class _Stream:
     waiting: dict[int, asyncio.Future[Any]] = field(default_factory=dict)
     sending: asyncio.Lock = field(default_factory=asyncio.Lock)
     reader: asyncio.Task[None] | None = None
-    reset: bool = False
 
 
 class WritePipeline(Generic[T]):
@@ -280,10 +279,12 @@ class WritePipeline(Generic[T]):
                 code, exc.details() or "", trailer(exc, ERROR_CODE_KEY), leader_hint(exc)
             )
         except asyncio.CancelledError:
+            # The client closing, or the call cancelled here for any other reason (a
+            # reset, or grpc itself): only closing is final, the rest is retried.
             ended = (
-                _CallFailure(grpc.StatusCode.UNAVAILABLE, "the write stream was reset")
-                if stream.reset
-                else _CallFailure(grpc.StatusCode.CANCELLED, "the client is closing")
+                _CallFailure(grpc.StatusCode.CANCELLED, "the client is closing")
+                if self._closed
+                else _CallFailure(grpc.StatusCode.UNAVAILABLE, "the write stream was reset")
             )
             raise
         finally:
@@ -307,7 +308,6 @@ class WritePipeline(Generic[T]):
         )
         if self._streams.get(target) is stream:
             del self._streams[target]
-        stream.reset = True
         stream.call.cancel()
 
     async def _send(self, target: str, batch: list[_Pending]) -> None:
@@ -363,7 +363,12 @@ class WritePipeline(Generic[T]):
         finally:
             timer.cancel()
             stream.waiting.pop(request_id, None)
-            writing.cancel()  # a no-op unless the write is stuck
+            if not answer.done() or isinstance(answer.result(), _CallFailure):
+                # The write may be stuck (a node that never reads): let it go. Never
+                # after a real answer: the write task may not have resumed from a
+                # write that did complete, and cancelling a task inside `call.write`
+                # makes grpc cancel the whole call, failing every request on it.
+                writing.cancel()
 
     @staticmethod
     async def _write(

@@ -247,6 +247,36 @@ def test_a_burst_of_writes_shares_one_call_and_one_raft_entry(cluster: LocalClus
         assert len({r.committed.commit_index for r in results}) == 1
 
 
+def test_writes_on_a_stream_cancelled_under_them_are_retried(cluster: LocalCluster) -> None:
+    """grpc cancels a whole write stream when a task inside its `call.write` is
+    cancelled (the SDK did that, seen under load), and such a local cancel is not
+    the client closing: the requests in flight on it are sent again and commit (they
+    used to fail with CANCELLED "the client is closing")."""
+    import os
+    import signal
+
+    from sevendb.cluster.local import running_pid
+
+    with cluster.client() as client:
+        layout = client.layout()
+        keys = [k for k in (f"cancel/{i}" for i in range(400)) if layout.bucket_of(k) == 0][:20]
+        client.put(keys[0], b"warm")  # the SDK learns bucket 0's leader and opens a stream
+        pipeline = client._pipeline()
+        pid = running_pid(cluster.data_dir, cluster.leader_node(0))
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)  # the requests stay in flight
+        try:
+            futures = [client.write_async([set_op(key, b"v")]) for key in keys[1:]]
+            wait_for(lambda: not pipeline._inbox and not any(pipeline._queues.values()), 10, "sent")
+            stream = pipeline._streams[pipeline._leaders[0]]
+            assert stream.waiting  # in flight on it
+            pipeline._engine.loop.call_soon_threadsafe(stream.call.cancel)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        results = [f.result(timeout=30) for f in futures]
+        assert [client.get(key).value for key in keys[1:]] == [b"v"] * len(results)
+
+
 def test_writes_wait_for_the_request_in_flight_and_then_leave_together(
     cluster: LocalCluster,
 ) -> None:
