@@ -603,6 +603,42 @@ def test_metrics_endpoint_exports_the_contract_metrics(cluster: LocalCluster) ->
     assert 'reconnect_status_total{status="OK"}' in text or "reconnect_status" in text
 
 
+def test_an_async_consumer_waiting_for_events_acks_what_it_processed(
+    cluster: LocalCluster,
+) -> None:
+    """`async for` waits for the next event only until an ack is due: what was
+    processed is acked while the consumer waits, not at its next event or close."""
+    import asyncio
+
+    with cluster.client() as client:
+        options = SubscribeOptions(ack_every_events=1000, ack_interval_s=0.05)
+        sub = client.subscribe("key:idle", options=options)
+        for i in range(3):
+            client.put("idle", f"{i}".encode())
+        [bucket] = sub.sub_ids
+        holder = cluster.holder_node(bucket)
+
+        async def scenario() -> None:
+            events = aiter(sub)
+            for _ in range(3):
+                await asyncio.wait_for(anext(events), 30)
+            waiting = asyncio.ensure_future(anext(events))  # the third is processed now
+            try:
+                await asyncio.to_thread(
+                    wait_for,
+                    lambda: _outbox_rows(cluster, holder, bucket) == 0,
+                    30,
+                    "the acks of a consumer waiting for more",
+                )
+                assert not waiting.done()
+            finally:
+                waiting.cancel()
+                await asyncio.gather(waiting, return_exceptions=True)
+
+        asyncio.run(scenario())
+        sub.close()
+
+
 def test_async_iteration_and_many_subscriptions_in_one_client(cluster: LocalCluster) -> None:
     """`async for` works like `for`; twenty subscriptions of one client (one loop,
     acks coalesced per node) each see every write, polled without waiting."""
