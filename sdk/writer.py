@@ -154,7 +154,8 @@ class WritePipeline(Generic[T]):
         self._closed = False
         self._retrying: set[_Pending] = set()
         """Writes waiting out a retry backoff (in no queue until it ends)."""
-        self._sending: set[asyncio.Task[None]] = set()
+        self._sending: dict[asyncio.Task[None], list[_Pending]] = {}
+        """Requests in flight (or about to leave) and their writes."""
         self.calls = 0
         self.writes = 0
 
@@ -204,9 +205,14 @@ class WritePipeline(Generic[T]):
         for pending in waiting:
             if not pending.future.done():
                 pending.future.set_exception(_closing())
-        for task in self._sending:
-            task.cancel()  # `_send` settles its batch on the way out
-        await asyncio.gather(*self._sending, return_exceptions=True)
+        sending = list(self._sending.items())
+        for task, _ in sending:
+            task.cancel()  # `_send` settles its batch on the way out, if it started
+        await asyncio.gather(*(task for task, _ in sending), return_exceptions=True)
+        for _, batch in sending:  # a task cancelled before it ran settled nothing
+            for pending in batch:
+                if not pending.future.done():
+                    pending.future.set_exception(_closing())
         for stream in list(self._streams.values()):
             if stream.reader is not None:
                 stream.reader.cancel()
@@ -249,8 +255,11 @@ class WritePipeline(Generic[T]):
                 size += pending.size
             self._calls[target] = self._calls.get(target, 0) + 1
             task = self._engine.loop.create_task(self._send(target, batch))
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
+            self._sending[task] = batch
+            task.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        self._sending.pop(task, None)
 
     def _stream(self, target: str) -> _Stream:
         stream = self._streams.get(target)

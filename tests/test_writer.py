@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 
 import pytest
 from cluster_harness import wait_for
@@ -113,5 +114,26 @@ def test_closing_fails_every_write_not_answered_yet(
         assert time.monotonic() - started < 5
         with pytest.raises(SevenDBError, match="the client is closing"):
             writes.submit(write("late"), 0)
+    finally:
+        engine.close()
+
+
+def test_closing_fails_writes_whose_request_had_not_started(mute_node: str) -> None:
+    """A request task created in the loop turn before `close` is cancelled before
+    its first line runs, so it settles nothing itself: `close` fails its writes."""
+    engine = Engine([mute_node])
+    try:
+        writes = pipeline(engine, deadline_s=300, call_timeout_s=300)
+
+        async def submit_and_close() -> list[Future[pb.WriteResponse]]:
+            futures = [writes.submit(write(f"k{i}"), 0) for i in range(10)]
+            writes._drain()  # what the loop would run next: the request task is created
+            assert writes._sending and writes.calls == 0  # ... and has not started
+            await writes.close()
+            return futures
+
+        for future in engine.submit(submit_and_close()).result(10):
+            with pytest.raises(SevenDBError, match="the client is closing"):
+                future.result(timeout=0)
     finally:
         engine.close()
