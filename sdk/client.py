@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -143,10 +143,12 @@ class Client:
             for channel in self._channels.values():
                 channel.close()
             self._channels.clear()
-        if engine is not None:
-            if writes is not None and engine.loop.is_running():
-                engine.submit(writes.close()).result(10)
-            engine.close()
+        if engine is None:
+            return
+        if engine.on_loop_thread():  # from a callback: the loop cannot wait for itself
+            threading.Thread(target=_shut_down, args=(engine, writes), daemon=True).start()
+        else:
+            _shut_down(engine, writes)
 
     def __enter__(self) -> Client:
         return self
@@ -293,8 +295,8 @@ class Client:
             buckets = [layout.bucket_of(parsed.arg)]
         else:
             buckets = list(range(layout.buckets))
-        engine = self._loop()
-        with self._lock:
+        with self._lock:  # the engine and its pipeline together (a close may race)
+            engine = self._loop_locked()
             if self._ack_pipeline is None:
                 self._ack_pipeline = AckPipeline(engine, self.metadata)
             acks = self._ack_pipeline
@@ -302,19 +304,17 @@ class Client:
             self, engine, acks, parsed, buckets, cursor=cursor, name=name, options=options
         )
 
-    def _loop(self) -> Engine:
-        with self._lock:
-            if self._engine is None:
-                self._engine = Engine(self._endpoints)
-            return self._engine
+    def _loop_locked(self) -> Engine:
+        if self._engine is None:
+            self._engine = Engine(self._endpoints)
+        return self._engine
 
     def _pipeline(self) -> WritePipeline[WriteResult]:
-        engine = self._loop()
-        with self._lock:
+        with self._lock:  # the engine and its pipeline together (a close may race)
             if self._writes is None:
                 policy = self._retry
                 self._writes = WritePipeline(
-                    engine,
+                    self._loop_locked(),
                     self.metadata,
                     _write_result,
                     deadline_s=policy.deadline_s,
@@ -323,6 +323,12 @@ class Client:
                     backoff_max_s=policy.backoff_max_s,
                 )
             return self._writes
+
+
+def _shut_down(engine: Engine, writes: WritePipeline[Any] | None) -> None:
+    if writes is not None and engine.loop.is_running():
+        engine.submit(writes.close()).result(10)
+    engine.close()
 
 
 def set_op(

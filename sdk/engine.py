@@ -49,6 +49,10 @@ class Engine:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
+    def on_loop_thread(self) -> bool:
+        """Is the caller on the loop's thread (a callback)? It must not wait on the loop."""
+        return threading.get_ident() == self._thread.ident
+
     def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
         """Run `coro` on the loop (from any thread)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop)

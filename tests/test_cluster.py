@@ -239,12 +239,35 @@ def test_a_burst_of_writes_shares_one_call_and_one_raft_entry(cluster: LocalClus
         assert pipeline._leaders.get(0) == cluster.spec.node(cluster.leader_node(0)).grpc_address
         calls_before, writes_before = pipeline.calls, pipeline.writes
         gate = threading.Event()
-        client._loop().loop.call_soon_threadsafe(gate.wait)  # the loop is busy until released
+        pipeline._engine.loop.call_soon_threadsafe(gate.wait)  # the loop is busy until released
         futures = [client.write_async([set_op(k, b"v")]) for k in keys]
         gate.set()
         results = [f.result(timeout=10) for f in futures]
         assert (pipeline.calls - calls_before, pipeline.writes - writes_before) == (1, len(keys))
         assert len({r.committed.commit_index for r in results}) == 1
+
+
+def test_closing_the_client_from_a_write_callback_does_not_wait_for_itself(
+    cluster: LocalCluster,
+) -> None:
+    """A write's callback runs on the SDK's loop thread; `Client.close` there cannot
+    wait on that loop (it blocked it for 10 s, then raised): it shuts down from
+    another thread, and the loop stops."""
+    import threading
+
+    client = cluster.client()
+    client.put("callback/warm", b"v")
+    engine = client._engine
+    assert engine is not None
+    closed = threading.Event()
+
+    def close_it(_: object) -> None:
+        client.close()
+        closed.set()
+
+    client.write_async([set_op("callback/k", b"v")]).add_done_callback(close_it)
+    assert closed.wait(5)
+    wait_for(lambda: not engine.loop.is_running(), 10, "the SDK loop to stop")
 
 
 def test_writes_on_a_stream_cancelled_under_them_are_retried(cluster: LocalCluster) -> None:
