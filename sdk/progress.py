@@ -25,6 +25,7 @@ from sevendb.outbox.emitseq import EmitSeq
 @dataclass(slots=True)
 class _Stream:
     sub_id: str
+    start: EmitSeq
     processed: EmitSeq
     flushed: EmitSeq
     confirmed: EmitSeq
@@ -54,7 +55,7 @@ class Progress:
     def start(self, bucket: int, sub_id: str, position: EmitSeq) -> None:
         """A bucket's stream (re)starts at `position` (its SubAck start or a saved
         cursor): everything up to it counts as processed, flushed and confirmed."""
-        self._streams[bucket] = _Stream(sub_id, position, position, position)
+        self._streams[bucket] = _Stream(sub_id, position, position, position, position)
 
     def flushed(self, bucket: int) -> EmitSeq | None:
         """Where a reconnect of this bucket's stream resumes."""
@@ -97,12 +98,18 @@ class Progress:
 
     def take_flush(self, now_s: float, *, final: bool = False) -> Flush:
         """The positions to persist and then ack: every stream processed past its
-        flushed position, plus unconfirmed acks overdue for a resend (or all
-        unconfirmed ones when `final`). Marks them flushed and sent."""
+        flushed position, plus unconfirmed acks overdue for a resend. Marks them
+        flushed and sent. `final` (a closing subscription) takes every stream that
+        processed anything: its acks are sent again to be confirmed as applied, also
+        those confirmed as queued."""
         out = []
         for bucket in sorted(self._streams):
             s = self._streams[bucket]
-            resend = s.confirmed < s.flushed and (final or now_s - s.ack_sent_s >= self._resend_s)
+            resend = (
+                s.processed > s.start
+                if final
+                else s.confirmed < s.flushed and now_s - s.ack_sent_s >= self._resend_s
+            )
             if s.processed > s.flushed or resend:
                 s.flushed = s.processed
                 s.ack_sent_s = now_s

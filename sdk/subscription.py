@@ -464,31 +464,40 @@ class Subscription:
             except Exception:
                 log.exception("final cursor persist failed; the final acks are not sent")
             else:
-                acks = [
-                    (
-                        self._streams[bucket].target or self._engine.any_endpoint(),
-                        sub_id,
-                        pos,
-                        functools.partial(self._confirmed, bucket, sub_id),
-                    )
-                    for bucket, sub_id, pos in final.positions
-                ]
-                try:
-                    left = self._engine.submit(self._acks.ack_applied(acks, ack_timeout_s)).result(
-                        ack_timeout_s + 5
-                    )
-                except Exception:
-                    log.exception("final acks failed")
-                else:
-                    if left:
-                        log.warning(
-                            "%d final acks not applied within %.1fs; their rows stay until "
-                            "the subscription reconnects or stalls out",
-                            left,
-                            ack_timeout_s,
-                        )
-        with contextlib.suppress(Exception):
-            self._engine.submit(self._stop()).result(5)
+                self._final_acks(final, ack_timeout_s)
+        if self._engine.loop.is_running():  # not after the Client closed
+            with contextlib.suppress(Exception):
+                self._engine.submit(self._stop()).result(5)
+
+    def _final_acks(self, final: Flush, ack_timeout_s: float) -> None:
+        if not final.positions:
+            return
+        if not self._engine.loop.is_running():
+            log.warning("the client is closed: %d final acks not sent", len(final.positions))
+            return
+        acks = [
+            (
+                self._streams[bucket].target or self._engine.any_endpoint(),
+                sub_id,
+                pos,
+                functools.partial(self._confirmed, bucket, sub_id),
+            )
+            for bucket, sub_id, pos in final.positions
+        ]
+        try:
+            left = self._engine.submit(self._acks.ack_applied(acks, ack_timeout_s)).result(
+                ack_timeout_s + 5
+            )
+        except Exception:
+            log.exception("final acks failed")
+        else:
+            if left:
+                log.warning(
+                    "%d final acks not applied within %.1fs; their rows stay until the "
+                    "subscription reconnects or stalls out",
+                    left,
+                    ack_timeout_s,
+                )
 
     def unsubscribe(self) -> None:
         """End the subscription on the server (every bucket) and forget its cursors."""

@@ -533,6 +533,54 @@ def test_close_acks_the_new_lease_holder_after_kill9_of_the_old(cluster: LocalCl
         assert _outbox_rows(cluster, holder, bucket) == 0
 
 
+def test_close_waits_for_acks_the_holder_had_only_queued(cluster: LocalCluster) -> None:
+    """An ack sent before `close` is confirmed once the holder queued it; `close`
+    still waits until it is applied (the holder's peers are frozen meanwhile, so
+    its purge cannot commit)."""
+    with cluster.client() as client:
+        options = SubscribeOptions(ack_every_events=1_000_000, ack_interval_s=1.0)
+        collector = Collector(client.subscribe("key:queued", options=options))
+        for i in range(5):
+            client.put("queued", f"{i}".encode())
+        wait_for(lambda: len(collector.events) == 5, 30, "five events")
+        [bucket] = collector.sub.sub_ids
+        holder = cluster.holder_node(bucket)
+        peers = [n.node_id for n in cluster.spec.nodes if n.node_id != holder]
+        pids = [running_pid(cluster.data_dir, n) for n in peers]
+        for pid in pids:
+            assert pid is not None
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            stream = collector.sub._progress._streams[bucket]
+            last = collector.events[-1].emit_seq
+            wait_for(lambda: stream.confirmed == last, 10, "the ack confirmed as queued")
+            assert _outbox_rows(cluster, holder, bucket) == 5  # queued, not applied
+            closing = threading.Thread(target=collector.stop)  # close(): waits
+            closing.start()
+            closing.join(0.5)
+            assert closing.is_alive()
+        finally:
+            for pid in pids:
+                assert pid is not None
+                os.kill(pid, signal.SIGCONT)
+        closing.join(10)
+        assert not closing.is_alive()
+        assert _outbox_rows(cluster, holder, bucket) == 0
+
+
+def test_a_subscription_closed_after_its_client_returns_at_once(cluster: LocalCluster) -> None:
+    """The client's loop is gone: nothing can be sent, and nothing is waited for."""
+    client = cluster.client()
+    collector = Collector(client.subscribe("key:late"))
+    client.put("late", b"v")
+    wait_for(lambda: len(collector.events) == 1, 30, "the event")
+    collector.stop(close=False)
+    client.close()
+    started = time.monotonic()
+    collector.sub.close()
+    assert time.monotonic() - started < 1
+
+
 def test_an_ack_waiting_to_be_applied_is_not_confirmed_while_its_purge_cannot_commit(
     cluster: LocalCluster,
 ) -> None:

@@ -53,14 +53,21 @@ def test_unconfirmed_acks_are_resent_and_confirmed_ones_are_not() -> None:
     assert not p.due(1.0) and p.due(2.0)  # no answer: resend after 2 s
     assert p.take_flush(2.0).positions == ((0, "s0", seq(11)),)
     p.confirmed(0, "s0", seq(11))
-    assert not p.due(10.0) and p.take_flush(10.0, final=True).positions == ()
+    assert not p.due(10.0) and p.take_flush(10.0).positions == ()
 
 
-def test_a_final_flush_resends_every_unconfirmed_ack() -> None:
+def test_a_final_flush_takes_every_stream_that_processed_anything() -> None:
+    """Confirmed or not: a closing subscription has its acks confirmed as applied
+    (a normal ack is confirmed once queued). A stream with nothing processed since
+    it started has nothing to ack."""
     p = progress(every=100)
+    p.processed(0, "s0", seq(11), now_s=0.0)
     p.processed(1, "s1", seq(25), now_s=0.0)
     p.take_flush(0.0)
-    assert p.take_flush(0.1, final=True).positions == ((1, "s1", seq(25)),)
+    p.confirmed(0, "s0", seq(11))
+    assert p.take_flush(0.1, final=True).positions == ((0, "s0", seq(11)), (1, "s1", seq(25)))
+    p.start(0, "s0-new", seq(40))
+    assert p.take_flush(0.2, final=True).positions == ((1, "s1", seq(25)),)
 
 
 def test_bad_settings_are_refused() -> None:
