@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import secrets
 import time
@@ -85,6 +86,7 @@ STREAM_WRITES_IN_FLIGHT: Final = 16
 ACK_WAIT_S_MAX: Final = 10.0
 """The longest an `AckBatch` with `wait_applied` is held (less if its deadline is sooner)."""
 _ACK_WAIT_POLL_S: Final = 0.005
+_ACK_WAIT_POLL_MAX_S: Final = 0.05
 _ACK_TAKEN: Final = (pb.AckResult.ACCEPTED, pb.AckResult.DUPLICATE, pb.AckResult.REGRESSIVE)
 """WriteMany requests one WriteStream has handled at once."""
 STREAM_BATCH_EVENTS_MAX: Final = 4096
@@ -962,43 +964,54 @@ class NodeService(pb_grpc.SevenDBServicer):
         self, principal: str, acks: Sequence[pb.ClientAck], results: list[pb.AckResult], ctx: Ctx
     ) -> None:
         """Hold the answers of acks this node took until OUTBOX_PURGEs covering them
-        are applied here (rare: `Subscription.close` asks, so polling is cheap enough)."""
-        waiting = {i for i, r in enumerate(results) if r.status in _ACK_TAKEN}
+        are applied here. Polled (`Subscription.close` asks, rarely): one lock round
+        per bucket and poll, every 5 ms at first and less often as the wait grows."""
+        waiting: dict[int, list[int]] = {}  # bucket -> places in `acks`
+        for i, result in enumerate(results):
+            if result.status in _ACK_TAKEN:  # _ack_one found the bucket
+                bucket = self._bucket_of_uuid[acks[i].up_to_emit_seq.epoch_id.bucket_uuid]
+                waiting.setdefault(bucket, []).append(i)
         remaining = ctx.time_remaining()
         budget = ACK_WAIT_S_MAX if remaining is None else min(ACK_WAIT_S_MAX, remaining * 0.8)
-        deadline = time.monotonic() + budget
-        while True:
-            for i in sorted(waiting):
-                sub_id = acks[i].sub_id
-                up_to = seq_from_pb(acks[i].up_to_emit_seq)
-                bucket = self._bucket_of_uuid[up_to.bucket_uuid]  # _ack_one took it
+        started = time.monotonic()
+        while waiting:
+            for bucket, places in list(waiting.items()):
                 notifier = self._notifiers.get(bucket)
-                state = (
-                    AckWait.LOST
+                states = (
+                    [AckWait.LOST] * len(places)
                     if notifier is None
-                    else notifier.ack_applied(sub_id, principal, up_to)
-                )
-                if state is AckWait.QUEUED:
-                    continue
-                waiting.discard(i)
-                results[i] = (
-                    self._not_holder(bucket, notifier, sub_id)
-                    if state is AckWait.LOST
-                    else pb.AckResult(
-                        sub_id=sub_id, status=_ACK_STATUS[state.status], message=state.message
+                    else notifier.acks_applied(
+                        principal,
+                        [(acks[i].sub_id, seq_from_pb(acks[i].up_to_emit_seq)) for i in places],
                     )
                 )
-            if not waiting:
-                return
-            if time.monotonic() >= deadline:
-                for i in waiting:
+                still = []
+                for i, state in zip(places, states, strict=True):
+                    if state is AckWait.QUEUED:
+                        still.append(i)
+                    elif state is AckWait.LOST:
+                        results[i] = self._not_holder(bucket, notifier, acks[i].sub_id)
+                    else:
+                        results[i] = pb.AckResult(
+                            sub_id=acks[i].sub_id,
+                            status=_ACK_STATUS[state.status],
+                            message=state.message,
+                        )
+                if still:
+                    waiting[bucket] = still
+                else:
+                    del waiting[bucket]
+            waited = time.monotonic() - started
+            if waiting and waited >= budget:
+                for i in itertools.chain.from_iterable(waiting.values()):
                     results[i] = pb.AckResult(
                         sub_id=acks[i].sub_id,
                         status=pb.AckResult.PENDING,
                         message=f"queued, but not applied within {budget:.2f}s; send it again",
                     )
                 return
-            await asyncio.sleep(_ACK_WAIT_POLL_S)
+            if waiting:
+                await asyncio.sleep(min(_ACK_WAIT_POLL_MAX_S, _ACK_WAIT_POLL_S + waited / 10))
 
     def _ack_one(self, principal: str, ack: pb.ClientAck) -> pb.AckResult:
         if not ack.sub_id or not ack.HasField("up_to_emit_seq"):

@@ -28,7 +28,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import Enum
@@ -135,7 +135,7 @@ def _wall_ms() -> int:
 
 
 class AckWait(Enum):
-    """An accepted ack not applied (yet): see `BucketNotifier.ack_applied`."""
+    """An accepted ack not applied (yet): see `BucketNotifier.acks_applied`."""
 
     QUEUED = "queued"
     LOST = "lost"
@@ -278,25 +278,36 @@ class BucketNotifier:
             self._wake.set()
         return outcome
 
-    def ack_applied(self, sub_id: str, principal: str, up_to: EmitSeq) -> AckOutcome | AckWait:
-        """Where an ack this replica took (`ack`) stands, for a caller that waits until
-        it is durable: ACCEPTED once an applied OUTBOX_PURGE covers it, the verdict if
-        the subscription went away meanwhile (STALE, SUBSCRIPTION_NOT_FOUND), QUEUED
-        while it waits for its purge, LOST if this replica no longer holds the lease or
-        no longer has the ack queued (a new lease term started with an empty queue)."""
+    def acks_applied(
+        self, principal: str, acks: Sequence[tuple[str, EmitSeq]]
+    ) -> list[AckOutcome | AckWait]:
+        """Where acks this replica took (`ack`) stand, as `(sub_id, up_to)`, for a
+        caller that waits until they are durable: ACCEPTED once an applied
+        OUTBOX_PURGE covers one, the verdict if its subscription went away meanwhile
+        (STALE, SUBSCRIPTION_NOT_FOUND), QUEUED while it waits for its purge, LOST if
+        this replica no longer holds the lease or no longer has the ack queued (a new
+        lease term started with an empty queue). One lock round for all of them."""
         with self._lock:  # the notifier loop drops covered acks under it
             core = self._core
             if core is None:
-                return AckWait.LOST
+                return [AckWait.LOST] * len(acks)
             try:
-                verdict = self.replica.read(lambda sm: sm.check_ack(sub_id, principal, up_to))
+                verdicts = self.replica.read(
+                    lambda sm: [sm.check_ack(sub_id, principal, up_to) for sub_id, up_to in acks]
+                )
             except ReplicaUnavailable:
-                return AckWait.LOST
-            if verdict.status in (AckStatus.DUPLICATE, AckStatus.REGRESSIVE):
-                return AckOutcome(sub_id, AckStatus.ACCEPTED)
-            if verdict.status is not AckStatus.ACCEPTED:
-                return verdict
-            return AckWait.QUEUED if core.ack_queued(sub_id, principal, up_to) else AckWait.LOST
+                return [AckWait.LOST] * len(acks)
+            out: list[AckOutcome | AckWait] = []
+            for (sub_id, up_to), verdict in zip(acks, verdicts, strict=True):
+                if verdict.status in (AckStatus.DUPLICATE, AckStatus.REGRESSIVE):
+                    out.append(AckOutcome(sub_id, AckStatus.ACCEPTED))
+                elif verdict.status is not AckStatus.ACCEPTED:
+                    out.append(verdict)
+                elif core.ack_queued(sub_id, principal, up_to):
+                    out.append(AckWait.QUEUED)
+                else:
+                    out.append(AckWait.LOST)
+            return out
 
     # ---- the loop -------------------------------------------------------------------
 
