@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -76,6 +77,19 @@ class LocalCluster:
         assert pid is not None, f"{node_id} is not running"
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: running_pid(self.data_dir, node_id) is None, 10, f"{node_id} to die")
+
+    @contextlib.contextmanager
+    def paused(self, node_ids: list[str]) -> Iterator[None]:
+        """SIGSTOP these nodes for the block (their Raft messages and gRPC calls wait)."""
+        pids = [running_pid(self.data_dir, n) for n in node_ids]
+        assert None not in pids, f"not all of {node_ids} are running"
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)  # type: ignore[arg-type]
+        try:
+            yield
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)  # type: ignore[arg-type]
 
     def status(self, node_id: str, *, digests: bool = False) -> pb.StatusResponse | None:
         return node_status(self.spec.node(node_id).grpc_address, digests=digests)

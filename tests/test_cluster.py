@@ -275,27 +275,17 @@ def test_writes_on_a_stream_cancelled_under_them_are_retried(cluster: LocalClust
     cancelled (the SDK did that, seen under load), and such a local cancel is not
     the client closing: the requests in flight on it are sent again and commit (they
     used to fail with CANCELLED "the client is closing")."""
-    import os
-    import signal
-
-    from sevendb.cluster.local import running_pid
-
     with cluster.client() as client:
         layout = client.layout()
         keys = [k for k in (f"cancel/{i}" for i in range(400)) if layout.bucket_of(k) == 0][:20]
         client.put(keys[0], b"warm")  # the SDK learns bucket 0's leader and opens a stream
         pipeline = client._pipeline()
-        pid = running_pid(cluster.data_dir, cluster.leader_node(0))
-        assert pid is not None
-        os.kill(pid, signal.SIGSTOP)  # the requests stay in flight
-        try:
+        with cluster.paused([cluster.leader_node(0)]):  # the requests stay in flight
             futures = [client.write_async([set_op(key, b"v")]) for key in keys[1:]]
             wait_for(lambda: not pipeline._inbox and not any(pipeline._queues.values()), 10, "sent")
             stream = pipeline._streams[pipeline._leaders[0]]
             assert stream.waiting  # in flight on it
             pipeline._engine.loop.call_soon_threadsafe(stream.call.cancel)
-        finally:
-            os.kill(pid, signal.SIGCONT)
         results = [f.result(timeout=30) for f in futures]
         assert [client.get(key).value for key in keys[1:]] == [b"v"] * len(results)
 
@@ -307,21 +297,13 @@ def test_writes_wait_for_the_request_in_flight_and_then_leave_together(
     their own (fewer than `PIPELINE_MIN_WRITES`) wait for its answer and then leave
     as one request: with several buckets, a request per turn made Raft entries of a
     few writes each."""
-    import os
-    import signal
-
-    from sevendb.cluster.local import running_pid
-
     with cluster.client() as client:
         layout = client.layout()
         keys = [k for k in (f"wait/{i}" for i in range(400)) if layout.bucket_of(k) == 0][:10]
         client.put(keys[0], b"warm")  # the SDK learns bucket 0's leader
         pipeline = client._pipeline()
-        pid = running_pid(cluster.data_dir, cluster.leader_node(0))
-        assert pid is not None
         calls = pipeline.calls
-        os.kill(pid, signal.SIGSTOP)  # the first request stays in flight
-        try:
+        with cluster.paused([cluster.leader_node(0)]):  # the first request stays in flight
             first = client.write_async([set_op(keys[1], b"v")])
             wait_for(lambda: pipeline.calls == calls + 1, 10, "the first request to leave")
             later = []
@@ -329,8 +311,6 @@ def test_writes_wait_for_the_request_in_flight_and_then_leave_together(
                 later.append(client.write_async([set_op(key, b"v")]))
                 wait_for(lambda: not pipeline._inbox, 10, "the loop to take the write")
             assert pipeline.calls == calls + 1  # the later writes wait
-        finally:
-            os.kill(pid, signal.SIGCONT)
         first.result(timeout=10)
         results = [f.result(timeout=10) for f in later]
         assert pipeline.calls == calls + 2

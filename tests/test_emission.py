@@ -25,7 +25,6 @@ from cluster_harness import LocalCluster, wait_for
 
 from sevendb.cluster.auth import mint_token
 from sevendb.cluster.faults import KILL_BEFORE_SEND, fault_file
-from sevendb.cluster.local import running_pid
 from sevendb.cluster.node import node_dir
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.proto import sevendb_pb2 as pb
@@ -495,6 +494,10 @@ def _outbox_rows(cluster: LocalCluster, node_id: str, bucket: int) -> int:
     return next(r for r in status.replicas if r.bucket == bucket).outbox_rows
 
 
+def _peers(cluster: LocalCluster, node_id: str) -> list[str]:
+    return [n.node_id for n in cluster.spec.nodes if n.node_id != node_id]
+
+
 # Acks only when the subscription closes: nothing else purges its rows.
 _CLOSE_ACKS_ONLY = SubscribeOptions(ack_every_events=1_000_000, ack_interval_s=3600)
 
@@ -545,12 +548,7 @@ def test_close_waits_for_acks_the_holder_had_only_queued(cluster: LocalCluster) 
         wait_for(lambda: len(collector.events) == 5, 30, "five events")
         [bucket] = collector.sub.sub_ids
         holder = cluster.holder_node(bucket)
-        peers = [n.node_id for n in cluster.spec.nodes if n.node_id != holder]
-        pids = [running_pid(cluster.data_dir, n) for n in peers]
-        for pid in pids:
-            assert pid is not None
-            os.kill(pid, signal.SIGSTOP)
-        try:
+        with cluster.paused(_peers(cluster, holder)):
             stream = collector.sub._progress._streams[bucket]
             last = collector.events[-1].emit_seq
             wait_for(lambda: stream.confirmed == last, 10, "the ack confirmed as queued")
@@ -559,10 +557,6 @@ def test_close_waits_for_acks_the_holder_had_only_queued(cluster: LocalCluster) 
             closing.start()
             closing.join(0.5)
             assert closing.is_alive()
-        finally:
-            for pid in pids:
-                assert pid is not None
-                os.kill(pid, signal.SIGCONT)
         closing.join(10)
         assert not closing.is_alive()
         assert _outbox_rows(cluster, holder, bucket) == 0
@@ -607,19 +601,10 @@ def test_an_ack_waiting_to_be_applied_is_not_confirmed_while_its_purge_cannot_co
                 s = pb_grpc.SevenDBStub(channel)  # type: ignore[no-untyped-call]
                 return s.Ack(request, metadata=auth(cluster), timeout=2).results[0]
 
-        peers = [n.node_id for n in cluster.spec.nodes if n.node_id != holder]
-        pids = [running_pid(cluster.data_dir, n) for n in peers]
-        for pid in pids:
-            assert pid is not None
-            os.kill(pid, signal.SIGSTOP)
-        try:
+        with cluster.paused(_peers(cluster, holder)):
             assert ack(first, wait=False).status == pb.AckResult.ACCEPTED  # queued only
             waited = ack(last, wait=True)
             assert waited.status in (pb.AckResult.PENDING, pb.AckResult.NOT_HOLDER), waited
-        finally:
-            for pid in pids:
-                assert pid is not None
-                os.kill(pid, signal.SIGCONT)
 
         def applied() -> str | None:
             now_holding = cluster.holder_node(bucket)  # the peers may have taken the lease
