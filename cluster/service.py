@@ -1011,7 +1011,8 @@ class NodeService(pb_grpc.SevenDBServicer):
                     )
                 return
             if waiting:
-                await asyncio.sleep(min(_ACK_WAIT_POLL_MAX_S, _ACK_WAIT_POLL_S + waited / 10))
+                pause = min(_ACK_WAIT_POLL_MAX_S, _ACK_WAIT_POLL_S + waited / 10)
+                await asyncio.sleep(min(pause, budget - waited))
 
     def _ack_one(self, principal: str, ack: pb.ClientAck) -> pb.AckResult:
         if not ack.sub_id or not ack.HasField("up_to_emit_seq"):

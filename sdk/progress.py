@@ -57,6 +57,10 @@ class Progress:
         cursor): everything up to it counts as processed, flushed and confirmed."""
         self._streams[bucket] = _Stream(sub_id, position, position, position, position)
 
+    def forget(self, bucket: int) -> None:
+        """The bucket's stream was dropped (its subscription is gone on the server)."""
+        self._streams.pop(bucket, None)
+
     def flushed(self, bucket: int) -> EmitSeq | None:
         """Where a reconnect of this bucket's stream resumes."""
         stream = self._streams.get(bucket)

@@ -679,6 +679,8 @@ class Subscription:
             )
         old = stream.sub_id
         stream.sub_id, stream.subscribed, stream.cursor = None, False, None
+        with self._lock:  # nothing of the dropped stream is persisted or acked again
+            self._progress.forget(stream.bucket)
         if self._store is not None:
             await asyncio.to_thread(self._store.forget, [old])
         stream.history.append(f"{reason}: {old} dropped; subscribing again")

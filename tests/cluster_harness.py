@@ -83,13 +83,14 @@ class LocalCluster:
         """SIGSTOP these nodes for the block (their Raft messages and gRPC calls wait)."""
         pids = [running_pid(self.data_dir, n) for n in node_ids]
         assert None not in pids, f"not all of {node_ids} are running"
-        for pid in pids:
-            os.kill(pid, signal.SIGSTOP)  # type: ignore[arg-type]
         try:
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)  # type: ignore[arg-type]
             yield
         finally:
             for pid in pids:
-                os.kill(pid, signal.SIGCONT)  # type: ignore[arg-type]
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)  # type: ignore[arg-type]
 
     def status(self, node_id: str, *, digests: bool = False) -> pb.StatusResponse | None:
         return node_status(self.spec.node(node_id).grpc_address, digests=digests)

@@ -68,6 +68,8 @@ def test_a_final_flush_takes_every_stream_that_processed_anything() -> None:
     assert p.take_flush(0.1, final=True).positions == ((0, "s0", seq(11)), (1, "s1", seq(25)))
     p.start(0, "s0-new", seq(40))
     assert p.take_flush(0.2, final=True).positions == ((1, "s1", seq(25)),)
+    p.forget(1)  # dropped (STALE): its cursor must not come back
+    assert p.take_flush(0.3, final=True).positions == ()
 
 
 def test_bad_settings_are_refused() -> None:
