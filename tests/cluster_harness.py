@@ -120,6 +120,25 @@ class LocalCluster:
         assert found is not None
         return found
 
+    def wait_settled(self, timeout_s: float = 30) -> None:
+        """Until each bucket's preferred node leads it and holds its notifier lease: a
+        fresh cluster hands leadership over ~2 s after start, and a test that reads
+        one node's state right after an action wants no move in between."""
+        preferred = self.spec.preferred_leaders()
+
+        def settled() -> bool:
+            for node in self.spec.nodes:
+                status = self.status(node.node_id)
+                if status is None:
+                    return False
+                for r in status.replicas:
+                    mine = preferred[r.bucket] == node.node_id
+                    if r.is_leader != mine or r.emitting != mine:
+                        return False
+            return True
+
+        wait_for(settled, timeout_s, "each bucket's preferred node to lead and emit", 0.1)
+
     def converged(self) -> bool:
         """Every replica of every bucket applied the same log to the same digest."""
         per_bucket: dict[int, set[tuple[int, str]]] = {}

@@ -12,6 +12,7 @@ from cluster_harness import LocalCluster, wait_for
 
 from sevendb.outbox.errors import PreconditionFailed
 from sevendb.sdk.client import Client, WriteResult, set_op
+from sevendb.sdk.writer import _Stream
 
 pytestmark = pytest.mark.slow
 
@@ -275,6 +276,7 @@ def test_writes_on_a_stream_cancelled_under_them_are_retried(cluster: LocalClust
     cancelled (the SDK did that, seen under load), and such a local cancel is not
     the client closing: the requests in flight on it are sent again and commit (they
     used to fail with CANCELLED "the client is closing")."""
+    cluster.wait_settled()
     with cluster.client() as client:
         layout = client.layout()
         keys = [k for k in (f"cancel/{i}" for i in range(400)) if layout.bucket_of(k) == 0][:20]
@@ -282,9 +284,11 @@ def test_writes_on_a_stream_cancelled_under_them_are_retried(cluster: LocalClust
         pipeline = client._pipeline()
         with cluster.paused([cluster.leader_node(0)]):  # the requests stay in flight
             futures = [client.write_async([set_op(key, b"v")]) for key in keys[1:]]
-            wait_for(lambda: not pipeline._inbox and not any(pipeline._queues.values()), 10, "sent")
-            stream = pipeline._streams[pipeline._leaders[0]]
-            assert stream.waiting  # in flight on it
+
+            def in_flight() -> _Stream | None:  # the leader may have moved since the put
+                return next((s for s in list(pipeline._streams.values()) if s.waiting), None)
+
+            stream = wait_for(in_flight, 10, "requests in flight on a stream")
             pipeline._engine.loop.call_soon_threadsafe(stream.call.cancel)
         results = [f.result(timeout=30) for f in futures]
         assert [client.get(key).value for key in keys[1:]] == [b"v"] * len(results)

@@ -506,6 +506,7 @@ def _unacked_events(
     cluster: LocalCluster, client: Client, key: str, count: int
 ) -> tuple[Collector, int, str]:
     """`count` writes of `key` delivered and not acked: (collector, bucket, holder)."""
+    cluster.wait_settled()  # no lease move between reading the holder and the test's end
     collector = Collector(client.subscribe(f"key:{key}", options=_CLOSE_ACKS_ONLY))
     for i in range(count):
         client.put(key, f"{i}".encode())
@@ -540,6 +541,7 @@ def test_close_waits_for_acks_the_holder_had_only_queued(cluster: LocalCluster) 
     """An ack sent before `close` is confirmed once the holder queued it; `close`
     still waits until it is applied (the holder's peers are frozen meanwhile, so
     its purge cannot commit)."""
+    cluster.wait_settled()  # no lease move between reading the holder and the test's end
     with cluster.client() as client:
         options = SubscribeOptions(ack_every_events=1_000_000, ack_interval_s=1.0)
         collector = Collector(client.subscribe("key:queued", options=options))
