@@ -83,12 +83,12 @@ FORWARD_KEY: Final = "sevendb-forwarded"
 PROPOSE_TIMEOUT_S: Final = 5.0
 FORWARD_TIMEOUT_S: Final = 10.0
 STREAM_WRITES_IN_FLIGHT: Final = 16
+"""WriteMany requests one WriteStream has handled at once."""
 ACK_WAIT_S_MAX: Final = 10.0
 """The longest an `AckBatch` with `wait_applied` is held (less if its deadline is sooner)."""
 _ACK_WAIT_POLL_S: Final = 0.005
 _ACK_WAIT_POLL_MAX_S: Final = 0.05
 _ACK_TAKEN: Final = (pb.AckResult.ACCEPTED, pb.AckResult.DUPLICATE, pb.AckResult.REGRESSIVE)
-"""WriteMany requests one WriteStream has handled at once."""
 STREAM_BATCH_EVENTS_MAX: Final = 4096
 """Most events one EventBatch message carries."""
 
