@@ -1537,10 +1537,19 @@ class BucketReplica:
         members = tuple(sorted(str(node.id) for node in cluster))
 
         def write() -> None:
+            started = time.monotonic()
             snap = _Snapshot(self.bucket_uuid, make_core(), last_entry, prev_entry, members)
-            write_synced(Path(tmp_path), _encode_snapshot(snap))
+            data = _encode_snapshot(snap)
+            write_synced(Path(tmp_path), data)
             self._snapshot_index = snap.last[1]
             self._counters.snapshots_written += 1
+            logger.info(
+                "bucket %d: snapshot at log index %d written (%d bytes in %.2f s)",
+                self.bucket,
+                snap.last[1],
+                len(data),
+                time.monotonic() - started,
+            )
 
         return write
 
