@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
+
+# Named tuples, not frozen dataclasses: both compare field by field in order, but a
+# tuple is built and compared in C (twice as fast to build, five times to compare).
+# An SDK builds two per delivered event and its cursor compares them per event.
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class EpochId:
+class EpochId(NamedTuple):
     """A bucket's log lineage: bumped only by a committed EPOCH_CREATE."""
 
     bucket_uuid: str
     epoch_counter: int
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class EmitSeq:
+class EmitSeq(NamedTuple):
     """`(bucket_uuid, epoch_counter, commit_index)`, ordered lexicographically.
 
     `commit_index` is the Raft index of the *source* entry; it keeps growing across

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
+from typing import NamedTuple
 
 from .emitseq import EmitSeq, EpochId
 from .entries import OpKind
 from .errors import Rejection
 
 
-@dataclass(frozen=True, slots=True)
-class Change:
+class Change(NamedTuple):
     """One key's change inside a delta; `version` is the key's version after it
-    (for DEL: the version that was deleted)."""
+    (for DEL: the version that was deleted). A named tuple: an SDK builds one per
+    delivered change."""
 
     key: str
     op: OpKind

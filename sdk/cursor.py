@@ -8,8 +8,7 @@ SDK's stream adapter feeds it events and acts on what it returns.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Final, Generic, Protocol, TypeVar
+from typing import Final, Generic, NamedTuple, Protocol, TypeVar
 
 from sevendb.outbox.emitseq import EmitSeq
 
@@ -28,8 +27,7 @@ class Chained(Protocol):
 E = TypeVar("E", bound=Chained)
 
 
-@dataclass(frozen=True, slots=True)
-class Offered(Generic[E]):
+class Offered(NamedTuple, Generic[E]):
     """What to do after offering one event.
 
     `ready`: deliver these to the application, in order. `duplicate`: the event was
@@ -70,6 +68,11 @@ class StreamCursor(Generic[E]):
         return bool(self._buffer)
 
     def offer(self, event: E) -> Offered[E]:
+        released = self._released
+        if not self._buffer and event.prev_emit_seq == released and event.emit_seq > released:
+            # The common case, in order with nothing held: the checks below would agree.
+            self._released = event.emit_seq
+            return Offered((event,))
         if event.emit_seq <= self._released:
             return Offered(duplicate=True)
         if event.prev_emit_seq < self._released:
