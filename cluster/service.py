@@ -143,13 +143,13 @@ class EventEncoder:
         self._bytes = 0
         self._built: dict[int, tuple[object, Any, int]] = {}
 
-    def event(self, row: OutboxRow) -> pb.DataEvent:
-        return pb.DataEvent(
-            sub_id=row.sub_id,
-            emit_seq=self._message(row.emit_seq),
-            prev_emit_seq=self._message(row.prev_emit_seq),
-            delta=self._message(row.delta),
-        )
+    def add(self, batch: pb.EventBatch, row: OutboxRow) -> None:
+        """Append the row's DataEvent to `batch`, built in place: a DataEvent made on
+        its own is copied again by `EventBatch(events=...)` (2.1 -> 0.9 us an event)."""
+        event = batch.events.add(sub_id=row.sub_id)
+        event.emit_seq.CopyFrom(self._message(row.emit_seq))
+        event.prev_emit_seq.CopyFrom(self._message(row.prev_emit_seq))
+        event.delta.CopyFrom(self._message(row.delta))
 
     def _message(self, part: EmitSeq | Delta) -> Any:
         hit = self._built.get(id(part))
@@ -166,6 +166,13 @@ class EventEncoder:
                 oldest = next(iter(self._built))
                 self._bytes -= self._built.pop(oldest)[2]
         return hit[1]
+
+
+def _event_message() -> pb.StreamMessage:
+    """An empty `events` StreamMessage (the oneof set even while it holds none)."""
+    message = pb.StreamMessage()
+    message.events.SetInParent()
+    return message
 
 
 def delta_pb(delta: Delta) -> pb.Delta:
@@ -923,18 +930,18 @@ class NodeService(pb_grpc.SevenDBServicer):
                         f"stream closed: {item}; reconnect",
                         leader=holder if holder != self._me else None,
                     )
-                events: list[pb.DataEvent] = []
+                message = _event_message()
                 for row in item:
                     if head is not None and row.emit_seq > head:
-                        if events:
-                            yield pb.StreamMessage(events=pb.EventBatch(events=events))
-                            events = []
+                        if message.events.events:
+                            yield message
+                            message = _event_message()
                         yield pb.StreamMessage(
                             caught_up=pb.CaughtUp(sub_id=sub_id, head_emit_seq=seq_pb(head))
                         )
                         head = None
-                    events.append(self._events.event(row))
-                yield pb.StreamMessage(events=pb.EventBatch(events=events))
+                    self._events.add(message.events, row)
+                yield message
                 if head is not None and item[-1].emit_seq == head:
                     yield pb.StreamMessage(
                         caught_up=pb.CaughtUp(sub_id=sub_id, head_emit_seq=seq_pb(head))
