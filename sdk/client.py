@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from sevendb.cluster.topology import bucket_of
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.errors import ERROR_TYPES, ErrorCode, SevenDBError
 from sevendb.outbox.query import Query, QueryKind
@@ -80,22 +81,22 @@ class ClusterLayout:
         return len(self.bucket_uuids)
 
     def bucket_of(self, key: str) -> int:
-        from sevendb.cluster.topology import bucket_of
-
-        return bucket_of(key, self.buckets)
+        return bucket_of(key, len(self.bucket_uuids))
 
 
 def _emit_seq(msg: pb.EmitSeq) -> EmitSeq:
-    return EmitSeq(msg.epoch_id.bucket_uuid, msg.epoch_id.epoch_counter, msg.commit_index)
+    epoch = msg.epoch_id  # each nested read builds a wrapper: read it once
+    return EmitSeq(epoch.bucket_uuid, epoch.epoch_counter, msg.commit_index)
 
 
 def _write_result(response: pb.WriteResponse) -> WriteResult:
-    return WriteResult(
-        _emit_seq(response.committed),
-        response.bucket,
-        {kv.key: kv.version for kv in response.versions},
-        response.duplicate,
-    )
+    versions = response.versions
+    if len(versions) == 1:  # most writes: no comprehension
+        kv = versions[0]
+        written = {kv.key: kv.version}
+    else:
+        written = {kv.key: kv.version for kv in versions}
+    return WriteResult(_emit_seq(response.committed), response.bucket, written, response.duplicate)
 
 
 def _call_error(exc: grpc.RpcError) -> SevenDBError | None:
@@ -366,8 +367,6 @@ class IdempotentProducer:
         return response.producer_epoch, 0
 
     def put(self, key: str, value: bytes, *, expected_version: int | None = None) -> WriteResult:
-        from sevendb.cluster.topology import bucket_of
-
         bucket = bucket_of(key, self._buckets)
         with self._lock:
             if bucket not in self._state:
