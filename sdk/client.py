@@ -27,7 +27,7 @@ import grpc
 
 from sevendb.cluster.topology import bucket_of
 from sevendb.outbox.emitseq import EmitSeq
-from sevendb.outbox.errors import ERROR_TYPES, ErrorCode, SevenDBError
+from sevendb.outbox.errors import ERROR_TYPES, ErrorCode, InvalidArgument, SevenDBError
 from sevendb.outbox.query import Query, QueryKind
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
@@ -367,6 +367,9 @@ class IdempotentProducer:
         return response.producer_epoch, 0
 
     def put(self, key: str, value: bytes, *, expected_version: int | None = None) -> WriteResult:
+        # Whatever fails before the write reaches the log must not use up a sequence:
+        # the next write would then skip one and be refused (OUT_OF_ORDER_SEQUENCE).
+        op = set_op(key, value, expected_version=expected_version)
         bucket = bucket_of(key, self._buckets)
         with self._lock:
             if bucket not in self._state:
@@ -374,9 +377,18 @@ class IdempotentProducer:
             epoch, seq = self._state[bucket]
             self._state[bucket] = (epoch, seq + 1)
         ref = pb.ProducerRef(producer_id=self._producer_id, producer_epoch=epoch, sequence=seq)
-        # _call retries UNAVAILABLE with the same sequence: a retry of a write that
-        # did commit returns the original commit (duplicate=True), never a second one.
-        return self._client.write([set_op(key, value, expected_version=expected_version)], ref)
+        try:
+            # _call retries UNAVAILABLE with the same sequence: a retry of a write that
+            # did commit returns the original commit (duplicate=True), never a second one.
+            return self._client.write([op], ref)
+        except InvalidArgument:
+            # Refused before the log (malformed, over a limit): the sequence is unused.
+            with self._lock:
+                if self._state.get(bucket) == (epoch, seq + 1):
+                    self._state[bucket] = (epoch, seq)
+                else:  # later sequences were taken meanwhile: start again in a new epoch
+                    self._state.pop(bucket, None)
+            raise
 
 
 __all__ = [

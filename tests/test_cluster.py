@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from cluster_harness import LocalCluster, wait_for
 
-from sevendb.outbox.errors import PreconditionFailed
+from sevendb.outbox import limits
+from sevendb.outbox.errors import InvalidArgument, PreconditionFailed
 from sevendb.sdk.client import Client, WriteResult, set_op
 from sevendb.sdk.writer import _Stream
 
@@ -128,6 +129,25 @@ def test_idempotent_producer_retries_across_leader_change_commit_once(
         record = client.get("counter")
         assert record is not None and record.value == b"79"
         assert record.version == puts  # no retry committed twice
+
+
+def test_a_refused_idempotent_write_leaves_its_sequence_to_the_next(
+    cluster: LocalCluster,
+) -> None:
+    # A write refused before the log (too large; a value of the wrong type) used to
+    # take a sequence all the same, and every later write of the producer to that
+    # bucket was refused as OUT_OF_ORDER_SEQUENCE.
+    with cluster.client() as client:
+        producer = client.producer(len(cluster.spec.buckets))
+        producer.put("ipr/k", b"1")
+        with pytest.raises(InvalidArgument):
+            producer.put("ipr/k", b"x" * (limits.VALUE_BYTES_MAX + 1))
+        with pytest.raises(TypeError):
+            producer.put("ipr/k", "not bytes")  # type: ignore[arg-type]
+        result = producer.put("ipr/k", b"2")
+        assert not result.duplicate
+        record = client.get("ipr/k")
+        assert record is not None and (record.value, record.version) == (b"2", 2)
 
 
 def test_write_many_gives_each_write_its_own_outcome(cluster: LocalCluster) -> None:
