@@ -32,8 +32,6 @@ class ConfigError(ValueError):
 
 def bucket_of(key: str, buckets: int) -> int:
     """The bucket a key routes to: xxh64 of its UTF-8 bytes modulo the bucket count."""
-    if buckets == 1:
-        return 0
     return xxhash.xxh64_intdigest(key.encode("utf-8")) % buckets
 
 
