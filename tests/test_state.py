@@ -472,7 +472,8 @@ def test_stalled_subscriber_is_dropped_from_safety_point_then_expired() -> None:
     later = now + window + 1
     assert d.sm.stalled_subscriptions(later, window) == ("s",)
     assert d.sm.safety_point(later, window) == d.sm.applied_index
-    applied = d.apply(OutboxPurge(d.sm.lease_index, (), ("s",), window, later))
+    # A repeated or unknown name expires nothing more.
+    applied = d.apply(OutboxPurge(d.sm.lease_index, (), ("s", "s", "nope"), window, later))
     assert applied.result == PurgeResult(expired=("s",))
     assert SubscriptionClosed("s", CloseReason.STALLED) in applied.effects
     assert d.sm.outbox_size() == 0
