@@ -81,7 +81,7 @@ class ClusterLayout:
         return len(self.bucket_uuids)
 
     def bucket_of(self, key: str) -> int:
-        return bucket_of(key, len(self.bucket_uuids))
+        return bucket_of(key, self.buckets)
 
 
 def _emit_seq(msg: pb.EmitSeq) -> EmitSeq:
