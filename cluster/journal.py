@@ -146,12 +146,16 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_synced(path: Path, data: bytes) -> None:
-    """Create (or truncate) ``path`` holding ``data``, fsynced before returning. The
-    caller renames it into place and fsyncs the directory (`fsync_dir`)."""
+def write_synced(path: Path, *pieces: bytes) -> None:
+    """Create (or truncate) ``path`` holding the pieces one after the other, fsynced
+    before returning. The caller renames it into place and fsyncs the directory
+    (`fsync_dir`)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        _pwrite_all(fd, data, 0)
+        offset = 0
+        for piece in pieces:
+            _pwrite_all(fd, piece, offset)
+            offset += len(piece)
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -639,13 +639,21 @@ def test_a_later_snapshot_is_of_the_state_when_it_was_asked_for() -> None:
     d = Driver()
     d.lease()
     d.subscribe("s", "prefix:k")
+    d.init_producer(7)
     for i in range(50):
-        d.set(f"k{i}", b"v%d" % i)
+        d.set(f"k{i}", b"v%d" % i, producer=ProducerRef(7, 0, i) if i < 3 else None)
+        if i == 25:
+            d.outbox()
     before = d.sm.snapshot()
     make = d.sm.snapshot_later()
-    d.set("k0", b"changed")
+    # Everything the snapshot refers to moves on: keys, a producer's results, the
+    # subscription's rows, head and ack, the pending rows.
+    d.set("k0", b"changed", producer=ProducerRef(7, 0, 3))
     d.set("new", b"key")
     d.outbox()
+    head = d.sm.subscriptions()[0].head
+    d.ack("s", head)
+    d.set("k1", b"pending")
     assert make() == before
     assert d.sm.snapshot() != before
     assert BucketStateMachine.restore(make()).digest() == xxhash.xxh64_hexdigest(before)
