@@ -876,8 +876,8 @@ class BucketStateMachine:
         """`snapshot()` of the state as it is now, made when the returned function is
         called: in another thread, while this one applies on. Only references are
         taken now (the key data is one dict copy; records, rows, sequences and
-        results are immutable): 10,000 subscriptions cost ~5 ms here instead of ~75 ms
-        when their rows were packed up front. Sorting and packing are left to
+        results are immutable): ~10 ms for 300k keys and 10,000 subscriptions, against
+        ~75 ms when the subscriptions' rows were packed here. Sorting and packing are left to
         `make`, which packs item by item so that it never holds the GIL for long
         (one `packb` of ~40 MB held it ~60 ms, stalling the tick thread's heartbeats);
         the bytes are exactly those of one `packb` of the whole list."""
