@@ -877,10 +877,11 @@ class BucketStateMachine:
         called: in another thread, while this one applies on. Only references are
         taken now (the key data is one dict copy; records, rows, sequences and
         results are immutable): ~10 ms for 300k keys and 10,000 subscriptions, against
-        ~75 ms when the subscriptions' rows were packed here. Sorting and packing are left to
-        `make`, which packs item by item so that it never holds the GIL for long
-        (one `packb` of ~40 MB held it ~60 ms, stalling the tick thread's heartbeats);
-        the bytes are exactly those of one `packb` of the whole list."""
+        ~75 ms when the subscriptions' rows were packed here. Sorting and packing are
+        left to `make`, which packs item by item rather than in one `packb` (of ~40 MB:
+        the GIL held ~60 ms, the tick thread's heartbeats with it); the bytes are
+        exactly those of one `packb` of the whole list. Sorting the keys is still one
+        call: 3 ms for 300k keys written in order, ~85 ms for 300k random ones."""
         records = self._data.copy()
         producers = [
             (pid, p.epoch, p.last_seq, tuple(p.results))

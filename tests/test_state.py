@@ -655,6 +655,8 @@ def test_a_later_snapshot_is_of_the_state_when_it_was_asked_for() -> None:
     d.ack("s", head)
     d.set("k1", b"pending")
     assert make() == before
+    keys = [item[0] for item in msgpack.unpackb(before)[7]]
+    assert keys == sorted(keys) and len(keys) == 50  # canonical: sorted, not insertion order
     assert d.sm.snapshot() != before
     assert BucketStateMachine.restore(make()).digest() == xxhash.xxh64_hexdigest(before)
 
