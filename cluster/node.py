@@ -219,6 +219,7 @@ class Node:
             before_send=(lambda: faults.fire(KILL_BEFORE_SEND)) if faults.enabled else None,
         )
         notifier_slot.append(notifier)
+        replica.after_applies = notifier.after_applies
         self.replicas = {**self.replicas, bucket: replica}
         self.notifiers = {**self.notifiers, bucket: notifier}
         if self._started:

@@ -833,6 +833,7 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
         it, and the heartbeat is brought forward to at most `commit_notify_s` away."""
         applied = SyncObj._SyncObj__applyLogEntries(self)
         if applied:
+            self._owner._after_applies()
             due = _monotonic() + self._owner._tuning.commit_notify_s
             if due < self._SyncObj__newAppendEntriesTime:
                 self._SyncObj__newAppendEntriesTime = due
@@ -1147,6 +1148,10 @@ class BucketReplica:
         self.self_addr = self_addr
         self._tuning = tuning
         self._on_applied = on_applied
+        self.after_applies: Callable[[], None] | None = None
+        """Called in the tick thread after each run of applies, before the same tick
+        appends the entries proposed meanwhile (so a proposal made here leaves in
+        this tick); must be quick. Exceptions are logged and ignored."""
         self._data_dir = Path(data_dir)
         self._lock = threading.RLock()
         self._sm = BucketStateMachine(bucket_uuid)
@@ -1490,6 +1495,13 @@ class BucketReplica:
             except Exception:
                 logger.exception("bucket %d: on_applied failed at index %d", self.bucket, index)
         return ApplyOutcome(index, applied, None)
+
+    def _after_applies(self) -> None:
+        if self.after_applies is not None:
+            try:
+                self.after_applies()
+            except Exception:
+                logger.exception("bucket %d: after_applies failed", self.bucket)
 
     def _enter_quarantine(self, index: int, reason: str, *, exc_info: bool = False) -> None:
         with self._lock:

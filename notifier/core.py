@@ -251,6 +251,10 @@ class NotifierCore:
         `next_batches(full=False)`."""
         self._ready.update(s for s in sub_ids if s in self._streams)
 
+    def ready_streams(self) -> int:
+        """Streams that may have rows to send (what `next_batches(full=False)` visits)."""
+        return len(self._ready)
+
     def next_batches(
         self, sm: BucketStateMachine, max_events: int, now_ms: int, *, full: bool = True
     ) -> list[tuple[str, tuple[OutboxRow, ...]]]:

@@ -16,6 +16,10 @@ replica applies an entry, when a client acks, or every `idle_wait_s`, and then:
 3. when it stops holding the lease, closes every attached stream so clients
    reconnect to the new holder (fencing: a deposed holder sends nothing more).
 
+Right after applies, the replica's tick thread does the latency-critical part of 2
+itself (`after_applies`): the OUTBOX_WRITE for new rows, and sending them to a few
+streams once outboxed. The thread is woken for rows only when that is not all.
+
 Proposals never block the loop (`BucketReplica.submit`); at most one LEASE and one
 OUTBOX_PURGE are in flight, each retried after `retry_ms`. OUTBOX_WRITEs are
 pipelined (`NotifierCore.outbox_entry`): a few in flight, each covering the rows
@@ -53,6 +57,7 @@ from sevendb.outbox.model import (
     Applied,
     OutboxRow,
     RowsOutboxed,
+    RowsPending,
     RowsPurged,
     SubscriptionClosed,
 )
@@ -62,12 +67,20 @@ log = logging.getLogger(__name__)
 
 SEND_EVENTS_MAX: Final = 4096
 """Events handed to streams per loop iteration, all streams together."""
+INLINE_EVENTS_MAX: Final = 256
+"""Events the replica's tick thread hands to streams itself (`after_applies`); the
+notifier's thread sends the rest."""
+INLINE_STREAMS_MAX: Final = 8
+"""With more streams to serve, `after_applies` leaves sending to the notifier's
+thread: with 10,000 one-key subscriptions, sending from the tick thread cost 5-14%
+of the events per CPU-second."""
 HOUSEKEEPING_MS: Final = 1000
 """How often a notifier scans every stream (resends, closures, stalls, gauges)."""
 
 
 class EventSink(Protocol):
-    """One attached client stream. Called from the notifier thread: must not block."""
+    """One attached client stream. Called from the notifier's thread or the replica's
+    tick thread: must not block."""
 
     def deliver(self, rows: tuple[OutboxRow, ...]) -> None: ...
 
@@ -175,6 +188,8 @@ class BucketNotifier:
         """Subscriptions with newly outboxed rows (from the tick thread)."""
         self._dirty_lock = threading.Lock()
         self._closed_seen = False
+        self._rows_seen = False
+        """Rows were computed or outboxed since `after_applies` last ran."""
         self._thread = threading.Thread(
             target=self._run, name=f"notifier-b{self.bucket}", daemon=True
         )
@@ -196,15 +211,23 @@ class BucketNotifier:
         """The replica applied an entry (tick thread): look again soon."""
         if not applied.effects:
             return  # nothing for the notifier (rows, purges, lease, epoch, closures)
+        wake = self._core is None
         for effect in applied.effects:
             if isinstance(effect, RowsOutboxed):
                 with self._dirty_lock:
                     self._dirty.update(row.sub_id for row in effect.rows)
-            elif isinstance(effect, SubscriptionClosed):
+                self._rows_seen = True
+                continue
+            if isinstance(effect, RowsPending):
+                self._rows_seen = True
+                continue
+            wake = True
+            if isinstance(effect, SubscriptionClosed):
                 self._closed_seen = True
             elif isinstance(effect, RowsPurged) and self._metrics is not None:
                 self._metrics.rows_purged(self.bucket, len(effect.rows))
-        self._wake.set()
+        if wake:
+            self._wake.set()
 
     def wake(self) -> None:
         self._wake.set()
@@ -380,9 +403,7 @@ class BucketNotifier:
         housekeeping = now - self._last_housekeeping_ms >= HOUSEKEEPING_MS
         if housekeeping:
             self._last_housekeeping_ms = now
-        with self._dirty_lock:
-            dirty, self._dirty = self._dirty, set()
-        core.mark_ready(dirty)
+        self._take_dirty(core)
         self._propose_outbox(core, sm, now)
         self._propose_purge(core, sm, now, expire=housekeeping)
         if housekeeping or self._closed_seen:
@@ -392,8 +413,22 @@ class BucketNotifier:
                 core.detach(sub_id)
                 if sink is not None:
                     sink.close("the subscription ended or was dropped for stalling")
+        sent = self._send(core, sm, now, SEND_EVENTS_MAX, full=housekeeping)
+        if self._metrics is not None and housekeeping:
+            self._metrics.gauges(self.bucket, sm.outbox_size(), sm.max_ack_lag())
+        return sent >= SEND_EVENTS_MAX
+
+    def _take_dirty(self, core: NotifierCore) -> None:
+        with self._dirty_lock:
+            dirty, self._dirty = self._dirty, set()
+        core.mark_ready(dirty)
+
+    def _send(
+        self, core: NotifierCore, sm: BucketStateMachine, now: int, budget: int, *, full: bool
+    ) -> int:
+        """Hand the streams what the core says is due; how many events."""
         sent = 0
-        batches = core.next_batches(sm, SEND_EVENTS_MAX, now, full=housekeeping)
+        batches = core.next_batches(sm, budget, now, full=full)
         if batches and self._before_send is not None:
             self._before_send()  # a test fault point (cluster/faults.py)
         for sub_id, rows in batches:
@@ -405,9 +440,50 @@ class BucketNotifier:
             sent += len(rows)
             if self._metrics is not None:
                 self._metrics.events_sent(self.bucket, rows, now)
-        if self._metrics is not None and housekeeping:
-            self._metrics.gauges(self.bucket, sm.outbox_size(), sm.max_ack_lag())
-        return sent >= SEND_EVENTS_MAX
+        return sent
+
+    def after_applies(self) -> None:
+        """The replica's tick thread, after a run of applies (`BucketReplica.after_applies`).
+
+        When they computed or outboxed rows, the tick thread does the notifier's part
+        itself instead of waking this notifier's thread and waiting for it to be
+        scheduled: it proposes the OUTBOX_WRITE (which then leaves in the same tick)
+        and hands what was just outboxed to its streams. Measured at 500 writes/s
+        with one subscriber (3,000 events, 2 runs each): the write's apply to the
+        proposal p50 100 -> 50 us, p99 790-820 -> 560-620 us; the OUTBOX_WRITE's
+        apply to the stream p50 130 -> 40 us, p99 720-820 -> 320-340 us.
+
+        Under load the thread keeps the work that batches or scales: the next
+        OUTBOX_WRITE while one is in flight, and sending to more than
+        `INLINE_STREAMS_MAX` streams. All of it is left to the thread whenever the
+        thread is in a pass: the tick thread never waits for it."""
+        if not self._rows_seen:
+            return
+        self._rows_seen = False
+        if self._core is None or not self._lock.acquire(blocking=False):
+            self._wake.set()
+            return
+        try:
+            core = self._core
+            if core is None:
+                return
+            now = self._clock_ms()
+
+            def inline(sm: BucketStateMachine) -> bool:
+                """Do the quick part; True if the thread should still run a pass."""
+                self._take_dirty(core)
+                if all(inflight.future.done() for inflight in self._outbox):
+                    self._propose_outbox(core, sm, now)
+                if core.ready_streams() > INLINE_STREAMS_MAX:
+                    return True
+                return self._send(core, sm, now, INLINE_EVENTS_MAX, full=False) >= INLINE_EVENTS_MAX
+
+            if self.replica.read(inline):
+                self._wake.set()
+        except ReplicaUnavailable:
+            self._wake.set()
+        finally:
+            self._lock.release()
 
     def _propose_outbox(self, core: NotifierCore, sm: BucketStateMachine, now: int) -> None:
         pending = []
