@@ -251,9 +251,8 @@ class NotifierCore:
         `next_batches(full=False)`."""
         self._ready.update(s for s in sub_ids if s in self._streams)
 
-    def ready_streams(self) -> int:
-        """Streams that may have rows to send (what `next_batches(full=False)` visits)."""
-        return len(self._ready)
+    def stream_count(self) -> int:
+        return len(self._streams)
 
     def next_batches(
         self, sm: BucketStateMachine, max_events: int, now_ms: int, *, full: bool = True

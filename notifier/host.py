@@ -17,8 +17,9 @@ replica applies an entry, when a client acks, or every `idle_wait_s`, and then:
    reconnect to the new holder (fencing: a deposed holder sends nothing more).
 
 Right after applies, the replica's tick thread does the latency-critical part of 2
-itself (`after_applies`): the OUTBOX_WRITE for new rows, and sending them to a few
-streams once outboxed. The thread is woken for rows only when that is not all.
+itself (`after_applies`) for a notifier with a few streams: the OUTBOX_WRITE for new
+rows, and sending them once outboxed. The thread is woken for rows only when that is
+not all.
 
 Proposals never block the loop (`BucketReplica.submit`); at most one LEASE and one
 OUTBOX_PURGE are in flight, each retried after `retry_ms`. OUTBOX_WRITEs are
@@ -71,9 +72,9 @@ INLINE_EVENTS_MAX: Final = 256
 """Events the replica's tick thread hands to streams itself (`after_applies`); the
 notifier's thread sends the rest."""
 INLINE_STREAMS_MAX: Final = 8
-"""With more streams to serve, `after_applies` leaves sending to the notifier's
-thread: with 10,000 one-key subscriptions, sending from the tick thread cost 5-14%
-of the events per CPU-second."""
+"""A notifier with more attached streams leaves everything to its thread
+(`after_applies` is for latency with a few subscribers): with 10,000 one-key
+subscriptions, sending from the tick thread cost 5-14% of the events per CPU-second."""
 HOUSEKEEPING_MS: Final = 1000
 """How often a notifier scans every stream (resends, closures, stalls, gauges)."""
 
@@ -453,12 +454,12 @@ class BucketNotifier:
         proposal p50 100 -> 50 us, p99 790-820 -> 560-620 us; the OUTBOX_WRITE's
         apply to the stream p50 130 -> 40 us, p99 720-820 -> 320-340 us.
 
-        Under load the thread keeps the work that batches or scales: the next
-        OUTBOX_WRITE while one is in flight (the thread is woken for it and covers
-        whatever arrived by the time it runs), and sending to more than
-        `INLINE_STREAMS_MAX` streams. All of it is left to the thread when the thread
-        is in a pass (the tick thread never waits for it) or when this replica may no
-        longer emit (the thread drops the notifier)."""
+        The thread keeps the work that batches or scales: the next OUTBOX_WRITE while
+        one is in flight (the thread is woken for it and covers whatever arrived by
+        the time it runs), and everything of a notifier with more than
+        `INLINE_STREAMS_MAX` attached streams. All of it is left to the thread when
+        the thread is in a pass (the tick thread never waits for it) or when this
+        replica may no longer emit (the thread drops the notifier)."""
         if not self._rows_seen:
             return
         self._rows_seen = False
@@ -469,7 +470,7 @@ class BucketNotifier:
             core = self._core
             if core is None:
                 return
-            if not self._lease_view()[0]:
+            if core.stream_count() > INLINE_STREAMS_MAX or not self._lease_view()[0]:
                 self._wake.set()
                 return
             now = self._clock_ms()
@@ -482,8 +483,6 @@ class BucketNotifier:
                     self._propose_outbox(core, sm, now)
                 else:
                     more = True
-                if core.ready_streams() > INLINE_STREAMS_MAX:
-                    return True
                 sent = self._send(core, sm, now, INLINE_EVENTS_MAX, full=False)
                 return more or sent >= INLINE_EVENTS_MAX
 
