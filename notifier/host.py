@@ -209,24 +209,25 @@ class BucketNotifier:
             self._drop_core("the node is shutting down")
 
     def on_applied(self, applied: Applied) -> None:
-        """The replica applied an entry (tick thread): look again soon."""
+        """The replica applied an entry (tick thread): look again soon. New rows of a
+        notifier with a few streams are left to `after_applies` instead."""
         if not applied.effects:
             return  # nothing for the notifier (rows, purges, lease, epoch, closures)
-        wake = self._core is None
+        core = self._core
+        fast = core is not None and core.stream_count() <= INLINE_STREAMS_MAX
+        wake = False
         for effect in applied.effects:
             if isinstance(effect, RowsOutboxed):
                 with self._dirty_lock:
                     self._dirty.update(row.sub_id for row in effect.rows)
-                self._rows_seen = True
-                continue
-            if isinstance(effect, RowsPending):
-                self._rows_seen = True
-                continue
-            wake = True
-            if isinstance(effect, SubscriptionClosed):
+            elif isinstance(effect, SubscriptionClosed):
                 self._closed_seen = True
             elif isinstance(effect, RowsPurged) and self._metrics is not None:
                 self._metrics.rows_purged(self.bucket, len(effect.rows))
+            if fast and isinstance(effect, (RowsOutboxed, RowsPending)):
+                self._rows_seen = True
+            else:
+                wake = True
         if wake:
             self._wake.set()
 

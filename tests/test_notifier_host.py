@@ -109,11 +109,11 @@ def test_a_notifier_with_many_streams_leaves_them_to_its_thread(
         sinks[f"s{i}"] = sink = Sink()
         attached, _ = notifier.attach(f"s{i}", PRINCIPAL, start, sink)
         assert attached.status is AttachStatus.ATTACHED
-    notifier._wake.clear()  # attaching woke it; a write's rows wake it only by hand-off
+    notifier._wake.clear()  # attaching woke it
 
     committed = [leader.propose(write(f"k/{i}")).commit_index for i in range(5)]
 
-    # The tick thread did not do the work itself: it woke the thread for it.
+    # The tick thread leaves the work to the thread, and wakes it for it.
     wait_until(notifier._wake.is_set, what="the notifier thread to be woken")
 
     def delivered() -> bool:
