@@ -650,6 +650,11 @@ class DurableJournal:
         return self._entries[self._durable_count - 1][1]
 
     @property
+    def size_bytes(self) -> int:
+        """Bytes of records in the log file (the header not counted)."""
+        return self._end - _HEADER.size
+
+    @property
     def pending(self) -> bool:
         """True if some appended entries are not yet durable."""
         return self._pending

@@ -661,7 +661,12 @@ def test_loaded_group_never_truncates_applied_entries_and_converges(
     c = Cluster(
         tmp_path,
         # Production election timeouts: 3 replicas and 32 writers share one GIL here.
-        tuning=fast(election_min_s=0.6, election_max_s=1.2, compaction_min_entries=300),
+        tuning=fast(
+            election_min_s=0.6,
+            election_max_s=1.2,
+            compaction_min_entries=300,
+            compaction_log_ratio=0.0,  # every 300 entries, however large the state
+        ),
     ).start_all()
     try:
         c.leader()

@@ -25,6 +25,7 @@ from sevendb.cluster.replica import (
     BucketReplica,
     RaftTuning,
     ReplicaUnavailable,
+    compaction_due,
 )
 from sevendb.outbox.entries import ANY, Entry, Op, OpKind, Write, decode_entry, encode_entry
 from sevendb.outbox.errors import LimitExceeded
@@ -330,6 +331,77 @@ def test_a_follower_catches_up_from_a_snapshot_after_compaction(tmp_path: Path) 
         again = c.start(gone)
         assert c.converge() == digest
         assert again.read(lambda sm: len(sm)) == 85
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize(
+    ("entries", "log_bytes", "snapshot_bytes", "since_last_s", "ratio", "due"),
+    [
+        (21, 1_000, 0, 1.0, 1.0, True),  # no snapshot yet: entries decide
+        (20, 1_000, 0, 1.0, 1.0, False),  # not more than compaction_min_entries
+        (500, 40_000, 50_000, 1.0, 1.0, False),  # the log is smaller than the snapshot
+        (500, 50_000, 50_000, 1.0, 1.0, True),
+        (500, 40_000, 50_000, 1.0, 0.0, True),  # ratio 0: entries alone (pysyncobj's rule)
+        (500, 40_000, 50_000, 1.0, 0.5, True),
+        (3, 100, 50_000, 301.0, 1.0, True),  # compaction_min_time_s passed
+    ],
+)
+def test_a_snapshot_is_due_once_the_log_outgrows_the_last_one(
+    entries: int, log_bytes: int, snapshot_bytes: int, since_last_s: float, ratio: float, due: bool
+) -> None:
+    tuning = fast(compaction_min_entries=20, compaction_log_ratio=ratio)
+    assert (
+        compaction_due(
+            tuning,
+            entries=entries,
+            log_bytes=log_bytes,
+            snapshot_bytes=snapshot_bytes,
+            since_last_s=since_last_s,
+        )
+        is due
+    )
+    with pytest.raises(ValueError, match="compaction_log_ratio"):
+        fast(compaction_log_ratio=-1.0)
+
+
+def test_replicas_snapshot_a_large_state_again_only_after_as_many_log_bytes(
+    tmp_path: Path,
+) -> None:
+    """Entries alone (pysyncobj's rule) rewrite a large state every few entries; the
+    replicas wait until the log holds as many bytes as their last snapshot."""
+    c = Cluster(tmp_path, tuning=fast(compaction_min_entries=20)).start_all()
+    try:
+        leader = c.leader()
+        big = b"x" * 4096
+        for n in range(30):
+            leader.propose(write(f"big-{n}", big))
+        wait_until(
+            lambda: all(num(r, "snapshots_written") == 1 for r in c.live),
+            what="every replica's first snapshot",
+        )
+        sizes = [num(r, "snapshot_bytes") for r in c.live]
+        assert all(size > 15 * 4096 for size in sizes), sizes  # taken after 20+ entries
+        # 60 small entries: three times compaction_min_entries, a few KB.
+        for n in range(60):
+            leader.propose(write(f"small-{n}"))
+        c.converge()
+        assert all(num(r, "log_len") > 20 for r in c.live)
+        assert all(num(r, "log_bytes") < size for r, size in zip(c.live, sizes, strict=True))
+        assert [num(r, "snapshots_written") for r in c.live] == [1, 1, 1]
+        # As many bytes again: the next snapshot.
+        for n in range(40):
+            leader.propose(write(f"big-{n}", big))
+        wait_until(
+            lambda: all(num(r, "snapshots_written") >= 2 for r in c.live),
+            what="every replica's second snapshot",
+        )
+        assert all(num(r, "snapshot_bytes") > size for r, size in zip(c.live, sizes, strict=True))
+        digest = c.converge()
+        c.stop(0)
+        restarted = c.start(0)  # the size of the snapshot it loads counts from here on
+        assert c.converge() == digest
+        assert num(restarted, "snapshot_bytes") == (c.data_dir(0) / SNAPSHOT_FILE).stat().st_size
     finally:
         c.close()
 
