@@ -244,7 +244,10 @@ def run_system(
         with contextlib.suppress(WorkerError):
             ctx.drop_writer()
     finally:
-        stop_all_tracked()  # clients first, then the servers
+        servers: list[int] = []
+        with contextlib.suppress(Exception):
+            servers = cluster.pids()
+        stop_all_tracked(keep=servers)  # the clients first
         with contextlib.suppress(Exception):
             server_cpu = ctx.server_cpu()  # started with this run: their whole CPU
         cluster.stop()

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -143,9 +143,10 @@ def stop_process(proc: subprocess.Popen[Any], grace_s: float = 5.0) -> None:
     untrack(proc)
 
 
-def stop_all_tracked() -> None:
+def stop_all_tracked(keep: Collection[int] = ()) -> None:
+    """Stop every process this harness started and still tracks, but those in `keep`."""
     with _LIVE_LOCK:
-        procs = list(_LIVE)
+        procs = [p for p in _LIVE if p.pid not in keep]
     for proc in procs:
         stop_process(proc, grace_s=3.0)
 
