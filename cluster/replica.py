@@ -48,7 +48,7 @@ from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import IO, Any, Final, TypeVar
 
 import msgpack
 import pysyncobj.pickle as _pysyncobj_pickle
@@ -182,6 +182,7 @@ class _BackgroundSerializer(_pysyncobj.Serializer):  # type: ignore[misc]
     _Serializer__currentID: Any
     _Serializer__fileName: str | None
     _Serializer__serializer: Callable[[str, Any], Callable[[], None]] | None
+    _Serializer__incomingTransmissionFile: IO[bytes] | None
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -224,6 +225,21 @@ class _BackgroundSerializer(_pysyncobj.Serializer):  # type: ignore[misc]
                 return SERIALIZER_STATE.SERIALIZING, self._Serializer__currentID
             self._Serializer__pid = self._result
         return super().checkSerializing()
+
+    def setTransmissionData(self, data: Any) -> bool:
+        """A chunk of the leader's snapshot for this follower (syncobj.py:1023: the
+        last one renames it into place, then the journal is cleared for it). Refused
+        while this replica's own snapshot is being written: that thread's rename
+        would put the older snapshot back over the installed one, and a restart
+        would find a gap between it and the journal. The transmission in progress is
+        dropped; the leader sends it again once its next AppendEntries is refused."""
+        if self._Serializer__pid == self._WRITING:
+            incoming = self._Serializer__incomingTransmissionFile
+            if incoming is not None:
+                incoming.close()
+                self._Serializer__incomingTransmissionFile = None
+            return False
+        return bool(super().setTransmissionData(data))
 
     def join(self) -> None:
         """Wait for a snapshot being written (before the data dir is let go)."""

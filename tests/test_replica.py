@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pysyncobj.config import SERIALIZER_STATE
 
+from sevendb.cluster import replica as replica_module
 from sevendb.cluster.replica import (
     SNAPSHOT_FILE,
     TRANSFER_PAUSE_LAG,
@@ -325,6 +327,7 @@ def test_a_follower_catches_up_from_a_snapshot_after_compaction(tmp_path: Path) 
         digest = c.converge()
         assert state(restarted)[1] == digest
         assert num(restarted, "snapshots_loaded") >= 1  # installed from the leader
+        assert num(restarted, "snapshot_bytes") == (c.data_dir(gone) / SNAPSHOT_FILE).stat().st_size
         assert restarted.read(lambda sm: len(sm)) == 85
         # A restart from its own data dir (snapshot + journal) keeps everything.
         c.stop(gone)
@@ -404,6 +407,39 @@ def test_replicas_snapshot_a_large_state_again_only_after_as_many_log_bytes(
         assert num(restarted, "snapshot_bytes") == (c.data_dir(0) / SNAPSHOT_FILE).stat().st_size
     finally:
         c.close()
+
+
+def test_no_snapshot_is_installed_while_the_replica_writes_its_own(tmp_path: Path) -> None:
+    """A follower's own snapshot is written in a thread (`_BackgroundSerializer`).
+    Had the leader's newer snapshot been installed meanwhile (and the journal cleared
+    for it), that thread's rename would have put the older one back over it: after
+    a restart, a gap between snapshot and journal. The install is refused until the
+    thread is done, and the leader's resent transmission then lands whole."""
+    dump = tmp_path / "snapshot"
+    release = threading.Event()
+
+    def serializer(tmp: str, data: object) -> Callable[[], None]:
+        def write() -> None:
+            release.wait(10)
+            Path(tmp).write_bytes(b"own, older")
+
+        return write
+
+    ser = replica_module._BackgroundSerializer(str(dump), 1024, False, serializer, None, None)
+    assert ser.setTransmissionData((b"leader's ", True, False)) is False  # a first chunk...
+    ser.serialize((None, "last", "prev", "cluster"), 7)  # ...then its own snapshot starts
+    assert ser.setTransmissionData((b"newer", False, True)) is False  # refused, dropped
+    assert not dump.exists()
+    release.set()
+    wait_until(lambda: ser.checkSerializing()[0] == SERIALIZER_STATE.SUCCESS)
+    assert dump.read_bytes() == b"own, older"
+    # What was left of the dropped transmission cannot complete it...
+    assert ser.setTransmissionData((b"newer", False, True)) is False
+    assert dump.read_bytes() == b"own, older"
+    # ...the leader's next one, from its first chunk, does.
+    assert ser.setTransmissionData((b"leader's ", True, False)) is False
+    assert ser.setTransmissionData((b"newer", False, True)) is True
+    assert dump.read_bytes() == b"leader's newer"
 
 
 def test_writes_commit_while_a_snapshot_is_being_written(
