@@ -364,6 +364,9 @@ def test_a_snapshot_is_due_once_the_log_outgrows_the_last_one(
         )
         is due
     )
+
+
+def test_a_negative_compaction_log_ratio_is_refused() -> None:
     with pytest.raises(ValueError, match="compaction_log_ratio"):
         fast(compaction_log_ratio=-1.0)
 
