@@ -74,6 +74,7 @@ from sevendb.outbox.model import (
 from sevendb.outbox.query import Query, QueryKind, plan_query
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
+from sevendb.sdk.mailbox import mailbox
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -91,6 +92,10 @@ _ACK_WAIT_POLL_MAX_S: Final = 0.05
 _ACK_TAKEN: Final = (pb.AckResult.ACCEPTED, pb.AckResult.DUPLICATE, pb.AckResult.REGRESSIVE)
 STREAM_BATCH_EVENTS_MAX: Final = 4096
 """Most events one EventBatch message carries."""
+SESSION_STREAMS_MAX: Final = limits.SUBSCRIPTIONS_PER_BUCKET_MAX
+"""Most streams open at once on one Session call."""
+SESSION_RESPONSE_BYTES: Final = 1024 * 1024
+"""A SessionResponse takes queued items until it is about this large."""
 
 _ACK_STATUS: Final = {
     AckStatus.ACCEPTED: pb.AckResult.ACCEPTED,
@@ -255,6 +260,23 @@ class _Failure(Exception):
         raise AssertionError("unreachable")  # context.abort raises
 
 
+def _stream_end(failure: _Failure) -> pb.StreamEnd:
+    """How a Session stream ends that its own call would have ended with `failure`."""
+    return pb.StreamEnd(
+        code=failure.code.value[0],
+        message=failure.message,
+        leader=failure.leader or "",
+        error=failure.error or "",
+    )
+
+
+def _forget_stream(
+    streams: dict[int, asyncio.Task[None]], sid: int, task: asyncio.Task[None]
+) -> None:
+    if streams.get(sid) is task:  # not a newer stream that reused the id
+        del streams[sid]
+
+
 H = TypeVar("H", bound=Callable[..., Awaitable[Any]])
 G = TypeVar("G", bound=Callable[..., AsyncIterator[Any]])
 
@@ -291,7 +313,7 @@ class _StreamSink:
     The notifier's flow-control window bounds what can be queued here."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self._mailbox = mailbox(loop)  # a notifier pass wakes the loop once, not per stream
         self._queue: asyncio.Queue[tuple[OutboxRow, ...] | str] = asyncio.Queue()
         self._closed: str | None = None
 
@@ -303,7 +325,7 @@ class _StreamSink:
 
     def _put(self, item: tuple[OutboxRow, ...] | str) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is gone: the node is stopping
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+            self._mailbox.post(self._queue.put_nowait, item)
 
     async def get(self) -> list[OutboxRow] | str:
         """The rows queued so far (at least one), or why the stream closed."""
@@ -808,7 +830,19 @@ class NodeService(pb_grpc.SevenDBServicer):
     async def Subscribe(
         self, request: pb.SubscribeRequest, context: Ctx
     ) -> AsyncIterator[pb.StreamMessage]:
-        principal = self._principal(context)
+        async for message in self._subscribe(self._principal(context), request):
+            yield message
+
+    @_streaming
+    async def Reconnect(
+        self, request: pb.ReconnectRequest, context: Ctx
+    ) -> AsyncIterator[pb.StreamMessage]:
+        async for message in self._reconnect(self._principal(context), request):
+            yield message
+
+    async def _subscribe(
+        self, principal: str, request: pb.SubscribeRequest
+    ) -> AsyncIterator[pb.StreamMessage]:
         bucket = request.bucket
         self._check_bucket(bucket)
         sub_id = request.sub_id or secrets.token_hex(16)
@@ -845,14 +879,12 @@ class NodeService(pb_grpc.SevenDBServicer):
                 plan_hash=result.plan_hash,
             )
         )
-        async for message in self._pump(context, notifier, sub_id, sink, None):
+        async for message in self._pump(notifier, sub_id, sink, None):
             yield message
 
-    @_streaming
-    async def Reconnect(
-        self, request: pb.ReconnectRequest, context: Ctx
+    async def _reconnect(
+        self, principal: str, request: pb.ReconnectRequest
     ) -> AsyncIterator[pb.StreamMessage]:
-        principal = self._principal(context)
         if not request.sub_id or not request.HasField("last_processed_emit_seq"):
             raise _Failure(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -904,13 +936,12 @@ class NodeService(pb_grpc.SevenDBServicer):
                 caught_up=pb.CaughtUp(sub_id=request.sub_id, head_emit_seq=seq_pb(head))
             )
         async for message in self._pump(
-            context, notifier, request.sub_id, sink, head if head > after else None
+            notifier, request.sub_id, sink, head if head > after else None
         ):
             yield message
 
     async def _pump(
         self,
-        context: Ctx,
         notifier: BucketNotifier,
         sub_id: str,
         sink: _StreamSink,
@@ -949,6 +980,104 @@ class NodeService(pb_grpc.SevenDBServicer):
                     head = None
         finally:
             notifier.detach(sub_id, sink)
+
+    async def Session(
+        self, requests: AsyncIterator[pb.SessionRequest], context: Ctx
+    ) -> AsyncIterator[pb.SessionResponse]:
+        """Many Subscribe and Reconnect streams on one call. Each stream runs exactly
+        as on its own call, in a task that queues its messages; the call sends what is
+        queued as one SessionResponse, so the events of many subscriptions share a
+        gRPC message (and a loop turn on both ends). A stream's failure or bad request
+        ends that stream only (`StreamEnd` carries the status its own call would have
+        ended with); the call ends when the client closes it, or half-closes it and
+        its streams are over."""
+        try:
+            principal = self._principal(context)
+        except _Failure as failure:
+            await failure.abort(context)
+        out: asyncio.Queue[pb.SessionItem | None] = asyncio.Queue()
+        streams: dict[int, asyncio.Task[None]] = {}
+        reader = asyncio.get_running_loop().create_task(
+            self._session_requests(requests, principal, streams, out)
+        )
+        try:
+            while (item := await out.get()) is not None:
+                response = pb.SessionResponse(items=[item])
+                size = item.ByteSize()
+                while size < SESSION_RESPONSE_BYTES and not out.empty():
+                    item = out.get_nowait()
+                    if item is None:
+                        yield response
+                        return
+                    response.items.append(item)
+                    size += item.ByteSize()
+                yield response
+        finally:
+            reader.cancel()
+            for task in list(streams.values()):
+                task.cancel()
+
+    async def _session_requests(
+        self,
+        requests: AsyncIterator[pb.SessionRequest],
+        principal: str,
+        streams: dict[int, asyncio.Task[None]],
+        out: asyncio.Queue[pb.SessionItem | None],
+    ) -> None:
+        """Open and close a Session's streams as its requests say; once the client has
+        half-closed the call and the streams are over, end the call (None)."""
+        loop = asyncio.get_running_loop()
+        async for request in requests:
+            sid = request.stream_id
+            op = request.WhichOneof("op")
+            if op == "close":
+                task = streams.pop(sid, None)
+                if task is not None:
+                    task.cancel()
+                continue
+            failure = None
+            if op is None:
+                failure = _Failure(grpc.StatusCode.INVALID_ARGUMENT, "SessionRequest without op")
+            elif sid in streams:
+                failure = _Failure(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"stream {sid} is already open"
+                )
+            elif len(streams) >= SESSION_STREAMS_MAX:
+                failure = _Failure(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"a session holds at most {SESSION_STREAMS_MAX} streams",
+                )
+            if failure is not None:
+                out.put_nowait(pb.SessionItem(stream_id=sid, end=_stream_end(failure)))
+                continue
+            messages = (
+                self._subscribe(principal, request.subscribe)
+                if op == "subscribe"
+                else self._reconnect(principal, request.reconnect)
+            )
+            task = streams[sid] = loop.create_task(self._session_stream(sid, messages, out))
+            task.add_done_callback(functools.partial(_forget_stream, streams, sid))
+        while streams:
+            await asyncio.gather(*streams.values(), return_exceptions=True)
+        out.put_nowait(None)
+
+    async def _session_stream(
+        self,
+        sid: int,
+        messages: AsyncIterator[pb.StreamMessage],
+        out: asyncio.Queue[pb.SessionItem | None],
+    ) -> None:
+        """Queue one stream's messages, then its end. Cancelled: closed, nothing sent."""
+        try:
+            async for message in messages:
+                out.put_nowait(pb.SessionItem(stream_id=sid, message=message))
+            end = pb.StreamEnd()
+        except _Failure as failure:
+            end = _stream_end(failure)
+        except Exception:
+            log.exception("session stream %d failed", sid)
+            end = pb.StreamEnd(code=grpc.StatusCode.INTERNAL.value[0], message="internal error")
+        out.put_nowait(pb.SessionItem(stream_id=sid, end=end))
 
     def _count_reconnect(self, status: str) -> None:
         if self._metrics is not None:

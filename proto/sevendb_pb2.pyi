@@ -152,6 +152,46 @@ class StreamMessage(_message.Message):
     caught_up: CaughtUp
     def __init__(self, sub_ack: _Optional[_Union[SubAck, _Mapping]] = ..., reconnect_ack: _Optional[_Union[ReconnectAck, _Mapping]] = ..., events: _Optional[_Union[EventBatch, _Mapping]] = ..., caught_up: _Optional[_Union[CaughtUp, _Mapping]] = ...) -> None: ...
 
+class SessionRequest(_message.Message):
+    __slots__ = ("stream_id", "subscribe", "reconnect", "close")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
+    RECONNECT_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    subscribe: SubscribeRequest
+    reconnect: ReconnectRequest
+    close: bool
+    def __init__(self, stream_id: _Optional[int] = ..., subscribe: _Optional[_Union[SubscribeRequest, _Mapping]] = ..., reconnect: _Optional[_Union[ReconnectRequest, _Mapping]] = ..., close: _Optional[bool] = ...) -> None: ...
+
+class StreamEnd(_message.Message):
+    __slots__ = ("code", "message", "leader", "error")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    leader: str
+    error: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., leader: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+
+class SessionItem(_message.Message):
+    __slots__ = ("stream_id", "message", "end")
+    STREAM_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    stream_id: int
+    message: StreamMessage
+    end: StreamEnd
+    def __init__(self, stream_id: _Optional[int] = ..., message: _Optional[_Union[StreamMessage, _Mapping]] = ..., end: _Optional[_Union[StreamEnd, _Mapping]] = ...) -> None: ...
+
+class SessionResponse(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[SessionItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[SessionItem, _Mapping]]] = ...) -> None: ...
+
 class ClientAck(_message.Message):
     __slots__ = ("sub_id", "up_to_emit_seq")
     SUB_ID_FIELD_NUMBER: _ClassVar[int]

@@ -75,6 +75,11 @@ class SevenDBStub:
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.ReconnectRequest.SerializeToString,
                 response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.StreamMessage.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/sevendb.v1.SevenDB/Session',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.SessionRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.SessionResponse.FromString,
+                _registered_method=True)
         self.Ack = channel.unary_unary(
                 '/sevendb.v1.SevenDB/Ack',
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.AckBatch.SerializeToString,
@@ -184,6 +189,14 @@ class SevenDBServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """Many Subscribe and Reconnect streams over one call: the SDK's way to
+        subscribe (one session per client and node).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Ack(self, request, context):
         """Cumulatively acknowledge processed events.
         """
@@ -288,6 +301,11 @@ def add_SevenDBServicer_to_server(servicer, server):
                     servicer.Reconnect,
                     request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.ReconnectRequest.FromString,
                     response_serializer=sevendb_dot_proto_dot_sevendb__pb2.StreamMessage.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.SessionRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.SessionResponse.SerializeToString,
             ),
             'Ack': grpc.unary_unary_rpc_method_handler(
                     servicer.Ack,
@@ -552,6 +570,33 @@ class SevenDB:
             '/sevendb.v1.SevenDB/Reconnect',
             sevendb_dot_proto_dot_sevendb__pb2.ReconnectRequest.SerializeToString,
             sevendb_dot_proto_dot_sevendb__pb2.StreamMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/sevendb.v1.SevenDB/Session',
+            sevendb_dot_proto_dot_sevendb__pb2.SessionRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.SessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

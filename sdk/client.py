@@ -34,6 +34,7 @@ from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 from sevendb.sdk.acks import AckPipeline
 from sevendb.sdk.cursor_store import CursorStore
 from sevendb.sdk.engine import ERROR_CODE_KEY, LEADER_HINT_KEY, Engine
+from sevendb.sdk.sessions import Sessions
 from sevendb.sdk.subscription import SubscribeOptions, Subscription, parse_query
 from sevendb.sdk.writer import Unauthenticated, Unavailable, WritePipeline, domain_error
 
@@ -133,6 +134,7 @@ class Client:
         self._engine: Engine | None = None
         self._writes: WritePipeline[WriteResult] | None = None
         self._ack_pipeline: AckPipeline | None = None
+        self._sessions: Sessions | None = None
 
     def close(self) -> None:
         """Close the connections. Writes not answered yet fail with "the client is
@@ -140,7 +142,7 @@ class Client:
         with self._lock:
             engine, self._engine = self._engine, None
             writes, self._writes = self._writes, None
-            self._ack_pipeline = None
+            self._ack_pipeline = self._sessions = None
             for channel in self._channels.values():
                 channel.close()
             self._channels.clear()
@@ -300,9 +302,11 @@ class Client:
             engine = self._loop_locked()
             if self._ack_pipeline is None:
                 self._ack_pipeline = AckPipeline(engine, self.metadata)
-            acks = self._ack_pipeline
+                self._sessions = Sessions(engine, self.metadata)
+            acks, sessions = self._ack_pipeline, self._sessions
+            assert sessions is not None
         return Subscription(
-            self, engine, acks, parsed, buckets, cursor=cursor, name=name, options=options
+            self, engine, acks, sessions, parsed, buckets, cursor=cursor, name=name, options=options
         )
 
     def _loop_locked(self) -> Engine:

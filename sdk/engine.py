@@ -15,6 +15,7 @@ from typing import Any, Final, TypeVar
 from grpc import aio
 
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
+from sevendb.sdk.mailbox import Mailbox
 
 T = TypeVar("T")
 LEADER_HINT_KEY: Final = "sevendb-leader"
@@ -39,6 +40,8 @@ class Engine:
     def __init__(self, endpoints: Sequence[str]) -> None:
         self.endpoints = list(endpoints)
         self.loop = asyncio.new_event_loop()
+        self.mailbox = Mailbox(self.loop)
+        """Calls into the loop from other threads, one wake-up per batch."""
         self._channels: dict[str, aio.Channel] = {}
         self._stubs: dict[str, pb_grpc.SevenDBStub] = {}
         self._rotation = itertools.count(random.randrange(1 << 16))

@@ -39,7 +39,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 import grpc
 from grpc import aio
@@ -50,12 +50,13 @@ from sevendb.outbox.errors import SevenDBError
 from sevendb.outbox.model import Change
 from sevendb.outbox.query import Query
 from sevendb.proto import sevendb_pb2 as pb
-from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 from sevendb.sdk.acks import AckPipeline
 from sevendb.sdk.cursor import StreamCursor
 from sevendb.sdk.cursor_store import CursorStore, SavedCursor
 from sevendb.sdk.engine import Engine, leader_hint
+from sevendb.sdk.mailbox import Mailbox, mailbox
 from sevendb.sdk.progress import Flush, Progress
+from sevendb.sdk.sessions import Sessions, SessionStream
 
 if TYPE_CHECKING:
     from sevendb.sdk.client import Client
@@ -163,7 +164,7 @@ class _Inbox:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._items: collections.deque[list[Event] | BaseException] = collections.deque()
-        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
+        self._waiter: tuple[Mailbox, asyncio.Future[None]] | None = None
 
     def put(self, item: list[Event] | BaseException) -> None:
         with self._cond:
@@ -171,8 +172,8 @@ class _Inbox:
             self._cond.notify()
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
-            loop, future = waiter
-            loop.call_soon_threadsafe(_wake, future)
+            box, future = waiter
+            box.post(_wake, future)
 
     def peek_error(self) -> BaseException | None:
         with self._cond:
@@ -190,7 +191,7 @@ class _Inbox:
                 return self._items.popleft()
             loop = asyncio.get_running_loop()
             future: asyncio.Future[None] = loop.create_future()
-            self._waiter = (loop, future)
+            self._waiter = (mailbox(loop), future)
         # A timer that resolves the same future, not `asyncio.wait_for`: with thousands
         # of subscriptions most waits end by their (ack) timeout, and wait_for's
         # cancel-and-wait was a fifth of a subscriber process's CPU.
@@ -286,6 +287,7 @@ class Subscription:
         client: Client,
         engine: Engine,
         acks: AckPipeline,
+        sessions: Sessions,
         query: Query,
         buckets: Sequence[int],
         *,
@@ -300,6 +302,7 @@ class Subscription:
         self._client = client
         self._engine = engine
         self._acks = acks
+        self._sessions = sessions
         self._metadata = client.metadata
         if cursor is not None and not isinstance(cursor, CursorStore):
             cursor = CursorStore(Path(cursor))
@@ -447,7 +450,7 @@ class Subscription:
         """Durable first, then the acks (a purge must never overtake the cursor)."""
         if flush.positions:
             self._persist(flush)
-            self._engine.loop.call_soon_threadsafe(self._send_acks, flush)
+            self._engine.mailbox.post(self._send_acks, flush)
 
     def _persist(self, flush: Flush) -> None:
         if flush.positions and self._store is not None:
@@ -601,14 +604,14 @@ class Subscription:
 
     async def _stream_once(self, stream: _BucketStream) -> None:
         target = stream.target or self._engine.any_endpoint()
-        stub = self._engine.stub(target)
         stream.target = target
-        if not stream.subscribed:
-            call = await self._subscribe(stream, stub)
-        else:
-            call = await self._reconnect(stream, stub)
-            if call is None:
-                return
+        call = (
+            await self._reconnect(stream, target)
+            if stream.subscribed
+            else await self._subscribe(stream, target)
+        )
+        if call is None:
+            return
         assert stream.cursor is not None
         cursor = stream.cursor
         while (message := await call.read()) is not aio.EOF:
@@ -630,7 +633,7 @@ class Subscription:
                 stream.caught_up = True
         stream.reconnects += 1  # the server ended the stream: resume
 
-    async def _subscribe(self, stream: _BucketStream, stub: pb_grpc.SevenDBStub) -> Any:
+    async def _subscribe(self, stream: _BucketStream, target: str) -> SessionStream:
         if stream.sub_id is None:
             stream.sub_id = uuid.uuid4().hex
             if self._store is not None:
@@ -644,7 +647,7 @@ class Subscription:
             query=pb.Query(kind=int(self.query.kind), arg=self.query.arg),  # type: ignore[arg-type]
             sub_id=stream.sub_id,
         )
-        call = stub.Subscribe(request, metadata=self._metadata)
+        call = self._sessions.subscribe(target, request)
         first = await call.read()
         if first is aio.EOF or first.WhichOneof("kind") != "sub_ack":
             call.cancel()
@@ -662,13 +665,13 @@ class Subscription:
         stream.ready.set()
         return call
 
-    async def _reconnect(self, stream: _BucketStream, stub: pb_grpc.SevenDBStub) -> Any:
+    async def _reconnect(self, stream: _BucketStream, target: str) -> SessionStream | None:
         assert stream.sub_id is not None and stream.cursor is not None
         with self._lock:
             after = self._progress.flushed(stream.bucket)
         assert after is not None
         request = pb.ReconnectRequest(sub_id=stream.sub_id, last_processed_emit_seq=_seq_pb(after))
-        call = stub.Reconnect(request, metadata=self._metadata)
+        call = self._sessions.reconnect(target, request)
         first = await call.read()
         if first is aio.EOF or first.WhichOneof("kind") != "reconnect_ack":
             call.cancel()

@@ -712,3 +712,96 @@ def test_async_iteration_and_many_subscriptions_in_one_client(cluster: LocalClus
         for sub, events_i in zip(many, got, strict=True):
             check_delivery(events_i, truth, 2, prefix="a/")
             sub.close()
+
+
+def test_a_session_carries_many_streams_and_a_bad_stream_ends_alone(
+    cluster: LocalCluster,
+) -> None:
+    """The Session call the SDK subscribes through: the events of two subscriptions
+    share messages; a malformed request, a reused stream id and a bad query each
+    end their own stream with INVALID_ARGUMENT and change nothing else; a Reconnect
+    from an unknown bucket answers INVALID_SEQUENCE and ends normally; a closed
+    stream gets nothing more while the other goes on; half-closed with no stream
+    open, the call ends."""
+    import queue
+
+    from sevendb.cluster.topology import bucket_of
+
+    bucket = bucket_of("m/", 2)
+    holder = cluster.spec.node(cluster.holder_node(bucket)).grpc_address
+    s = pb_grpc.SevenDBStub(grpc.insecure_channel(holder))  # type: ignore[no-untyped-call]
+    requests: queue.Queue[pb.SessionRequest | None] = queue.Queue()
+    responses: list[pb.SessionResponse] = []
+
+    def send() -> Iterator[pb.SessionRequest]:
+        while (request := requests.get()) is not None:
+            yield request
+
+    call = s.Session(send(), metadata=auth(cluster))
+    reader = threading.Thread(target=lambda: responses.extend(call), daemon=True)
+    reader.start()
+
+    def items(stream_id: int) -> list[pb.SessionItem]:
+        return [i for r in list(responses) for i in r.items if i.stream_id == stream_id]
+
+    def subscribe(stream_id: int, arg: str) -> pb.SessionRequest:
+        query = pb.Query(kind=pb.Query.KEY if arg == "" else pb.Query.PREFIX, arg=arg)
+        return pb.SessionRequest(
+            stream_id=stream_id, subscribe=pb.SubscribeRequest(bucket=bucket, query=query)
+        )
+
+    requests.put(subscribe(1, "m/"))
+    requests.put(subscribe(2, "m/"))
+    wait_for(lambda: items(1) and items(2), 30, "both SubAcks")
+    requests.put(pb.SessionRequest(stream_id=3))  # no op
+    requests.put(subscribe(1, "m/"))  # stream 1 is open
+    requests.put(subscribe(4, ""))  # a key query needs a key
+    unknown = pb.EmitSeq(epoch_id=pb.EmitSeq.EpochId(bucket_uuid="nope", epoch_counter=1))
+    requests.put(
+        pb.SessionRequest(
+            stream_id=5,
+            reconnect=pb.ReconnectRequest(sub_id="x", last_processed_emit_seq=unknown),
+        )
+    )
+    wait_for(lambda: items(3) and items(4) and len(items(5)) == 2, 30, "the bad streams' ends")
+    for sid in (3, 4):
+        [end] = items(sid)
+        assert end.end.code == grpc.StatusCode.INVALID_ARGUMENT.value[0], end
+    assert [i.end.code for i in items(1) if i.HasField("end")] == [
+        grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    ]
+    ack, end = items(5)
+    assert ack.message.reconnect_ack.status == pb.ReconnectAck.INVALID_SEQUENCE
+    assert end.HasField("end") and end.end.code == 0
+
+    def keys(stream_id: int) -> list[str]:
+        return [
+            c.key
+            for i in items(stream_id)
+            if i.message.WhichOneof("kind") == "events"
+            for e in i.message.events.events
+            for c in e.delta.changes
+        ]
+
+    with cluster.client() as client:
+        ours = [k for i in range(200) if bucket_of(k := f"m/{i:03d}", 2) == bucket]
+        written, late = ours[:20], ours[20:22]
+        for key in written:
+            client.put(key, b"v")
+        wait_for(lambda: keys(1) == written and keys(2) == written, 30, "every event, twice")
+        assert any(len({i.stream_id for i in r.items}) > 1 for r in responses), (
+            "no message carried both subscriptions' events"
+        )
+        requests.put(pb.SessionRequest(stream_id=1, close=True))
+        # Once the close is through, only stream 2 hears of later writes.
+        client.put(late[0], b"v")
+        wait_for(lambda: late[0] in keys(2), 30, "stream 2's next event")
+        closed_at = len(keys(1))
+        client.put(late[1], b"v")
+        wait_for(lambda: late[1] in keys(2), 30, "stream 2 goes on")
+        assert len(keys(1)) == closed_at
+    # Half-closed with no stream left open, the call ends normally.
+    requests.put(pb.SessionRequest(stream_id=2, close=True))
+    requests.put(None)
+    reader.join(10)
+    assert not reader.is_alive() and call.code() == grpc.StatusCode.OK

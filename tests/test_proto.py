@@ -169,6 +169,7 @@ def test_service_methods() -> None:
         "InitProducer": ("InitProducerRequest", "InitProducerResponse", False, False),
         "Subscribe": ("SubscribeRequest", "StreamMessage", False, True),
         "Reconnect": ("ReconnectRequest", "StreamMessage", False, True),
+        "Session": ("SessionRequest", "SessionResponse", True, True),
         "Ack": ("AckBatch", "AckResponse", False, False),
         "Unsubscribe": ("UnsubscribeRequest", "UnsubscribeResponse", False, False),
         "Status": ("StatusRequest", "StatusResponse", False, False),
@@ -242,6 +243,21 @@ MESSAGES: dict[str, Message] = {
     ),
     "StreamMessage(events)": pb.StreamMessage(events=pb.EventBatch(events=[data_event(44)])),
     "StreamMessage(caught_up)": pb.StreamMessage(caught_up=pb.CaughtUp(sub_id="sub-1")),
+    "SessionRequest(subscribe)": pb.SessionRequest(
+        stream_id=1, subscribe=pb.SubscribeRequest(bucket=2, sub_id="sub-1")
+    ),
+    "SessionRequest(close)": pb.SessionRequest(stream_id=1, close=True),
+    "SessionResponse": pb.SessionResponse(
+        items=[
+            pb.SessionItem(
+                stream_id=1,
+                message=pb.StreamMessage(events=pb.EventBatch(events=[data_event(44)])),
+            ),
+            pb.SessionItem(
+                stream_id=2, end=pb.StreamEnd(code=14, message="moved", leader="127.0.0.1:1")
+            ),
+        ]
+    ),
     "AckBatch": pb.AckBatch(
         acks=[
             pb.ClientAck(sub_id="sub-1", up_to_emit_seq=emit_seq(43)),
@@ -337,6 +353,8 @@ def test_every_top_level_message_is_round_tripped() -> None:
         "ProducerRef",
         "KeyVersion",
         "KeyValue",
+        "SessionItem",
+        "StreamEnd",
     }
     assert set(pb.DESCRIPTOR.message_types_by_name) <= covered | nested
 
