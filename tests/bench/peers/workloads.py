@@ -371,7 +371,9 @@ def many(ctx: Context) -> None:
         log(
             f"  {ctx.system} {subs:,} subscription(s): {f[f'w4.{subs}.events_per_s']:,.0f} "
             f"events/s ({distinct}/{r['writes']}), {f[f'w4.{subs}.events_per_cpu_s']:,.0f} "
-            f"events per CPU-second, kept up {kept_up}, idle: servers {idle_server:.2f} + "
+            f"events per CPU-second (CPU s: servers {server_cpu:.1f}, subscribers "
+            f"{sub_cpu1 - sub_cpu0:.1f}, writer {float(r['cpu_s']):.1f}), kept up {kept_up}, "
+            f"idle: servers {idle_server:.2f} + "
             f"clients {idle_client:.2f} cores, "
             f"server RSS +{(rss1 - rss0) / 1024:.1f} MiB, client RSS +{client_kb / 1024:.1f} MiB, "
             f"setup {setup_s:.1f} s"
