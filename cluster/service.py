@@ -173,11 +173,27 @@ class EventEncoder:
         return hit[1]
 
 
-def _event_message() -> pb.StreamMessage:
+M = TypeVar("M", pb.StreamMessage, pb.SessionItem)
+NewBatch: TypeAlias = Callable[[], tuple[M, pb.StreamMessage]]
+"""Makes what a stream sends its next events in, and the `events` StreamMessage to
+fill inside it: the message itself on a call of its own, or a Session's item (so
+events are built in place, never copied into the item)."""
+
+
+def _event_message() -> tuple[pb.StreamMessage, pb.StreamMessage]:
     """An empty `events` StreamMessage (the oneof set even while it holds none)."""
     message = pb.StreamMessage()
     message.events.SetInParent()
-    return message
+    return message, message
+
+
+def _session_batch(stream_id: int) -> NewBatch[pb.SessionItem]:
+    def new() -> tuple[pb.SessionItem, pb.StreamMessage]:
+        item = pb.SessionItem(stream_id=stream_id)
+        item.message.events.SetInParent()
+        return item, item.message
+
+    return new
 
 
 def delta_pb(delta: Delta) -> pb.Delta:
@@ -830,19 +846,19 @@ class NodeService(pb_grpc.SevenDBServicer):
     async def Subscribe(
         self, request: pb.SubscribeRequest, context: Ctx
     ) -> AsyncIterator[pb.StreamMessage]:
-        async for message in self._subscribe(self._principal(context), request):
+        async for message in self._subscribe(self._principal(context), request, _event_message):
             yield message
 
     @_streaming
     async def Reconnect(
         self, request: pb.ReconnectRequest, context: Ctx
     ) -> AsyncIterator[pb.StreamMessage]:
-        async for message in self._reconnect(self._principal(context), request):
+        async for message in self._reconnect(self._principal(context), request, _event_message):
             yield message
 
     async def _subscribe(
-        self, principal: str, request: pb.SubscribeRequest
-    ) -> AsyncIterator[pb.StreamMessage]:
+        self, principal: str, request: pb.SubscribeRequest, new_batch: NewBatch[M]
+    ) -> AsyncIterator[M | pb.StreamMessage]:
         bucket = request.bucket
         self._check_bucket(bucket)
         sub_id = request.sub_id or secrets.token_hex(16)
@@ -879,12 +895,12 @@ class NodeService(pb_grpc.SevenDBServicer):
                 plan_hash=result.plan_hash,
             )
         )
-        async for message in self._pump(notifier, sub_id, sink, None):
+        async for message in self._pump(notifier, sub_id, sink, None, new_batch):
             yield message
 
     async def _reconnect(
-        self, principal: str, request: pb.ReconnectRequest
-    ) -> AsyncIterator[pb.StreamMessage]:
+        self, principal: str, request: pb.ReconnectRequest, new_batch: NewBatch[M]
+    ) -> AsyncIterator[M | pb.StreamMessage]:
         if not request.sub_id or not request.HasField("last_processed_emit_seq"):
             raise _Failure(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -936,7 +952,7 @@ class NodeService(pb_grpc.SevenDBServicer):
                 caught_up=pb.CaughtUp(sub_id=request.sub_id, head_emit_seq=seq_pb(head))
             )
         async for message in self._pump(
-            notifier, request.sub_id, sink, head if head > after else None
+            notifier, request.sub_id, sink, head if head > after else None, new_batch
         ):
             yield message
 
@@ -946,7 +962,8 @@ class NodeService(pb_grpc.SevenDBServicer):
         sub_id: str,
         sink: _StreamSink,
         catch_up_head: EmitSeq | None,
-    ) -> AsyncIterator[pb.StreamMessage]:
+        new_batch: NewBatch[M],
+    ) -> AsyncIterator[M | pb.StreamMessage]:
         """The stream's events until the notifier closes it or the client leaves.
         While `catch_up_head` is set, `CaughtUp` follows the event that reaches it, so
         no live event is ever interleaved before catch-up ends."""
@@ -961,18 +978,18 @@ class NodeService(pb_grpc.SevenDBServicer):
                         f"stream closed: {item}; reconnect",
                         leader=holder if holder != self._me else None,
                     )
-                message = _event_message()
+                batch, message = new_batch()
                 for row in item:
                     if head is not None and row.emit_seq > head:
                         if message.events.events:
-                            yield message
-                            message = _event_message()
+                            yield batch
+                            batch, message = new_batch()
                         yield pb.StreamMessage(
                             caught_up=pb.CaughtUp(sub_id=sub_id, head_emit_seq=seq_pb(head))
                         )
                         head = None
                     self._events.add(message.events, row)
-                yield message
+                yield batch
                 if head is not None and item[-1].emit_seq == head:
                     yield pb.StreamMessage(
                         caught_up=pb.CaughtUp(sub_id=sub_id, head_emit_seq=seq_pb(head))
@@ -1050,10 +1067,11 @@ class NodeService(pb_grpc.SevenDBServicer):
             if failure is not None:
                 out.put_nowait(pb.SessionItem(stream_id=sid, end=_stream_end(failure)))
                 continue
+            new_batch = _session_batch(sid)
             messages = (
-                self._subscribe(principal, request.subscribe)
+                self._subscribe(principal, request.subscribe, new_batch)
                 if op == "subscribe"
-                else self._reconnect(principal, request.reconnect)
+                else self._reconnect(principal, request.reconnect, new_batch)
             )
             task = streams[sid] = loop.create_task(self._session_stream(sid, messages, out))
             task.add_done_callback(functools.partial(_forget_stream, streams, sid))
@@ -1064,13 +1082,15 @@ class NodeService(pb_grpc.SevenDBServicer):
     async def _session_stream(
         self,
         sid: int,
-        messages: AsyncIterator[pb.StreamMessage],
+        messages: AsyncIterator[pb.SessionItem | pb.StreamMessage],
         out: asyncio.Queue[pb.SessionItem | None],
     ) -> None:
         """Queue one stream's messages, then its end. Cancelled: closed, nothing sent."""
         try:
             async for message in messages:
-                out.put_nowait(pb.SessionItem(stream_id=sid, message=message))
+                if isinstance(message, pb.StreamMessage):  # not events: rare, small
+                    message = pb.SessionItem(stream_id=sid, message=message)
+                out.put_nowait(message)
             end = pb.StreamEnd()
         except _Failure as failure:
             end = _stream_end(failure)
