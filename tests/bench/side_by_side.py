@@ -98,14 +98,17 @@ METHOD = f"""## Method
     workload 4.
   - NATS subjects are `bench.<workload>.x`, or `bench.<workload>.<seq mod 10,000>`.
 * **Subscribers.**
-  - **etcd:** Watch streams, one bidi stream per watcher (as sevendb has one stream per
-    subscription and bucket); the `--etcd-watches-per-stream` option multiplexes them
-    instead.
+  - **etcd:** Watch streams, one bidi stream per watcher; the
+    `--etcd-watches-per-stream` option multiplexes them instead (etcd's Watch
+    carries many watchers per stream, as sevendb's Session carries many
+    subscriptions).
   - **NATS:** push consumers with `DeliverPolicy.NEW` and explicit acks, each message
     acked. They are durable (R3) in workloads 2 and 3 and ephemeral in workload 4.
     10,000 R3 consumers would be 10,000 Raft groups.
-  - **sevendb:** SDK subscriptions iterated with `async for`. The SDK acks what was
-    processed; there is no cursor file, so nothing is fsynced client-side.
+  - **sevendb:** SDK subscriptions iterated with `async for`. A process's
+    subscriptions share one `Session` call per node (the SDK's only way to
+    subscribe). The SDK acks what was processed; there is no cursor file, so
+    nothing is fsynced client-side.
 
   etcd and NATS subscriber processes connect to a follower (workload 2), or
   round-robin over the members (workloads 3 and 4); the sevendb SDK follows each
