@@ -92,6 +92,9 @@ _ACK_WAIT_POLL_MAX_S: Final = 0.05
 _ACK_TAKEN: Final = (pb.AckResult.ACCEPTED, pb.AckResult.DUPLICATE, pb.AckResult.REGRESSIVE)
 STREAM_BATCH_EVENTS_MAX: Final = 4096
 """Most events one EventBatch message carries."""
+STREAM_MESSAGE_BYTES: Final = 1024 * 1024
+"""An EventBatch takes events until it is about this large (an entry, so an event, is
+at most 2 MiB: every message stays below gRPC's 4 MiB)."""
 SESSION_STREAMS_MAX: Final = limits.SUBSCRIPTIONS_PER_BUCKET_MAX
 """Most streams open at once on one Session call."""
 SESSION_RESPONSE_BYTES: Final = 1024 * 1024
@@ -148,15 +151,20 @@ class EventEncoder:
         self._bytes = 0
         self._built: dict[int, tuple[object, Any, int]] = {}
 
-    def add(self, batch: pb.EventBatch, row: OutboxRow) -> None:
+    def add(self, batch: pb.EventBatch, row: OutboxRow) -> int:
         """Append the row's DataEvent to `batch`, built in place: a DataEvent made on
-        its own is copied again by `EventBatch(events=...)` (2.1 -> 0.9 us an event)."""
+        its own is copied again by `EventBatch(events=...)` (2.1 -> 0.9 us an event).
+        Returns about how many bytes the event takes."""
         event = batch.events.add(sub_id=row.sub_id)
-        event.emit_seq.CopyFrom(self._message(row.emit_seq))
-        event.prev_emit_seq.CopyFrom(self._message(row.prev_emit_seq))
-        event.delta.CopyFrom(self._message(row.delta))
+        seq, _ = self._message(row.emit_seq)
+        prev, _ = self._message(row.prev_emit_seq)
+        delta, size = self._message(row.delta)
+        event.emit_seq.CopyFrom(seq)
+        event.prev_emit_seq.CopyFrom(prev)
+        event.delta.CopyFrom(delta)
+        return size + 160
 
-    def _message(self, part: EmitSeq | Delta) -> Any:
+    def _message(self, part: EmitSeq | Delta) -> tuple[Any, int]:
         hit = self._built.get(id(part))
         if hit is None or hit[0] is not part:
             message: Any
@@ -170,7 +178,7 @@ class EventEncoder:
             while len(self._built) > self._count or self._bytes > self._bytes_max:
                 oldest = next(iter(self._built))
                 self._bytes -= self._built.pop(oldest)[2]
-        return hit[1]
+        return hit[1], hit[2]
 
 
 M = TypeVar("M", pb.StreamMessage, pb.SessionItem)
@@ -284,6 +292,13 @@ def _stream_end(failure: _Failure) -> pb.StreamEnd:
         leader=failure.leader or "",
         error=failure.error or "",
     )
+
+
+def _requests_done(out: asyncio.Queue[pb.SessionItem | None], reader: asyncio.Task[None]) -> None:
+    """A Session's request reader failed (a bug): log it and end the call."""
+    if not reader.cancelled() and reader.exception() is not None:
+        log.error("session request reader failed", exc_info=reader.exception())
+        out.put_nowait(None)
 
 
 def _forget_stream(
@@ -979,16 +994,22 @@ class NodeService(pb_grpc.SevenDBServicer):
                         leader=holder if holder != self._me else None,
                     )
                 batch, message = new_batch()
+                size = 0
                 for row in item:
+                    if size >= STREAM_MESSAGE_BYTES:  # far below gRPC's 4 MiB a message
+                        yield batch
+                        batch, message = new_batch()
+                        size = 0
                     if head is not None and row.emit_seq > head:
                         if message.events.events:
                             yield batch
                             batch, message = new_batch()
+                            size = 0
                         yield pb.StreamMessage(
                             caught_up=pb.CaughtUp(sub_id=sub_id, head_emit_seq=seq_pb(head))
                         )
                         head = None
-                    self._events.add(message.events, row)
+                    size += self._events.add(message.events, row)
                 yield batch
                 if head is not None and item[-1].emit_seq == head:
                     yield pb.StreamMessage(
@@ -1017,18 +1038,28 @@ class NodeService(pb_grpc.SevenDBServicer):
         reader = asyncio.get_running_loop().create_task(
             self._session_requests(requests, principal, streams, out)
         )
+        reader.add_done_callback(functools.partial(_requests_done, out))
+        carried: pb.SessionItem | None = None
         try:
-            while (item := await out.get()) is not None:
-                response = pb.SessionResponse(items=[item])
-                size = item.ByteSize()
-                while size < SESSION_RESPONSE_BYTES and not out.empty():
+            while (first := carried if carried is not None else await out.get()) is not None:
+                # Up to about SESSION_RESPONSE_BYTES, or one item alone if it is
+                # larger: never more than a stream's own call would have carried.
+                response = pb.SessionResponse(items=[first])
+                size, carried, ended = first.ByteSize(), None, False
+                while not out.empty():
                     item = out.get_nowait()
                     if item is None:
-                        yield response
-                        return
+                        ended = True
+                        break
+                    n = item.ByteSize()
+                    if size + n > SESSION_RESPONSE_BYTES:
+                        carried = item
+                        break
                     response.items.append(item)
-                    size += item.ByteSize()
+                    size += n
                 yield response
+                if ended:
+                    return
         finally:
             reader.cancel()
             for task in list(streams.values()):

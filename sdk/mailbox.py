@@ -21,7 +21,7 @@ class Mailbox:
     """Callbacks for one loop, posted from any thread."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self._loop = weakref.ref(loop)  # the registry below must not keep loops alive
         self._lock = threading.Lock()
         self._calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
 
@@ -31,8 +31,11 @@ class Mailbox:
             self._calls.append((fn, args))
             if len(self._calls) > 1:
                 return  # a wake-up is on its way and will run this call too
+        loop = self._loop()
         try:
-            self._loop.call_soon_threadsafe(self._run)
+            if loop is None:
+                raise RuntimeError("the event loop is gone")
+            loop.call_soon_threadsafe(self._run)
         except RuntimeError:
             with self._lock:
                 self._calls.clear()
@@ -41,11 +44,13 @@ class Mailbox:
     def _run(self) -> None:
         with self._lock:
             calls, self._calls = self._calls, []
+        loop = self._loop()
         for fn, args in calls:
             try:
                 fn(*args)
             except Exception as exc:  # as the loop treats a failing callback: log, go on
-                self._loop.call_exception_handler(
+                assert loop is not None  # it is running this
+                loop.call_exception_handler(
                     {"message": f"exception in mailbox call {fn!r}", "exception": exc}
                 )
 

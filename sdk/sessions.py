@@ -49,6 +49,17 @@ def _end_error(end: pb.StreamEnd) -> aio.AioRpcError | None:
     )
 
 
+def _copy(error: BaseException) -> BaseException:
+    if isinstance(error, aio.AioRpcError):
+        return aio.AioRpcError(
+            error.code(),
+            aio.Metadata(),
+            error.trailing_metadata() or aio.Metadata(),
+            error.details(),
+        )
+    return error
+
+
 class SessionStream:
     """One Subscribe or Reconnect on a session, read like its own call."""
 
@@ -132,7 +143,9 @@ class _Session:
             self._call.cancel()
             streams, self._streams = self._streams, {}
             for stream in streams.values():
-                stream._put(error or aio.EOF)
+                # An error of its own each: one raised in thousands of tasks would
+                # collect all their tracebacks.
+                stream._put(aio.EOF if error is None else _copy(error))
 
 
 class Sessions:

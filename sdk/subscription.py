@@ -614,23 +614,27 @@ class Subscription:
             return
         assert stream.cursor is not None
         cursor = stream.cursor
-        while (message := await call.read()) is not aio.EOF:
-            kind = message.WhichOneof("kind")
-            if kind == "events":
-                ready: list[Event] = []
-                for ev in message.events.events:
-                    offered = cursor.offer(_event(stream.bucket, ev))
-                    if offered.duplicate:
-                        stream.duplicates += 1
-                    elif offered.gap:
-                        call.cancel()
-                        stream.reconnects += 1
-                        return  # reconnect after the flushed position
-                    ready.extend(offered.ready)
-                if ready:
-                    self._inbox.put(ready)
-            elif kind == "caught_up":
-                stream.caught_up = True
+        try:
+            while (message := await call.read()) is not aio.EOF:
+                kind = message.WhichOneof("kind")
+                if kind == "events":
+                    ready: list[Event] = []
+                    for ev in message.events.events:
+                        offered = cursor.offer(_event(stream.bucket, ev))
+                        if offered.duplicate:
+                            stream.duplicates += 1
+                        elif offered.gap:
+                            stream.reconnects += 1
+                            return  # reconnect after the flushed position
+                        ready.extend(offered.ready)
+                    if ready:
+                        self._inbox.put(ready)
+                elif kind == "caught_up":
+                    stream.caught_up = True
+        finally:
+            # However this ends (a gap, an error, a cancel), the node stops sending:
+            # a session stream, unlike a dropped call, is not cancelled by the collector.
+            call.cancel()
         stream.reconnects += 1  # the server ended the stream: resume
 
     async def _subscribe(self, stream: _BucketStream, target: str) -> SessionStream:
@@ -648,9 +652,17 @@ class Subscription:
             sub_id=stream.sub_id,
         )
         call = self._sessions.subscribe(target, request)
+        try:
+            return await self._subscribed(stream, call)
+        except BaseException:
+            call.cancel()
+            raise
+
+    async def _subscribed(self, stream: _BucketStream, call: SessionStream) -> SessionStream:
+        """A Subscribe once its stream is open: the SubAck, then the start persisted."""
+        assert stream.sub_id is not None
         first = await call.read()
         if first is aio.EOF or first.WhichOneof("kind") != "sub_ack":
-            call.cancel()
             raise _Redirect(None)
         start = _seq(first.sub_ack.start_emit_seq)
         stream.cursor = StreamCursor(start, reorder_buffer_max=self.options.reorder_buffer_max)
@@ -672,7 +684,7 @@ class Subscription:
         assert after is not None
         request = pb.ReconnectRequest(sub_id=stream.sub_id, last_processed_emit_seq=_seq_pb(after))
         call = self._sessions.reconnect(target, request)
-        first = await call.read()
+        first = await call.read()  # closes the stream itself if cancelled
         if first is aio.EOF or first.WhichOneof("kind") != "reconnect_ack":
             call.cancel()
             raise _Redirect(None)

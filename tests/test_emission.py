@@ -805,3 +805,27 @@ def test_a_session_carries_many_streams_and_a_bad_stream_ends_alone(
     requests.put(None)
     reader.join(10)
     assert not reader.is_alive() and call.code() == grpc.StatusCode.OK
+
+
+def test_a_catch_up_larger_than_a_grpc_message_arrives_whole(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """A subscription that reconnects after 6 MB of writes to one bucket (100 values
+    of 60 KiB, over the 4 MiB gRPC message limit) gets all of them: the node splits
+    what it sends by size, not only by count."""
+    cursor = tmp_path / "big.cursor"
+    value = b"v" * (60 * 1024)
+    with cluster.client() as client:
+        first = Collector(client.subscribe("prefix:big/", cursor=cursor))
+        client.put("big/start", b"1")
+        first.wait_keys({"big/start"})
+        first.stop()
+        from sevendb.cluster.topology import bucket_of
+
+        keys = [k for i in range(400) if bucket_of(k := f"big/{i:03d}", 2) == 0][:100]
+        for key in keys:
+            client.put(key, value)
+        second = Collector(client.subscribe("prefix:big/", cursor=cursor))
+        second.wait_keys(set(keys), timeout_s=60)
+        second.stop()
+        assert all(c.value == value for e in second.events for c in e.changes)

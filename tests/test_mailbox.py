@@ -60,3 +60,16 @@ def test_one_mailbox_per_loop_and_a_closed_loop_refuses() -> None:
         mailbox(loop).post(print)
     with pytest.raises(RuntimeError):  # nothing was left queued that would block a retry
         mailbox(loop).post(print)
+
+
+def test_the_registry_does_not_keep_a_loop_alive() -> None:
+    import gc
+    import weakref
+
+    loop = asyncio.new_event_loop()
+    mailbox(loop)
+    ref = weakref.ref(loop)
+    loop.close()
+    del loop
+    gc.collect()
+    assert ref() is None
