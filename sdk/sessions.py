@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 from typing import Any
 
 import grpc
@@ -26,8 +25,6 @@ from grpc import aio
 
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.sdk.engine import ERROR_CODE_KEY, LEADER_HINT_KEY, Engine
-
-log = logging.getLogger(__name__)
 
 _STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -49,15 +46,10 @@ def _end_error(end: pb.StreamEnd) -> aio.AioRpcError | None:
     )
 
 
-def _copy(error: BaseException) -> BaseException:
-    if isinstance(error, aio.AioRpcError):
-        return aio.AioRpcError(
-            error.code(),
-            aio.Metadata(),
-            error.trailing_metadata() or aio.Metadata(),
-            error.details(),
-        )
-    return error
+def _copy(error: aio.AioRpcError) -> aio.AioRpcError:
+    return aio.AioRpcError(
+        error.code(), aio.Metadata(), error.trailing_metadata() or aio.Metadata(), error.details()
+    )
 
 
 class SessionStream:
@@ -118,7 +110,7 @@ class _Session:
             pass  # the call is over: the reader tells the streams
 
     async def _read(self) -> None:
-        error: BaseException | None = None
+        error: aio.AioRpcError | None = None
         try:
             while (response := await self._call.read()) is not aio.EOF:
                 for item in response.items:
