@@ -12,14 +12,23 @@ from collections.abc import Coroutine, Sequence
 from concurrent.futures import Future
 from typing import Any, Final, TypeVar
 
+import grpc
 from grpc import aio
 
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
-from sevendb.sdk.mailbox import Mailbox
+from sevendb.sdk.mailbox import mailbox
 
 T = TypeVar("T")
 LEADER_HINT_KEY: Final = "sevendb-leader"
 ERROR_CODE_KEY: Final = "sevendb-error"
+
+
+_STATUS_BY_VALUE: Final = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def status_code(value: int) -> grpc.StatusCode:
+    """The gRPC status with this number (as carried in a message); UNKNOWN if none."""
+    return _STATUS_BY_VALUE.get(value, grpc.StatusCode.UNKNOWN)
 
 
 def leader_hint(exc: aio.AioRpcError) -> str | None:
@@ -40,7 +49,7 @@ class Engine:
     def __init__(self, endpoints: Sequence[str]) -> None:
         self.endpoints = list(endpoints)
         self.loop = asyncio.new_event_loop()
-        self.mailbox = Mailbox(self.loop)
+        self.mailbox = mailbox(self.loop)
         """Calls into the loop from other threads, one wake-up per batch."""
         self._channels: dict[str, aio.Channel] = {}
         self._stubs: dict[str, pb_grpc.SevenDBStub] = {}
@@ -83,4 +92,4 @@ class Engine:
             self._thread.join(5)
 
 
-__all__ = ["ERROR_CODE_KEY", "LEADER_HINT_KEY", "Engine", "leader_hint", "trailer"]
+__all__ = ["ERROR_CODE_KEY", "LEADER_HINT_KEY", "Engine", "leader_hint", "status_code", "trailer"]

@@ -24,9 +24,7 @@ import grpc
 from grpc import aio
 
 from sevendb.proto import sevendb_pb2 as pb
-from sevendb.sdk.engine import ERROR_CODE_KEY, LEADER_HINT_KEY, Engine
-
-_STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
+from sevendb.sdk.engine import ERROR_CODE_KEY, LEADER_HINT_KEY, Engine, status_code
 
 
 def _end_error(end: pb.StreamEnd) -> aio.AioRpcError | None:
@@ -39,7 +37,7 @@ def _end_error(end: pb.StreamEnd) -> aio.AioRpcError | None:
     if end.error:
         trailers.append((ERROR_CODE_KEY, end.error))
     return aio.AioRpcError(
-        _STATUS_BY_VALUE.get(end.code, grpc.StatusCode.UNKNOWN),
+        status_code(end.code),
         aio.Metadata(),
         aio.Metadata(*trailers),
         end.message,

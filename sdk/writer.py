@@ -44,7 +44,7 @@ from grpc import aio
 
 from sevendb.outbox.errors import ERROR_TYPES, ErrorCode, SevenDBError
 from sevendb.proto import sevendb_pb2 as pb
-from sevendb.sdk.engine import ERROR_CODE_KEY, Engine, leader_hint, trailer
+from sevendb.sdk.engine import ERROR_CODE_KEY, Engine, leader_hint, status_code, trailer
 
 BATCH_WRITES_MAX: Final = 512
 BATCH_BYTES_MAX: Final = 3 * 1024 * 1024
@@ -57,7 +57,6 @@ _RETRYABLE: Final = (
     grpc.StatusCode.DEADLINE_EXCEEDED,
     grpc.StatusCode.ABORTED,
 )
-_STATUS_BY_VALUE: Final = {code.value[0]: code for code in grpc.StatusCode}
 T = TypeVar("T")
 
 
@@ -402,7 +401,7 @@ class WritePipeline(Generic[T]):
                 if not pending.future.done():
                     pending.future.set_result(self._convert(outcome.ok))
             else:
-                code = _STATUS_BY_VALUE.get(outcome.code, grpc.StatusCode.UNKNOWN)
+                code = status_code(outcome.code)
                 self._failed(pending, code, outcome.message, outcome.error, outcome.leader, target)
 
     def _failed(
