@@ -18,7 +18,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, Final, NoReturn, Protocol, TypeAlias, TypeVar
+from typing import Any, Final, Generic, NoReturn, Protocol, TypeAlias, TypeVar
 
 import grpc
 from grpc import aio
@@ -301,6 +301,20 @@ def _requests_done(out: asyncio.Queue[pb.SessionItem | None], reader: asyncio.Ta
         out.put_nowait(None)
 
 
+def _session_item(
+    out: asyncio.Queue[pb.SessionItem | None],
+    sid: int,
+    message: pb.SessionItem | pb.StreamMessage | pb.StreamEnd,
+) -> None:
+    """Queue what Session stream `sid` sends: events already in their item, or a
+    message or end to put in one (rare, small)."""
+    if isinstance(message, pb.StreamMessage):
+        message = pb.SessionItem(stream_id=sid, message=message)
+    elif isinstance(message, pb.StreamEnd):
+        message = pb.SessionItem(stream_id=sid, end=message)
+    out.put_nowait(message)
+
+
 def _forget_stream(
     streams: dict[int, asyncio.Task[None]], sid: int, task: asyncio.Task[None]
 ) -> None:
@@ -347,6 +361,8 @@ class _StreamSink:
         self._mailbox = mailbox(loop)  # a notifier pass wakes the loop once, not per stream
         self._queue: asyncio.Queue[tuple[OutboxRow, ...] | str] = asyncio.Queue()
         self._closed: str | None = None
+        self._push: Callable[[Sequence[OutboxRow]], None] | None = None
+        self._ended: asyncio.Future[str] | None = None
 
     def deliver(self, rows: tuple[OutboxRow, ...]) -> None:
         self._put(rows)
@@ -356,7 +372,21 @@ class _StreamSink:
 
     def _put(self, item: tuple[OutboxRow, ...] | str) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is gone: the node is stopping
-            self._mailbox.post(self._queue.put_nowait, item)
+            self._mailbox.post(self._land, item)
+
+    def _land(self, item: tuple[OutboxRow, ...] | str) -> None:
+        push, ended = self._push, self._ended
+        if push is None or ended is None:
+            self._queue.put_nowait(item)
+        elif isinstance(item, str):
+            self._push = None
+            ended.set_result(item)
+        else:
+            try:
+                push(item)
+            except Exception as exc:  # a bug: end the stream, loudly
+                self._push = None
+                ended.set_exception(exc)
 
     async def get(self) -> list[OutboxRow] | str:
         """The rows queued so far (at least one), or why the stream closed."""
@@ -373,6 +403,76 @@ class _StreamSink:
                 break
             rows.extend(item)
         return rows
+
+    def push_to(self, push: Callable[[Sequence[OutboxRow]], None]) -> asyncio.Future[str]:
+        """From now on hand each delivery to `push` where it lands on the loop (what
+        is queued first), instead of queueing it for `get`. The future resolves with
+        why the stream closed, or fails with what `push` raised."""
+        ended = self._ended = asyncio.get_running_loop().create_future()
+        if self._closed is not None:
+            ended.set_result(self._closed)
+            return ended
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if isinstance(item, str):
+                ended.set_result(item)
+                return ended
+            push(item)
+        self._push = push
+        return ended
+
+    def stop(self) -> None:
+        """Push nothing more (the stream is over)."""
+        self._push = self._ended = None
+
+
+class _Encoder(Generic[M]):
+    """A stream's rows as the messages it sends: events in batches of about
+    STREAM_MESSAGE_BYTES at most (far below gRPC's 4 MiB a message) and, while a
+    catch-up head is set, `CaughtUp` right after the event that reaches it, so no
+    live event is ever interleaved before catch-up ends."""
+
+    def __init__(
+        self,
+        events: EventEncoder,
+        sub_id: str,
+        catch_up_head: EmitSeq | None,
+        new_batch: NewBatch[M],
+    ) -> None:
+        self._events = events
+        self._sub_id = sub_id
+        self._head = catch_up_head
+        self._new_batch: NewBatch[M] = new_batch
+
+    def __call__(self, rows: Sequence[OutboxRow]) -> list[M | pb.StreamMessage]:
+        out: list[M | pb.StreamMessage] = []
+        head = self._head
+        batch, message = self._new_batch()
+        size = 0
+        for row in rows:
+            if size >= STREAM_MESSAGE_BYTES:
+                out.append(batch)
+                batch, message = self._new_batch()
+                size = 0
+            if head is not None and row.emit_seq > head:
+                if message.events.events:
+                    out.append(batch)
+                    batch, message = self._new_batch()
+                    size = 0
+                out.append(self._caught_up(head))
+                head = None
+            size += self._events.add(message.events, row)
+        out.append(batch)
+        if head is not None and rows[-1].emit_seq == head:
+            out.append(self._caught_up(head))
+            head = None
+        self._head = head
+        return out
+
+    def _caught_up(self, head: EmitSeq) -> pb.StreamMessage:
+        return pb.StreamMessage(
+            caught_up=pb.CaughtUp(sub_id=self._sub_id, head_emit_seq=seq_pb(head))
+        )
 
 
 # ---- the servicer ----------------------------------------------------------------------
@@ -861,18 +961,26 @@ class NodeService(pb_grpc.SevenDBServicer):
     async def Subscribe(
         self, request: pb.SubscribeRequest, context: Ctx
     ) -> AsyncIterator[pb.StreamMessage]:
-        async for message in self._subscribe(self._principal(context), request, _event_message):
+        async for message in self._subscribe(
+            self._principal(context), request, _event_message, None
+        ):
             yield message
 
     @_streaming
     async def Reconnect(
         self, request: pb.ReconnectRequest, context: Ctx
     ) -> AsyncIterator[pb.StreamMessage]:
-        async for message in self._reconnect(self._principal(context), request, _event_message):
+        async for message in self._reconnect(
+            self._principal(context), request, _event_message, None
+        ):
             yield message
 
     async def _subscribe(
-        self, principal: str, request: pb.SubscribeRequest, new_batch: NewBatch[M]
+        self,
+        principal: str,
+        request: pb.SubscribeRequest,
+        new_batch: NewBatch[M],
+        push: Callable[[M | pb.StreamMessage], None] | None,
     ) -> AsyncIterator[M | pb.StreamMessage]:
         bucket = request.bucket
         self._check_bucket(bucket)
@@ -910,11 +1018,15 @@ class NodeService(pb_grpc.SevenDBServicer):
                 plan_hash=result.plan_hash,
             )
         )
-        async for message in self._pump(notifier, sub_id, sink, None, new_batch):
+        async for message in self._pump(notifier, sub_id, sink, None, new_batch, push):
             yield message
 
     async def _reconnect(
-        self, principal: str, request: pb.ReconnectRequest, new_batch: NewBatch[M]
+        self,
+        principal: str,
+        request: pb.ReconnectRequest,
+        new_batch: NewBatch[M],
+        push: Callable[[M | pb.StreamMessage], None] | None,
     ) -> AsyncIterator[M | pb.StreamMessage]:
         if not request.sub_id or not request.HasField("last_processed_emit_seq"):
             raise _Failure(
@@ -967,7 +1079,7 @@ class NodeService(pb_grpc.SevenDBServicer):
                 caught_up=pb.CaughtUp(sub_id=request.sub_id, head_emit_seq=seq_pb(head))
             )
         async for message in self._pump(
-            notifier, request.sub_id, sink, head if head > after else None, new_batch
+            notifier, request.sub_id, sink, head if head > after else None, new_batch, push
         ):
             yield message
 
@@ -978,57 +1090,47 @@ class NodeService(pb_grpc.SevenDBServicer):
         sink: _StreamSink,
         catch_up_head: EmitSeq | None,
         new_batch: NewBatch[M],
+        push: Callable[[M | pb.StreamMessage], None] | None,
     ) -> AsyncIterator[M | pb.StreamMessage]:
-        """The stream's events until the notifier closes it or the client leaves.
-        While `catch_up_head` is set, `CaughtUp` follows the event that reaches it, so
-        no live event is ever interleaved before catch-up ends."""
-        head = catch_up_head
+        """The stream's events (`_Encoder`) until the notifier closes it or the client
+        leaves. With `push` (a Session's stream), they are handed to it where the rows
+        land on the loop, without waking this generator's task for every delivery:
+        the generator then only waits for the stream to close."""
+        encode = _Encoder(self._events, sub_id, catch_up_head, new_batch)
         try:
-            while True:
-                item = await sink.get()
-                if isinstance(item, str):
-                    holder = self._client_address(notifier.bucket, notifier.holder())
-                    raise _Failure(
-                        grpc.StatusCode.UNAVAILABLE,
-                        f"stream closed: {item}; reconnect",
-                        leader=holder if holder != self._me else None,
-                    )
-                batch, message = new_batch()
-                size = 0
-                for row in item:
-                    if size >= STREAM_MESSAGE_BYTES:  # far below gRPC's 4 MiB a message
-                        yield batch
-                        batch, message = new_batch()
-                        size = 0
-                    if head is not None and row.emit_seq > head:
-                        if message.events.events:
-                            yield batch
-                            batch, message = new_batch()
-                            size = 0
-                        yield pb.StreamMessage(
-                            caught_up=pb.CaughtUp(sub_id=sub_id, head_emit_seq=seq_pb(head))
-                        )
-                        head = None
-                    size += self._events.add(message.events, row)
-                yield batch
-                if head is not None and item[-1].emit_seq == head:
-                    yield pb.StreamMessage(
-                        caught_up=pb.CaughtUp(sub_id=sub_id, head_emit_seq=seq_pb(head))
-                    )
-                    head = None
+            if push is not None:
+
+                def deliver(rows: Sequence[OutboxRow]) -> None:
+                    for message in encode(rows):
+                        push(message)
+
+                reason = await sink.push_to(deliver)
+            else:
+                while not isinstance(item := await sink.get(), str):
+                    for message in encode(item):
+                        yield message
+                reason = item
+            holder = self._client_address(notifier.bucket, notifier.holder())
+            raise _Failure(
+                grpc.StatusCode.UNAVAILABLE,
+                f"stream closed: {reason}; reconnect",
+                leader=holder if holder != self._me else None,
+            )
         finally:
+            sink.stop()
             notifier.detach(sub_id, sink)
 
     async def Session(
         self, requests: AsyncIterator[pb.SessionRequest], context: Ctx
     ) -> AsyncIterator[pb.SessionResponse]:
         """Many Subscribe and Reconnect streams on one call. Each stream runs exactly
-        as on its own call, in a task that queues its messages; the call sends what is
-        queued as one SessionResponse, so the events of many subscriptions share a
-        gRPC message (and a loop turn on both ends). A stream's failure or bad request
-        ends that stream only (`StreamEnd` carries the status its own call would have
-        ended with); the call ends when the client closes it, or half-closes it and
-        its streams are over."""
+        as on its own call, in a task that queues its messages (once attached, its
+        events are queued where its rows land, without waking the task: `_pump`); the
+        call sends what is queued as one SessionResponse, so the events of many
+        subscriptions share a gRPC message (and a loop turn on both ends). A stream's
+        failure or bad request ends that stream only (`StreamEnd` carries the status
+        its own call would have ended with); the call ends when the client closes it,
+        or half-closes it and its streams are over."""
         try:
             principal = self._principal(context)
         except _Failure as failure:
@@ -1099,12 +1201,14 @@ class NodeService(pb_grpc.SevenDBServicer):
                 out.put_nowait(pb.SessionItem(stream_id=sid, end=_stream_end(failure)))
                 continue
             new_batch = _session_batch(sid)
+            queue_item = functools.partial(_session_item, out, sid)
+            push: Callable[[pb.SessionItem | pb.StreamMessage], None] = queue_item
             messages = (
-                self._subscribe(principal, request.subscribe, new_batch)
+                self._subscribe(principal, request.subscribe, new_batch, push)
                 if op == "subscribe"
-                else self._reconnect(principal, request.reconnect, new_batch)
+                else self._reconnect(principal, request.reconnect, new_batch, push)
             )
-            task = streams[sid] = loop.create_task(self._session_stream(sid, messages, out))
+            task = streams[sid] = loop.create_task(self._session_stream(sid, messages, queue_item))
             task.add_done_callback(functools.partial(_forget_stream, streams, sid))
         while streams:
             await asyncio.gather(*streams.values(), return_exceptions=True)
@@ -1114,21 +1218,19 @@ class NodeService(pb_grpc.SevenDBServicer):
         self,
         sid: int,
         messages: AsyncIterator[pb.SessionItem | pb.StreamMessage],
-        out: asyncio.Queue[pb.SessionItem | None],
+        push: Callable[[pb.SessionItem | pb.StreamMessage | pb.StreamEnd], None],
     ) -> None:
         """Queue one stream's messages, then its end. Cancelled: closed, nothing sent."""
         try:
             async for message in messages:
-                if isinstance(message, pb.StreamMessage):  # not events: rare, small
-                    message = pb.SessionItem(stream_id=sid, message=message)
-                out.put_nowait(message)
+                push(message)
             end = pb.StreamEnd()
         except _Failure as failure:
             end = _stream_end(failure)
         except Exception:
             log.exception("session stream %d failed", sid)
             end = pb.StreamEnd(code=grpc.StatusCode.INTERNAL.value[0], message="internal error")
-        out.put_nowait(pb.SessionItem(stream_id=sid, end=end))
+        push(end)
 
     def _count_reconnect(self, status: str) -> None:
         if self._metrics is not None:
