@@ -91,7 +91,8 @@ _ACK_WAIT_POLL_S: Final = 0.005
 _ACK_WAIT_POLL_MAX_S: Final = 0.05
 _ACK_TAKEN: Final = (pb.AckResult.ACCEPTED, pb.AckResult.DUPLICATE, pb.AckResult.REGRESSIVE)
 STREAM_BATCH_EVENTS_MAX: Final = 4096
-"""Most events one EventBatch message carries."""
+"""Most events one EventBatch of a call's own stream carries: deliveries queued while
+its task was busy share one. (A Session's stream sends each delivery as it lands.)"""
 STREAM_MESSAGE_BYTES: Final = 1024 * 1024
 """An EventBatch takes events until it is about this large (an entry, so an event, is
 at most 2 MiB: every message stays below gRPC's 4 MiB)."""
@@ -376,7 +377,9 @@ class _StreamSink:
 
     def _land(self, item: tuple[OutboxRow, ...] | str) -> None:
         push, ended = self._push, self._ended
-        if push is None or ended is None:
+        # Done: the stream's task was cancelled (closed, or its call ended) and has
+        # not yet run its `stop`; nothing may reach the call after that.
+        if push is None or ended is None or ended.done():
             self._queue.put_nowait(item)
         elif isinstance(item, str):
             self._push = None
@@ -1010,15 +1013,14 @@ class NodeService(pb_grpc.SevenDBServicer):
                 "reconnect",
                 leader=self._client_address(bucket, attach.holder),
             )
-        yield pb.StreamMessage(
-            sub_ack=pb.SubAck(
-                sub_id=sub_id,
-                start_emit_seq=seq_pb(result.start),
-                bucket=bucket,
-                plan_hash=result.plan_hash,
-            )
+        ack = pb.SubAck(
+            sub_id=sub_id,
+            start_emit_seq=seq_pb(result.start),
+            bucket=bucket,
+            plan_hash=result.plan_hash,
         )
-        async for message in self._pump(notifier, sub_id, sink, None, new_batch, push):
+        opening = [pb.StreamMessage(sub_ack=ack)]
+        async for message in self._pump(notifier, sub_id, sink, None, new_batch, push, opening):
             yield message
 
     async def _reconnect(
@@ -1059,7 +1061,7 @@ class NodeService(pb_grpc.SevenDBServicer):
                 error="NOT_OWNER",
             )
         self._count_reconnect(decision.status.name)
-        yield pb.StreamMessage(
+        reply = pb.StreamMessage(
             reconnect_ack=pb.ReconnectAck(
                 status=_RECONNECT_STATUS[decision.status],
                 current_epoch_id=pb.EmitSeq.EpochId(
@@ -1070,16 +1072,23 @@ class NodeService(pb_grpc.SevenDBServicer):
             )
         )
         if attach.status is not AttachStatus.ATTACHED:
+            yield reply
             return
         # Catch-up ends with the last event committed for the subscription when it
         # attached (outboxed or still pending), so every event committed before the
         # Reconnect precedes CaughtUp, and every later one follows it.
+        opening = [reply]
         if head <= after:
-            yield pb.StreamMessage(
-                caught_up=pb.CaughtUp(sub_id=request.sub_id, head_emit_seq=seq_pb(head))
-            )
+            caught_up = pb.CaughtUp(sub_id=request.sub_id, head_emit_seq=seq_pb(head))
+            opening.append(pb.StreamMessage(caught_up=caught_up))
         async for message in self._pump(
-            notifier, request.sub_id, sink, head if head > after else None, new_batch, push
+            notifier,
+            request.sub_id,
+            sink,
+            head if head > after else None,
+            new_batch,
+            push,
+            opening,
         ):
             yield message
 
@@ -1091,13 +1100,17 @@ class NodeService(pb_grpc.SevenDBServicer):
         catch_up_head: EmitSeq | None,
         new_batch: NewBatch[M],
         push: Callable[[M | pb.StreamMessage], None] | None,
+        opening: Sequence[pb.StreamMessage],
     ) -> AsyncIterator[M | pb.StreamMessage]:
-        """The stream's events (`_Encoder`) until the notifier closes it or the client
-        leaves. With `push` (a Session's stream), they are handed to it where the rows
-        land on the loop, without waking this generator's task for every delivery:
-        the generator then only waits for the stream to close."""
+        """An attached stream: `opening` (its SubAck or ReconnectAck), then its events
+        (`_Encoder`) until the notifier closes it or the client leaves, and detached
+        however it ends. With `push` (a Session's stream), events are handed to it
+        where the rows land on the loop, without waking this generator's task for
+        every delivery: the generator then only waits for the stream to close."""
         encode = _Encoder(self._events, sub_id, catch_up_head, new_batch)
         try:
+            for first in opening:
+                yield first
             if push is not None:
 
                 def deliver(rows: Sequence[OutboxRow]) -> None:

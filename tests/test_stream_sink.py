@@ -91,3 +91,35 @@ def test_a_failing_push_ends_the_stream_with_its_error_and_a_stopped_sink_pushes
         assert [r.emit_seq.commit_index for r in rows] == [2]
 
     asyncio.run(main())
+
+
+def test_a_cancelled_stream_pushes_nothing_more() -> None:
+    """A Session stream closed by its client is cancelled at once, but its task runs
+    its `stop` only on a later loop turn: rows and a close landing in between must not
+    reach the call."""
+
+    async def main() -> list[int]:
+        loop = asyncio.get_running_loop()
+        sink = _StreamSink(loop)
+        pushed: list[int] = []
+        waiting = asyncio.Event()
+
+        async def stream() -> None:
+            ended = sink.push_to(lambda rows: pushed.extend(r.emit_seq.commit_index for r in rows))
+            waiting.set()
+            try:
+                await ended
+            finally:
+                sink.stop()
+
+        task = loop.create_task(stream())
+        await waiting.wait()
+        task.cancel()
+        # What the mailbox runs if its turn comes before the task's:
+        sink._land((_row(1),))
+        sink._land("the lease moved")
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return pushed
+
+    assert asyncio.run(main()) == []
