@@ -61,6 +61,7 @@ import pyarrow.dataset as pa_ds
 import pyarrow.parquet as pq
 
 from sevendb.cluster.journal import fsync_dir, write_synced
+from sevendb.cluster.threads import name_os_thread
 from sevendb.outbox.entries import OpKind
 from sevendb.outbox.model import Applied, Delta, OutboxRow, RowsPurged
 
@@ -727,6 +728,7 @@ class ArchiveWriter:
         return max(0.0, min(ages)) if ages else None
 
     def _run(self) -> None:
+        name_os_thread()
         while True:
             with self._cond:
                 while not self._closing:

@@ -77,6 +77,7 @@ from sevendb.outbox.model import Applied
 from sevendb.outbox.state import BucketStateMachine
 
 from .journal import DurableJournal, JournalError, fsync_dir, write_synced
+from .threads import name_os_thread
 
 __all__ = [
     "ApplyOutcome",
@@ -609,6 +610,7 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
         self._last_tick_s = 0.0
         self._late_tick_s = conf.raftMinTimeout / 2
         self._next_late_warning_s = 0.0
+        self._os_named = False
         super().__init__(self_addr, partners, conf)
         # pysyncobj's tick thread exits when the thread that constructed the SyncObj
         # exits (syncobj.py:587); a node may build replicas in a worker thread, so tie
@@ -642,6 +644,9 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
     # -- durability ------------------------------------------------------------------
 
     def _onTick(self, timeToWait: float = 0.0) -> None:
+        if not self._os_named:  # the tick thread is pysyncobj's: name it from inside
+            self._os_named = True
+            name_os_thread(f"raft-b{self._owner.bucket}")
         if self._journal.failure is not None:
             # Fail-stop: behave like a crashed replica (no acks, votes or applies);
             # the rest of the group goes on without it.

@@ -40,6 +40,7 @@ from enum import Enum
 from typing import Final, Protocol
 
 from sevendb.cluster.replica import ApplyOutcome, BucketReplica, ReplicaUnavailable
+from sevendb.cluster.threads import name_os_thread
 from sevendb.notifier.core import (
     OUTBOX_WRITES_IN_FLIGHT_DEFAULT,
     Attach,
@@ -337,6 +338,7 @@ class BucketNotifier:
     # ---- the loop -------------------------------------------------------------------
 
     def _run(self) -> None:
+        name_os_thread()
         busy = False
         while not self._stopped.is_set():
             if not busy:

@@ -141,7 +141,10 @@ METHOD = f"""## Method
   - Then it goes to 10,000 subscriptions of one key each, in 4 processes of 2,500, so
     every write is one event to exactly one subscription.
   - **Events per CPU-second** divides the events by the CPU seconds of the 3 servers,
-    the writer and the subscriber processes, from load start to the last event.
+    the writer and the subscriber processes, from load start to the last event. The
+    log also splits the servers' CPU per event by OS thread name (sevendb names its
+    `raft-b<N>`, `notifier-b<N>` and `archive-<node>` threads; the main thread with
+    the gRPC loop keeps the process's name).
   - **Memory per subscription** is the 3 servers' RSS growth from before the
     subscriptions were made until 1 s after they were all up, over the count. The
     client figure is the subscriber processes' RSS growth, the same way. Whatever

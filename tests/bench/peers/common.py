@@ -72,6 +72,25 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """utime + stime of a live process's threads, summed by OS thread name without
+    its suffix after the first `-` (`raft-b0` and `raft-b1` are `raft`; unnamed
+    threads carry the process's name). Threads that already ended are missing."""
+    out: dict[str, float] = {}
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            name = (task / "comm").read_text().strip().split("-")[0]
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return out
+
+
 def rss_kb(pid: int) -> int:
     try:
         return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_KB

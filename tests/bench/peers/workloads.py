@@ -9,7 +9,16 @@ from pathlib import Path
 from typing import Final
 
 from peers.clusters import Cluster
-from peers.common import JsonDict, Worker, WorkerError, cpu_seconds, log, pct, rss_kb
+from peers.common import (
+    JsonDict,
+    Worker,
+    WorkerError,
+    cpu_seconds,
+    log,
+    pct,
+    rss_kb,
+    thread_cpu,
+)
 
 INFLIGHTS: Final = (1, 32, 64)
 LATENCY_RATE: Final = 500.0
@@ -76,6 +85,14 @@ class Context:
 
     def server_cpu(self) -> float:
         return sum(cpu_seconds(p) for p in self.cluster.pids())
+
+    def server_threads_cpu(self) -> dict[str, float]:
+        """The servers' CPU seconds by thread name (`thread_cpu`), summed."""
+        out: dict[str, float] = {}
+        for pid in self.cluster.pids():
+            for name, seconds in thread_cpu(pid).items():
+                out[name] = out.get(name, 0.0) + seconds
+        return out
 
     def server_rss_kb(self) -> int:
         return sum(rss_kb(p) for p in self.cluster.pids())
@@ -334,6 +351,7 @@ def many(ctx: Context) -> None:
             retries = sum(int(w.ready.get("retries", 0)) for w in workers)
             sub_cpu0 = subscriber_cpu(workers)
             server_cpu0 = ctx.server_cpu()
+            threads0 = ctx.server_threads_cpu()
             r = ctx.load(
                 prefix=prefix,
                 inflight=W4_INFLIGHT,
@@ -342,6 +360,7 @@ def many(ctx: Context) -> None:
             )
             _, sub_cpu1 = wait_received(workers, r["writes"], r["last_ack_ns"], o.drain_grace_s)
             server_cpu = ctx.server_cpu() - server_cpu0
+            threads1 = ctx.server_threads_cpu()
             reports = [
                 w.call({"op": "report", "ranges": [[r["seq0"], r["seq_end"]]]}, 300)["ranges"][0]
                 for w in workers
@@ -378,6 +397,15 @@ def many(ctx: Context) -> None:
             f"server RSS +{(rss1 - rss0) / 1024:.1f} MiB, client RSS +{client_kb / 1024:.1f} MiB, "
             f"setup {setup_s:.1f} s"
         )
+        if distinct:
+            by_thread = sorted(
+                ((t - threads0.get(name, 0.0)) * 1e6 / distinct, name)
+                for name, t in threads1.items()
+            )
+            log(
+                "    servers' CPU per event by thread name: "
+                + ", ".join(f"{name} {us:.1f} µs" for us, name in reversed(by_thread) if us >= 0.05)
+            )
     one, lots = "w4.1.events_per_cpu_s", f"w4.{o.many_subs}.events_per_cpu_s"
     if one in ctx.figures and lots in ctx.figures:
         ctx.figures["w4.per_core_ratio"] = ctx.figures[lots] / ctx.figures[one]

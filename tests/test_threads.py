@@ -1,0 +1,31 @@
+"""cluster/threads.py: a node's threads carry their names to the operating system."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from sevendb.cluster.threads import name_os_thread
+
+
+def _os_name(native_id: int) -> str:
+    return Path(f"/proc/self/task/{native_id}/comm").read_text().strip()
+
+
+def test_a_thread_gets_its_python_name_or_the_given_one_cut_to_15_bytes() -> None:
+    seen: dict[str, str] = {}
+
+    def run(key: str, name: str | None) -> None:
+        name_os_thread(name)
+        seen[key] = _os_name(threading.get_native_id())
+
+    threads = [
+        threading.Thread(target=run, args=("own", None), name="notifier-b7"),
+        threading.Thread(target=run, args=("given", "raft-b123456789012345"), name="x"),
+    ]
+    for t in threads:
+        t.start()
+        t.join()
+    assert seen == {"own": "notifier-b7", "given": "raft-b123456789"}
+    main = threading.main_thread().native_id
+    assert main is not None and _os_name(main) != "notifier-b7"  # only the caller
