@@ -63,13 +63,18 @@ def pct(sorted_values: Sequence[float], p: float) -> float:
 # ---- /proc ------------------------------------------------------------------------------
 
 
+def _stat_cpu(stat: Path) -> float:
+    """utime + stime from a /proc `stat` file."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a live process (0 if it is gone)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return _stat_cpu(Path(f"/proc/{pid}/stat"))
     except (OSError, IndexError):
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
@@ -84,10 +89,10 @@ def thread_cpu(pid: int) -> dict[str, float]:
     for task in tasks:
         try:
             name = (task / "comm").read_text().strip().split("-")[0]
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            seconds = _stat_cpu(task / "stat")
         except (OSError, IndexError):
             continue
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / CLK_TCK
+        out[name] = out.get(name, 0.0) + seconds
     return out
 
 
