@@ -362,8 +362,9 @@ class _StreamSink:
         self._mailbox = mailbox(loop)  # a notifier pass wakes the loop once, not per stream
         self._queue: asyncio.Queue[tuple[OutboxRow, ...] | str] = asyncio.Queue()
         self._closed: str | None = None
-        self._push: Callable[[Sequence[OutboxRow]], None] | None = None
-        self._ended: asyncio.Future[str] | None = None
+        self._pushing: tuple[Callable[[Sequence[OutboxRow]], None], asyncio.Future[str]] | None
+        self._pushing = None
+        """While set (`push_to`), deliveries go to the callable until the future is done."""
 
     def deliver(self, rows: tuple[OutboxRow, ...]) -> None:
         self._put(rows)
@@ -376,20 +377,20 @@ class _StreamSink:
             self._mailbox.post(self._land, item)
 
     def _land(self, item: tuple[OutboxRow, ...] | str) -> None:
-        push, ended = self._push, self._ended
-        # Done: the stream's task was cancelled (closed, or its call ended) and has
-        # not yet run its `stop`; nothing may reach the call after that.
-        if push is None or ended is None or ended.done():
+        # A done future: the stream closed, failed, or its task was cancelled (closed
+        # by the client, or its call ended) and has not yet run `stop`; nothing may
+        # reach the call after that.
+        if self._pushing is None or self._pushing[1].done():
             self._queue.put_nowait(item)
-        elif isinstance(item, str):
-            self._push = None
+            return
+        push, ended = self._pushing
+        if isinstance(item, str):
             ended.set_result(item)
-        else:
-            try:
-                push(item)
-            except Exception as exc:  # a bug: end the stream, loudly
-                self._push = None
-                ended.set_exception(exc)
+            return
+        try:
+            push(item)
+        except Exception as exc:  # a bug: end the stream, loudly
+            ended.set_exception(exc)
 
     async def get(self) -> list[OutboxRow] | str:
         """The rows queued so far (at least one), or why the stream closed."""
@@ -411,7 +412,7 @@ class _StreamSink:
         """From now on hand each delivery to `push` where it lands on the loop (what
         is queued first), instead of queueing it for `get`. The future resolves with
         why the stream closed, or fails with what `push` raised."""
-        ended = self._ended = asyncio.get_running_loop().create_future()
+        ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         if self._closed is not None:
             ended.set_result(self._closed)
             return ended
@@ -421,12 +422,12 @@ class _StreamSink:
                 ended.set_result(item)
                 return ended
             push(item)
-        self._push = push
+        self._pushing = (push, ended)
         return ended
 
     def stop(self) -> None:
         """Push nothing more (the stream is over)."""
-        self._push = self._ended = None
+        self._pushing = None
 
 
 class _Encoder(Generic[M]):
@@ -1211,7 +1212,7 @@ class NodeService(pb_grpc.SevenDBServicer):
                     f"a session holds at most {SESSION_STREAMS_MAX} streams",
                 )
             if failure is not None:
-                out.put_nowait(pb.SessionItem(stream_id=sid, end=_stream_end(failure)))
+                _session_item(out, sid, _stream_end(failure))
                 continue
             new_batch = _session_batch(sid)
             queue_item = functools.partial(_session_item, out, sid)
