@@ -622,6 +622,7 @@ def test_an_ack_waiting_to_be_applied_is_not_confirmed_while_its_purge_cannot_co
 
 
 def test_metrics_endpoint_exports_the_contract_metrics(cluster: LocalCluster) -> None:
+    cluster.wait_settled()  # the holder that emitted is the one whose metrics are read
     with cluster.client() as client:
         collector = Collector(client.subscribe("prefix:m/"))
         client.put("m/1", b"x")
@@ -728,6 +729,8 @@ def test_a_session_carries_many_streams_and_a_bad_stream_ends_alone(
     from sevendb.cluster.topology import bucket_of
 
     bucket = bucket_of("m/", 2)
+    # This raw client does not follow a lease move (the SDK does): none may come.
+    cluster.wait_settled()
     holder = cluster.spec.node(cluster.holder_node(bucket)).grpc_address
     s = pb_grpc.SevenDBStub(grpc.insecure_channel(holder))  # type: ignore[no-untyped-call]
     requests: queue.Queue[pb.SessionRequest | None] = queue.Queue()
