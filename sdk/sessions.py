@@ -4,7 +4,9 @@ A bucket stream of a `Subscription` is a Subscribe or a Reconnect. On calls of
 their own, thousands of subscriptions made every event a gRPC message on its own
 stream, read by its own task, on both ends. Here they share one bidi `Session`
 call per node: the node packs what is due on any of them into one message, and
-one reader task hands each stream its messages.
+one reader task hands each stream its messages: queued for the stream's task to
+read, or, once the stream is open, straight to a handler (`push_to`), so that a
+delivery wakes no task of its own.
 
 A `SessionStream` behaves as its own call would: `read()` returns its messages in
 order, then `aio.EOF` when it ends normally, or raises the `AioRpcError` that call
@@ -17,7 +19,9 @@ starts a new session. Loop only.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -51,29 +55,76 @@ def _copy(error: aio.AioRpcError) -> aio.AioRpcError:
 
 
 class SessionStream:
-    """One Subscribe or Reconnect on a session, read like its own call."""
+    """One Subscribe or Reconnect on a session, read like its own call.
 
-    def __init__(self, session: _Session, stream_id: int) -> None:
-        self._session = session
+    Once its opening message is read, a stream may `push_to` a handler: the session's
+    reader then hands it each later message as it arrives, with no task woken per
+    message, and `read()` is left with the stream's end."""
+
+    def __init__(self, stream_id: int, close: Callable[[int], None]) -> None:
         self.stream_id = stream_id
-        self._items: asyncio.Queue[Any] = asyncio.Queue()
+        self._close = close
+        self._items: collections.deque[Any] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._push: Callable[[Any], bool] | None = None
 
     async def read(self) -> Any:
         """The next `StreamMessage`, or `aio.EOF`; raises how the stream failed."""
-        try:
-            item = await self._items.get()
-        except asyncio.CancelledError:
-            self.cancel()  # the reading task is stopping: the node stops sending
-            raise
+        while not self._items:
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                self.cancel()  # the reading task is stopping: the node stops sending
+                raise
+            finally:
+                self._waiter = None
+        item = self._items.popleft()
         if isinstance(item, BaseException):
             raise item
         return item
 
+    def push_to(self, handler: Callable[[Any], bool]) -> None:
+        """Hand this and every later message to `handler` (queued ones first), on the
+        loop, as the reader takes them. `handler` returns False to stop: `read()` then
+        returns `aio.EOF`. An exception it raises stops it too, raised by `read()`."""
+        self._push = handler
+        while self._push is not None and self._items and _is_message(self._items[0]):
+            self._offer(self._items.popleft())
+
     def cancel(self) -> None:
-        self._session.close_stream(self.stream_id)
+        """Close the stream on the node (idempotent)."""
+        self._close(self.stream_id)
 
     def _put(self, item: Any) -> None:
-        self._items.put_nowait(item)
+        if self._push is not None and _is_message(item):
+            self._offer(item)
+        else:
+            self._queue(item)
+
+    def _offer(self, message: Any) -> None:
+        assert self._push is not None
+        try:
+            more = self._push(message)
+        except Exception as exc:  # the reader serves every stream: never let it fail
+            self._push = None
+            self._queue(exc, first=True)
+            return
+        if not more:
+            self._push = None
+            self._queue(aio.EOF, first=True)
+
+    def _queue(self, item: Any, *, first: bool = False) -> None:
+        if first:
+            self._items.appendleft(item)
+        else:
+            self._items.append(item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
+def _is_message(item: Any) -> bool:
+    return item is not aio.EOF and not isinstance(item, BaseException)
 
 
 class _Session:
@@ -89,7 +140,7 @@ class _Session:
         self._writer = loop.create_task(self._write())
 
     def open(self, request: pb.SessionRequest) -> SessionStream:
-        stream = SessionStream(self, next(self._ids))
+        stream = SessionStream(next(self._ids), self.close_stream)
         request.stream_id = stream.stream_id
         self._streams[stream.stream_id] = stream
         self._requests.put_nowait(request)

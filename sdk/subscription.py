@@ -136,7 +136,8 @@ class SubscribeOptions:
     ack_every_events: int = 256
     """Persist and ack after this many processed events ..."""
     ack_interval_s: float = 0.02
-    """... or this long after the first unflushed one, whichever comes first."""
+    """... or this long after the first unflushed one (up to a quarter of it sooner),
+    whichever comes first."""
     ack_resend_s: float = 1.0
     reorder_buffer_max: int = 1024
     backoff_initial_s: float = 0.05
@@ -185,27 +186,20 @@ class _Inbox:
                 self._cond.wait(timeout_s)
             return self._items.popleft() if self._items else None
 
-    async def aget(self, timeout_s: float | None) -> list[Event] | BaseException | None:
-        with self._cond:
-            if self._items:
-                return self._items.popleft()
-            loop = asyncio.get_running_loop()
-            future: asyncio.Future[None] = loop.create_future()
-            self._waiter = (mailbox(loop), future)
-        # A timer that resolves the same future, not `asyncio.wait_for`: with thousands
-        # of subscriptions most waits end by their (ack) timeout, and wait_for's
-        # cancel-and-wait was a fifth of a subscriber process's CPU.
-        timer = None if timeout_s is None else loop.call_later(timeout_s, _wake, future)
-        try:
-            await future
-        finally:
-            if timer is not None:
-                timer.cancel()
+    async def aget(self) -> list[Event] | BaseException:
+        loop = asyncio.get_running_loop()
+        while True:
             with self._cond:
-                if self._waiter is not None and self._waiter[1] is future:
-                    self._waiter = None
-        with self._cond:
-            return self._items.popleft() if self._items else None
+                if self._items:
+                    return self._items.popleft()
+                future: asyncio.Future[None] = loop.create_future()
+                self._waiter = (mailbox(loop), future)
+            try:
+                await future
+            finally:
+                with self._cond:
+                    if self._waiter is not None and self._waiter[1] is future:
+                        self._waiter = None
 
 
 def _wake(future: asyncio.Future[None]) -> None:
@@ -272,6 +266,24 @@ def _event(bucket: int, ev: pb.DataEvent) -> Event:
     )
 
 
+def offer_events(
+    cursor: StreamCursor[Event], bucket: int, events: Sequence[pb.DataEvent]
+) -> tuple[list[Event], int, bool]:
+    """Offer one message's events to a stream's cursor: (events ready for the
+    application, duplicates dropped, gap). The events released before a gap are
+    ready too: the cursor has moved past them, so a resent copy is a duplicate."""
+    ready: list[Event] = []
+    duplicates = 0
+    for ev in events:
+        offered = cursor.offer(_event(bucket, ev))
+        if offered.duplicate:
+            duplicates += 1
+        elif offered.gap:
+            return ready, duplicates, True
+        ready.extend(offered.ready)
+    return ready, duplicates, False
+
+
 # ---- the subscription --------------------------------------------------------------------
 
 
@@ -318,6 +330,18 @@ class Subscription:
         self._closed = False
         self._batch: collections.deque[Event] = collections.deque()
         self._last: Event | None = None
+        self._flush_lock = threading.Lock()
+        """One flush at a time, from whichever thread: the cursor store never gets an
+        older position after a newer one, and acks leave in order."""
+        self._handed = 0
+        """Events handed to the application (loop only) ..."""
+        self._marked = 0
+        """... and those it has processed (under `_lock`)."""
+        self._arm_on_mark = False
+        """The ack timer found the application behind: its next processed event arms it
+        again (under `_lock`)."""
+        self._due: asyncio.TimerHandle | None = None
+        """When the loop next looks for time-based flushes (loop only)."""
         saved = {c.bucket: c for c in (self._store.named(self.name) if self._store else [])}
         self._streams: dict[int, _BucketStream] = {}
         for bucket in buckets:
@@ -369,16 +393,12 @@ class Subscription:
 
     def __next__(self) -> Event:
         self._mark_processed()
-        self._maybe_flush()
+        if self._flush_due():
+            self._flush()
         while not self._batch:
             if self._closed:
                 raise StopIteration
-            self._maybe_flush()
-            now = time.monotonic()
-            with self._lock:
-                wait = self._progress.next_due_s(now)
-            item = self._inbox.get(None if wait is None else max(wait, 0.001))
-            self._take(item)
+            self._take(self._inbox.get(None))
         self._last = self._batch.popleft()
         return self._last
 
@@ -387,35 +407,29 @@ class Subscription:
 
     async def __anext__(self) -> Event:
         self._mark_processed()
-        while True:
-            flush = self._take_flush_if_due()
-            if flush is not None:
-                if self._store is None:
-                    self._persist_and_ack(flush)  # nothing blocks: no thread hop
-                else:
-                    await asyncio.to_thread(self._persist_and_ack, flush)  # fsync
-            if self._batch:
-                break
+        if self._flush_due():
+            if self._store is None:
+                self._flush()  # nothing blocks: no thread hop
+            else:
+                await asyncio.to_thread(self._flush)  # fsync
+        while not self._batch:
             if self._closed:
                 raise StopAsyncIteration
-            with self._lock:
-                wait = self._progress.next_due_s(time.monotonic())
-            item = await self._inbox.aget(None if wait is None else max(wait, 0.001))
-            self._take(item)
+            self._take(await self._inbox.aget())
         self._last = self._batch.popleft()
         return self._last
 
     def poll(self, timeout_s: float = 0.0) -> Event | None:
         """The next event if one arrives within `timeout_s`, else None."""
         self._mark_processed()
-        self._maybe_flush()
+        if self._flush_due():
+            self._flush()
         deadline = time.monotonic() + timeout_s
         while not self._batch:
             if self._closed:
                 return None
-            self._maybe_flush()
             left = deadline - time.monotonic()
-            self._take(self._inbox.get(min(max(left, 0.0), 0.05)))
+            self._take(self._inbox.get(max(left, 0.0)))
             if left <= 0 and not self._batch:
                 return None
         self._last = self._batch.popleft()
@@ -430,27 +444,36 @@ class Subscription:
 
     def _mark_processed(self) -> None:
         last, self._last = self._last, None
-        if last is not None:
-            with self._lock:
-                self._progress.processed(last.bucket, last.sub_id, last.emit_seq, time.monotonic())
-
-    def _take_flush_if_due(self) -> Flush | None:
+        if last is None:
+            return
         with self._lock:
-            now = time.monotonic()
-            if not self._progress.due(now):
-                return None
-            return self._progress.take_flush(now)
+            self._progress.processed(last.bucket, last.sub_id, last.emit_seq, time.monotonic())
+            self._marked += 1
+            arm, self._arm_on_mark = self._arm_on_mark, False
+        if arm:
+            with contextlib.suppress(RuntimeError):  # the client's loop is gone
+                self._engine.mailbox.post(self._arm, self.options.ack_interval_s)
 
-    def _maybe_flush(self) -> None:
-        flush = self._take_flush_if_due()
-        if flush is not None:
-            self._persist_and_ack(flush)
+    def _flush_due(self, early_s: float = 0.0) -> bool:
+        with self._lock:
+            return self._progress.due(time.monotonic() + early_s)
 
-    def _persist_and_ack(self, flush: Flush) -> None:
-        """Durable first, then the acks (a purge must never overtake the cursor)."""
-        if flush.positions:
-            self._persist(flush)
-            self._engine.mailbox.post(self._send_acks, flush)
+    def _flush(self, early_s: float = 0.0) -> None:
+        """Persist, then acknowledge, whatever is due `early_s` from now (any thread;
+        with a cursor store it blocks on the fsync). A purge must never overtake the
+        cursor."""
+        with self._flush_lock:
+            with self._lock:
+                now = time.monotonic() + early_s
+                if not self._progress.due(now):
+                    return
+                flush = self._progress.take_flush(now)
+            if flush.positions:
+                self._persist(flush)
+                if self._engine.on_loop_thread():
+                    self._send_acks(flush)
+                else:
+                    self._engine.mailbox.post(self._send_acks, flush)
 
     def _persist(self, flush: Flush) -> None:
         if flush.positions and self._store is not None:
@@ -475,14 +498,15 @@ class Subscription:
         self._closed = True
         self._inbox.put([])  # wakes a consumer blocked waiting for events
         if flush:
-            with self._lock:
-                final = self._progress.take_flush(time.monotonic(), final=True)
-            try:
-                self._persist(final)
-            except Exception:
-                log.exception("final cursor persist failed; the final acks are not sent")
-            else:
-                self._final_acks(final, ack_timeout_s)
+            with self._flush_lock:
+                with self._lock:
+                    final = self._progress.take_flush(time.monotonic(), final=True)
+                try:
+                    self._persist(final)
+                except Exception:
+                    log.exception("final cursor persist failed; the final acks are not sent")
+                    final = Flush(())
+            self._final_acks(final, ack_timeout_s)
         if self._engine.loop.is_running():  # not after the Client closed
             with contextlib.suppress(Exception):
                 self._engine.submit(self._stop()).result(5)
@@ -538,6 +562,9 @@ class Subscription:
             stream.task = asyncio.get_running_loop().create_task(self._run_stream(stream))
 
     async def _stop(self) -> None:
+        if self._due is not None:
+            self._due.cancel()
+            self._due = None
         tasks = [s.task for s in self._streams.values() if s.task is not None]
         for task in tasks:
             task.cancel()
@@ -564,6 +591,57 @@ class Subscription:
     def _confirmed(self, bucket: int, sub_id: str, position: EmitSeq) -> None:
         with self._lock:
             self._progress.confirmed(bucket, sub_id, position)
+
+    def _hand_over(self, ready: list[Event]) -> None:
+        self._inbox.put(ready)
+        self._handed += len(ready)
+        self._arm(self.options.ack_interval_s)
+
+    # Time-based flushes (every `ack_interval_s`, resends after `ack_resend_s`) are the
+    # loop's: a timer per subscription, armed when events are handed over, flushes
+    # while the application waits for its next event. The application's own task
+    # then wakes once per delivery, not also for each ack due.
+
+    def _arm(self, after_s: float) -> None:
+        """Look for due flushes `after_s` from now, unless the timer is set sooner."""
+        if self._closed:
+            return
+        loop = self._engine.loop
+        when = loop.time() + after_s
+        if self._due is not None:
+            if self._due.when() <= when:
+                return
+            self._due.cancel()
+        self._due = loop.call_at(when, self._on_due)
+
+    def _on_due(self) -> None:
+        self._due = None
+        if self._closed:
+            return
+        # A quarter interval early: the first unflushed event was processed just
+        # after the delivery that armed the timer, and one visit should take it.
+        early = self.options.ack_interval_s / 4
+        if self._store is None:
+            self._timed_flush(early)
+            self._rearm()
+        else:  # the fsync off the loop
+            done = self._engine.loop.run_in_executor(None, self._timed_flush, early)
+            done.add_done_callback(lambda _: self._rearm())
+
+    def _timed_flush(self, early_s: float) -> None:
+        try:
+            self._flush(early_s)
+        except Exception as exc:  # the application's next read raises it
+            log.exception("flushing cursors and acks of %s failed", self.name)
+            self._inbox.put(SubscriptionBroken(f"flush failed: {exc!r}", "FLUSH"))
+
+    def _rearm(self) -> None:
+        with self._lock:
+            wait = self._progress.next_due_s(time.monotonic())
+            if self._marked < self._handed:
+                self._arm_on_mark = True
+        if wait is not None:
+            self._arm(wait)
 
     async def _run_stream(self, stream: _BucketStream) -> None:
         opts = self.options
@@ -612,30 +690,33 @@ class Subscription:
         )
         if call is None:
             return
-        assert stream.cursor is not None
-        cursor = stream.cursor
         try:
-            while (message := await call.read()) is not aio.EOF:
-                kind = message.WhichOneof("kind")
-                if kind == "events":
-                    ready: list[Event] = []
-                    for ev in message.events.events:
-                        offered = cursor.offer(_event(stream.bucket, ev))
-                        if offered.duplicate:
-                            stream.duplicates += 1
-                        elif offered.gap:
-                            stream.reconnects += 1
-                            return  # reconnect after the flushed position
-                        ready.extend(offered.ready)
-                    if ready:
-                        self._inbox.put(ready)
-                elif kind == "caught_up":
-                    stream.caught_up = True
+            # Every message now goes to `_on_message` as it arrives; what read()
+            # returns is the stream's end (raised if it failed).
+            call.push_to(functools.partial(self._on_message, stream))
+            await call.read()
         finally:
             # However this ends (a gap, an error, a cancel), the node stops sending:
             # a session stream, unlike a dropped call, is not cancelled by the collector.
             call.cancel()
-        stream.reconnects += 1  # the server ended the stream: resume
+        stream.reconnects += 1  # the stream ended (or had a gap): resume
+
+    def _on_message(self, stream: _BucketStream, message: pb.StreamMessage) -> bool:
+        """On the loop: hand an open stream's events to the application. False on a
+        gap: reconnect after the flushed position."""
+        kind = message.WhichOneof("kind")
+        if kind == "events":
+            assert stream.cursor is not None
+            ready, duplicates, gap = offer_events(
+                stream.cursor, stream.bucket, message.events.events
+            )
+            stream.duplicates += duplicates
+            if ready:
+                self._hand_over(ready)
+            return not gap
+        if kind == "caught_up":
+            stream.caught_up = True
+        return True
 
     async def _subscribe(self, stream: _BucketStream, target: str) -> SessionStream:
         if stream.sub_id is None:

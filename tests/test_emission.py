@@ -643,6 +643,20 @@ def test_metrics_endpoint_exports_the_contract_metrics(cluster: LocalCluster) ->
     assert 'reconnect_status_total{status="OK"}' in text or "reconnect_status" in text
 
 
+def _three_events_acked_by_time(
+    cluster: LocalCluster, client: Client, key: str
+) -> tuple[Subscription, int, str]:
+    """A subscription of `key` acking every 50 ms (and not by count), then three writes
+    of it: (subscription, bucket, lease holder)."""
+    cluster.wait_settled()  # no lease move between reading the holder and the test's end
+    options = SubscribeOptions(ack_every_events=1000, ack_interval_s=0.05)
+    sub = client.subscribe(f"key:{key}", options=options)
+    for i in range(3):
+        client.put(key, f"{i}".encode())
+    [bucket] = sub.sub_ids
+    return sub, bucket, cluster.holder_node(bucket)
+
+
 def test_an_async_consumer_waiting_for_events_acks_what_it_processed(
     cluster: LocalCluster,
 ) -> None:
@@ -651,12 +665,7 @@ def test_an_async_consumer_waiting_for_events_acks_what_it_processed(
     import asyncio
 
     with cluster.client() as client:
-        options = SubscribeOptions(ack_every_events=1000, ack_interval_s=0.05)
-        sub = client.subscribe("key:idle", options=options)
-        for i in range(3):
-            client.put("idle", f"{i}".encode())
-        [bucket] = sub.sub_ids
-        holder = cluster.holder_node(bucket)
+        sub, bucket, holder = _three_events_acked_by_time(cluster, client, "idle")
 
         async def scenario() -> None:
             events = aiter(sub)
@@ -677,6 +686,32 @@ def test_an_async_consumer_waiting_for_events_acks_what_it_processed(
 
         asyncio.run(scenario())
         sub.close()
+
+
+def test_events_handed_over_are_acked_only_once_processed_by_a_blocked_consumer(
+    cluster: LocalCluster,
+) -> None:
+    """The client's loop flushes acks on a timer while the application waits. Events
+    it has handed over but the application has not processed are never acked, however
+    many ack intervals pass; once processed, they are acked while a `for` consumer is
+    blocked waiting for more."""
+    with cluster.client() as client:
+        sub, bucket, holder = _three_events_acked_by_time(cluster, client, "behind")
+        wait_for(lambda: sub._handed == 3, 30, "three events handed to the application")
+        time.sleep(0.3)  # six ack intervals with nothing processed
+        assert _outbox_rows(cluster, holder, bucket) == 3
+        assert [sub.poll(5) is not None for _ in range(3)] == [True, True, True]
+        blocked = threading.Thread(target=lambda: next(sub, None), daemon=True)
+        blocked.start()  # marks the third processed, then waits for a fourth
+        wait_for(
+            lambda: _outbox_rows(cluster, holder, bucket) == 0,
+            30,
+            "the acks of a blocked consumer",
+        )
+        assert blocked.is_alive()
+        sub.close()
+        blocked.join(10)
+        assert not blocked.is_alive()
 
 
 def test_async_iteration_and_many_subscriptions_in_one_client(cluster: LocalCluster) -> None:

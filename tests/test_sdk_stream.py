@@ -1,0 +1,123 @@
+"""The SDK's side of one bucket stream: a session stream's messages reach a handler
+in order once pushing starts, its end reaches `read()`, and the events a message
+released before a gap still reach the application."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from grpc import aio
+
+from sevendb.outbox.emitseq import EmitSeq
+from sevendb.proto import sevendb_pb2 as pb
+from sevendb.sdk.cursor import StreamCursor
+from sevendb.sdk.sessions import SessionStream
+from sevendb.sdk.subscription import Event, offer_events
+
+
+def _seq(i: int) -> pb.EmitSeq:
+    return pb.EmitSeq(epoch_id=pb.EmitSeq.EpochId(bucket_uuid="b", epoch_counter=1), commit_index=i)
+
+
+def _event(i: int, prev: int) -> pb.DataEvent:
+    change = pb.Change(key=f"k{i}", value=b"v", version=1)
+    return pb.DataEvent(
+        sub_id="s", emit_seq=_seq(i), prev_emit_seq=_seq(prev), delta=pb.Delta(changes=[change])
+    )
+
+
+def _message(i: int) -> pb.StreamMessage:
+    return pb.StreamMessage(events=pb.EventBatch(events=[_event(i, i - 1)]))
+
+
+def _indexes(messages: list[Any]) -> list[int]:
+    return [m.events.events[0].emit_seq.commit_index for m in messages]
+
+
+def test_the_events_released_before_a_gap_are_handed_over() -> None:
+    cursor: StreamCursor[Event] = StreamCursor(EmitSeq("b", 1, 1))
+    # 2 and 3 chain on; 9 claims a predecessor from before what was released.
+    ready, duplicates, gap = offer_events(cursor, 0, [_event(2, 1), _event(3, 2), _event(9, 0)])
+    assert gap
+    assert [e.emit_seq.commit_index for e in ready] == [2, 3]
+    assert cursor.released == EmitSeq("b", 1, 3)  # so a resent 2 or 3 is a duplicate
+    again, duplicates, gap = offer_events(cursor, 0, [_event(3, 2), _event(4, 3)])
+    assert (duplicates, gap) == (1, False)
+    assert [e.emit_seq.commit_index for e in again] == [4]
+
+
+def test_pushing_takes_queued_messages_first_then_each_as_it_arrives() -> None:
+    async def main() -> tuple[list[Any], Any]:
+        stream = SessionStream(1, lambda _: None)
+        stream._put(_message(1))
+        stream._put(_message(2))
+        pushed: list[Any] = []
+
+        def keep(message: Any) -> bool:
+            pushed.append(message)
+            return True
+
+        stream.push_to(keep)
+        assert _indexes(pushed) == [1, 2]
+        stream._put(_message(3))
+        stream._put(aio.EOF)  # the node ended the stream
+        return pushed, await asyncio.wait_for(stream.read(), 5)
+
+    pushed, end = asyncio.run(main())
+    assert _indexes(pushed) == [1, 2, 3]
+    assert end is aio.EOF
+
+
+def test_a_handler_that_stops_ends_reads_and_pushes_nothing_more() -> None:
+    async def main() -> tuple[list[Any], Any, list[Any]]:
+        stream = SessionStream(1, lambda _: None)
+        pushed: list[Any] = []
+
+        def two(message: Any) -> bool:
+            pushed.append(message)
+            return len(pushed) < 2
+
+        stream.push_to(two)
+        reading = asyncio.ensure_future(stream.read())
+        await asyncio.sleep(0)  # the reader waits
+        for i in (1, 2, 3):
+            stream._put(_message(i))
+        end = await asyncio.wait_for(reading, 5)
+        return pushed, end, list(stream._items)
+
+    pushed, end, left = asyncio.run(main())
+    assert _indexes(pushed) == [1, 2]
+    assert end is aio.EOF
+    assert _indexes(left) == [3]  # queued, never handled
+
+
+def test_a_failing_handler_fails_the_read_not_the_session_reader() -> None:
+    async def main() -> None:
+        stream = SessionStream(1, lambda _: None)
+
+        def broken(_: Any) -> bool:
+            raise ValueError("handler bug")
+
+        stream.push_to(broken)
+        stream._put(_message(1))  # what the session's reader calls: it must not raise
+        with pytest.raises(ValueError, match="handler bug"):
+            await asyncio.wait_for(stream.read(), 5)
+
+    asyncio.run(main())
+
+
+def test_cancelling_a_read_closes_the_stream_on_the_node() -> None:
+    closed: list[int] = []
+
+    async def main() -> None:
+        stream = SessionStream(7, closed.append)
+        reading = asyncio.ensure_future(stream.read())
+        await asyncio.sleep(0)
+        reading.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reading
+
+    asyncio.run(main())
+    assert closed == [7]
