@@ -15,6 +15,7 @@ from typing import Any, Final, TypeVar
 import grpc
 from grpc import aio
 
+from sevendb.cluster.threads import name_os_thread
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 from sevendb.sdk.mailbox import mailbox
 
@@ -58,6 +59,7 @@ class Engine:
         self._thread.start()
 
     def _run(self) -> None:
+        name_os_thread()  # `sevendb-sdk` in top -H and ps -L, too
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 

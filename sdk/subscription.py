@@ -591,6 +591,10 @@ class Subscription:
     def _confirmed(self, bucket: int, sub_id: str, position: EmitSeq) -> None:
         with self._lock:
             self._progress.confirmed(bucket, sub_id, position)
+            idle = self._marked == self._handed and self._progress.next_due_s(0.0) is None
+        if idle and self._due is not None:  # no resend check due: nothing left to look at
+            self._due.cancel()
+            self._due = None
 
     def _hand_over(self, ready: list[Event]) -> None:
         self._inbox.put(ready)

@@ -1,4 +1,5 @@
-"""cluster/threads.py: a node's threads carry their names to the operating system."""
+"""cluster/threads.py: a node's threads, and a client's loop thread, carry their names to
+the operating system."""
 
 from __future__ import annotations
 
@@ -29,3 +30,18 @@ def test_a_thread_gets_its_python_name_or_the_given_one_cut_to_15_bytes() -> Non
     assert seen == {"own": "notifier-b7", "given": "raft-b123456789"}
     main = threading.main_thread().native_id
     assert main is not None and _os_name(main) != "notifier-b7"  # only the caller
+
+
+def test_a_client_names_its_loop_thread() -> None:
+    from sevendb.sdk.engine import Engine
+
+    engine = Engine(["127.0.0.1:1"])  # no call is made: the loop thread alone
+    try:
+        native = engine.submit(_native_id()).result(5)
+        assert _os_name(native) == "sevendb-sdk"
+    finally:
+        engine.close()
+
+
+async def _native_id() -> int:
+    return threading.get_native_id()

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -77,22 +77,23 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
 
 
-def thread_cpu(pid: int) -> dict[str, float]:
-    """utime + stime of a live process's threads, summed by OS thread name without
-    its suffix after the first `-` (`raft-b0` and `raft-b1` are `raft`; unnamed
-    threads carry the process's name). Threads that already ended are missing."""
+def thread_cpu(pids: Iterable[int]) -> dict[str, float]:
+    """utime + stime of live processes' threads, summed by OS thread name without its
+    suffix after the first `-` (`raft-b0` and `raft-b1` are `raft`; unnamed threads
+    carry the process's name). Threads that already ended are missing."""
     out: dict[str, float] = {}
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-    except OSError:
-        return out
-    for task in tasks:
+    for pid in pids:
         try:
-            name = (task / "comm").read_text().strip().split("-")[0]
-            seconds = _stat_cpu(task / "stat")
-        except (OSError, IndexError):
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except OSError:
             continue
-        out[name] = out.get(name, 0.0) + seconds
+        for task in tasks:
+            try:
+                name = (task / "comm").read_text().strip().split("-")[0]
+                seconds = _stat_cpu(task / "stat")
+            except (OSError, IndexError):
+                continue
+            out[name] = out.get(name, 0.0) + seconds
     return out
 
 

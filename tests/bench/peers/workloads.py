@@ -86,14 +86,6 @@ class Context:
     def server_cpu(self) -> float:
         return sum(cpu_seconds(p) for p in self.cluster.pids())
 
-    def server_threads_cpu(self) -> dict[str, float]:
-        """The servers' CPU seconds by thread name (`thread_cpu`), summed."""
-        out: dict[str, float] = {}
-        for pid in self.cluster.pids():
-            for name, seconds in thread_cpu(pid).items():
-                out[name] = out.get(name, 0.0) + seconds
-        return out
-
     def server_rss_kb(self) -> int:
         return sum(rss_kb(p) for p in self.cluster.pids())
 
@@ -308,6 +300,12 @@ def fanout(ctx: Context) -> None:
 # ---- 4. from 1 to 10,000 subscriptions ---------------------------------------------------------
 
 
+def _per_event(before: dict[str, float], after: dict[str, float], events: int) -> str:
+    """µs of CPU per event by thread name, largest first."""
+    by_thread = sorted(((t - before.get(n, 0.0)) * 1e6 / events, n) for n, t in after.items())
+    return ", ".join(f"{name} {us:.1f} µs" for us, name in reversed(by_thread) if us >= 0.05)
+
+
 def many(ctx: Context) -> None:
     """The same write stream (64 in flight, keys cycling over 10,000) delivered to 1
     subscription on their prefix, then to 10,000 subscriptions of one key each."""
@@ -351,7 +349,8 @@ def many(ctx: Context) -> None:
             retries = sum(int(w.ready.get("retries", 0)) for w in workers)
             sub_cpu0 = subscriber_cpu(workers)
             server_cpu0 = ctx.server_cpu()
-            threads0 = ctx.server_threads_cpu()
+            threads0 = thread_cpu(ctx.cluster.pids())
+            sub_threads0 = thread_cpu(w.proc.pid for w in workers)
             r = ctx.load(
                 prefix=prefix,
                 inflight=W4_INFLIGHT,
@@ -360,7 +359,8 @@ def many(ctx: Context) -> None:
             )
             _, sub_cpu1 = wait_received(workers, r["writes"], r["last_ack_ns"], o.drain_grace_s)
             server_cpu = ctx.server_cpu() - server_cpu0
-            threads1 = ctx.server_threads_cpu()
+            threads1 = thread_cpu(ctx.cluster.pids())
+            sub_threads1 = thread_cpu(w.proc.pid for w in workers)
             reports = [
                 w.call({"op": "report", "ranges": [[r["seq0"], r["seq_end"]]]}, 300)["ranges"][0]
                 for w in workers
@@ -398,14 +398,12 @@ def many(ctx: Context) -> None:
             f"setup {setup_s:.1f} s"
         )
         if distinct:
-            by_thread = sorted(
-                ((t - threads0.get(name, 0.0)) * 1e6 / distinct, name)
-                for name, t in threads1.items()
-            )
-            log(
-                "    servers' CPU per event by thread name: "
-                + ", ".join(f"{name} {us:.1f} µs" for us, name in reversed(by_thread) if us >= 0.05)
-            )
+            for whose, before, after in (
+                ("servers'", threads0, threads1),
+                ("subscribers'", sub_threads0, sub_threads1),
+            ):
+                by_name = _per_event(before, after, distinct)
+                log(f"    {whose} CPU per event by thread name: {by_name}")
     one, lots = "w4.1.events_per_cpu_s", f"w4.{o.many_subs}.events_per_cpu_s"
     if one in ctx.figures and lots in ctx.figures:
         ctx.figures["w4.per_core_ratio"] = ctx.figures[lots] / ctx.figures[one]
