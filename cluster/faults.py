@@ -7,6 +7,9 @@ unless the environment variable is set.
 
 Points: ``kill-before-send`` - the lease holder has outboxed rows ready for a client
 stream and dies before sending any of them (seed 000 §12 FTO-02).
+
+Conditions, checked without removing the file: ``no-session`` - the node answers
+``Session`` with UNIMPLEMENTED, as a node from before that call would.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Final
 
 ENV: Final = "SEVENDB_TEST_FAULTS"
 KILL_BEFORE_SEND: Final = "kill-before-send"
+NO_SESSION: Final = "no-session"
 
 
 def fault_file(node_dir: Path, name: str) -> Path:
@@ -44,5 +48,9 @@ class FaultPoints:
             return
         os.kill(os.getpid(), signal.SIGKILL)
 
+    def holds(self, name: str) -> bool:
+        """Is the condition `name` set (its file present)?"""
+        return self.enabled and fault_file(self._dir, name).exists()
 
-__all__ = ["ENV", "KILL_BEFORE_SEND", "FaultPoints", "fault_file"]
+
+__all__ = ["ENV", "KILL_BEFORE_SEND", "NO_SESSION", "FaultPoints", "fault_file"]

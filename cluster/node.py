@@ -172,7 +172,7 @@ class Node:
         except BaseException:
             self.stop_replicas()
             raise
-        self.service = NodeService(self, self.metrics)
+        self.service = NodeService(self, self.metrics, self._faults)
 
     # ---- replicas follow the spec ------------------------------------------------------
 

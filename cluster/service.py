@@ -30,6 +30,7 @@ from sevendb.cluster.auth import (
     principal_from_metadata,
 )
 from sevendb.cluster.batcher import Outcome, WriteBatcher
+from sevendb.cluster.faults import NO_SESSION, FaultPoints
 from sevendb.cluster.grpc_errors import ERROR_CODE_KEY, LEADER_HINT_KEY, STATUS_OF
 from sevendb.cluster.metrics import NodeMetrics
 from sevendb.cluster.replica import (
@@ -497,8 +498,11 @@ class NodeHost(Protocol):
 class NodeService(pb_grpc.SevenDBServicer):
     """Client-facing API of one node; any node accepts any request."""
 
-    def __init__(self, node: NodeHost, metrics: NodeMetrics | None = None) -> None:
+    def __init__(
+        self, node: NodeHost, metrics: NodeMetrics | None = None, faults: FaultPoints | None = None
+    ) -> None:
         self._node = node
+        self._faults = faults
         self._node_id = node.node_id
         self._me = node.me.grpc_address
         self._metrics = metrics
@@ -1145,6 +1149,8 @@ class NodeService(pb_grpc.SevenDBServicer):
         failure or bad request ends that stream only (`StreamEnd` carries the status
         its own call would have ended with); the call ends when the client closes it,
         or half-closes it and its streams are over."""
+        if self._faults is not None and self._faults.holds(NO_SESSION):
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
         try:
             principal = self._principal(context)
         except _Failure as failure:
