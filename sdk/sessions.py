@@ -263,10 +263,16 @@ async def _feed(call: Any, stream: SessionStream) -> None:
     except aio.AioRpcError as exc:
         stream._put(exc)
         return
-    except asyncio.CancelledError:  # closed by the stream's reader
+    except asyncio.CancelledError:  # the call closed by the stream's reader, or this task
         stream._put(
             aio.AioRpcError(grpc.StatusCode.CANCELLED, aio.Metadata(), aio.Metadata(), "closed")
         )
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        return
+    except Exception as exc:  # never leave the stream's reader waiting
+        stream._put(exc)
         return
     stream._put(aio.EOF)
 

@@ -332,7 +332,9 @@ class Subscription:
         self._last: Event | None = None
         self._flush_lock = threading.Lock()
         """One flush at a time, from whichever thread: the cursor store never gets an
-        older position after a newer one, and acks leave in order."""
+        older position after a newer one, nor a cursor after `close` or a forget."""
+        self._flushing = False
+        """A timed flush is in the executor (loop only): no second one queued behind it."""
         self._handed = 0
         """Events handed to the application (loop only) ..."""
         self._marked = 0
@@ -454,15 +456,17 @@ class Subscription:
             with contextlib.suppress(RuntimeError):  # the client's loop is gone
                 self._engine.mailbox.post(self._arm, self.options.ack_interval_s)
 
-    def _flush_due(self, early_s: float = 0.0) -> bool:
+    def _flush_due(self) -> bool:
         with self._lock:
-            return self._progress.due(time.monotonic() + early_s)
+            return self._progress.due(time.monotonic())
 
     def _flush(self, early_s: float = 0.0) -> None:
         """Persist, then acknowledge, whatever is due `early_s` from now (any thread;
         with a cursor store it blocks on the fsync). A purge must never overtake the
         cursor."""
         with self._flush_lock:
+            if self._closed:
+                return  # `close` flushed last
             with self._lock:
                 now = time.monotonic() + early_s
                 if not self._progress.due(now):
@@ -474,6 +478,12 @@ class Subscription:
                     self._send_acks(flush)
                 else:
                     self._engine.mailbox.post(self._send_acks, flush)
+
+    def _forget_cursor(self, sub_id: str) -> None:
+        """After any flush already running, which could save it again."""
+        assert self._store is not None
+        with self._flush_lock:
+            self._store.forget([sub_id])
 
     def _persist(self, flush: Flush) -> None:
         if flush.positions and self._store is not None:
@@ -497,8 +507,9 @@ class Subscription:
         self._mark_processed()
         self._closed = True
         self._inbox.put([])  # wakes a consumer blocked waiting for events
-        if flush:
-            with self._flush_lock:
+        final = Flush(())
+        with self._flush_lock:  # after a flush already running; later ones see _closed
+            if flush:
                 with self._lock:
                     final = self._progress.take_flush(time.monotonic(), final=True)
                 try:
@@ -506,7 +517,7 @@ class Subscription:
                 except Exception:
                     log.exception("final cursor persist failed; the final acks are not sent")
                     final = Flush(())
-            self._final_acks(final, ack_timeout_s)
+        self._final_acks(final, ack_timeout_s)
         if self._engine.loop.is_running():  # not after the Client closed
             with contextlib.suppress(Exception):
                 self._engine.submit(self._stop()).result(5)
@@ -628,9 +639,14 @@ class Subscription:
         if self._store is None:
             self._timed_flush(early)
             self._rearm()
-        else:  # the fsync off the loop
+        elif not self._flushing:  # the fsync off the loop; its end sets the timer again
+            self._flushing = True
             done = self._engine.loop.run_in_executor(None, self._timed_flush, early)
-            done.add_done_callback(lambda _: self._rearm())
+            done.add_done_callback(self._flushed)
+
+    def _flushed(self, _: object) -> None:
+        self._flushing = False
+        self._rearm()
 
     def _timed_flush(self, early_s: float) -> None:
         try:
@@ -797,7 +813,7 @@ class Subscription:
         with self._lock:  # nothing of the dropped stream is persisted or acked again
             self._progress.forget(stream.bucket)
         if self._store is not None:
-            await asyncio.to_thread(self._store.forget, [old])
+            await asyncio.to_thread(self._forget_cursor, old)
         stream.history.append(f"{reason}: {old} dropped; subscribing again")
         if self.options.on_reset is not None:
             try:
