@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -35,7 +36,12 @@ from sevendb.sdk.acks import AckPipeline
 from sevendb.sdk.cursor_store import CursorStore
 from sevendb.sdk.engine import ERROR_CODE_KEY, LEADER_HINT_KEY, Engine
 from sevendb.sdk.sessions import Sessions
-from sevendb.sdk.subscription import SubscribeOptions, Subscription, parse_query
+from sevendb.sdk.subscription import (
+    SubscribeOptions,
+    Subscription,
+    close_subscriptions,
+    parse_query,
+)
 from sevendb.sdk.writer import Unauthenticated, Unavailable, WritePipeline, domain_error
 
 T = TypeVar("T")
@@ -135,11 +141,17 @@ class Client:
         self._writes: WritePipeline[WriteResult] | None = None
         self._ack_pipeline: AckPipeline | None = None
         self._sessions: Sessions | None = None
+        self._subscriptions: weakref.WeakSet[Subscription] = weakref.WeakSet()
 
     def close(self) -> None:
         """Close the connections. Writes not answered yet fail with "the client is
-        closing" (they may still commit: retry them through an idempotent producer)."""
+        closing" (they may still commit: retry them through an idempotent producer).
+        Open subscriptions are closed first, as by their own `close()`: what they
+        processed is persisted and acknowledged (the final acks of all of them
+        together), and their consumers' iterations end."""
         with self._lock:
+            subs = list(self._subscriptions)
+            self._subscriptions.clear()
             engine, self._engine = self._engine, None
             writes, self._writes = self._writes, None
             self._ack_pipeline = self._sessions = None
@@ -149,9 +161,9 @@ class Client:
         if engine is None:
             return
         if engine.on_loop_thread():  # from a callback: the loop cannot wait for itself
-            threading.Thread(target=_shut_down, args=(engine, writes), daemon=True).start()
+            threading.Thread(target=_shut_down, args=(engine, writes, subs), daemon=True).start()
         else:
-            _shut_down(engine, writes)
+            _shut_down(engine, writes, subs)
 
     def __enter__(self) -> Client:
         return self
@@ -305,9 +317,12 @@ class Client:
                 self._sessions = Sessions(engine, self.metadata)
             acks, sessions = self._ack_pipeline, self._sessions
             assert sessions is not None
-        return Subscription(
+        sub = Subscription(
             self, engine, acks, sessions, parsed, buckets, cursor=cursor, name=name, options=options
         )
+        with self._lock:
+            self._subscriptions.add(sub)
+        return sub
 
     def _loop_locked(self) -> Engine:
         if self._engine is None:
@@ -330,7 +345,10 @@ class Client:
             return self._writes
 
 
-def _shut_down(engine: Engine, writes: WritePipeline[Any] | None) -> None:
+def _shut_down(
+    engine: Engine, writes: WritePipeline[Any] | None, subs: Sequence[Subscription]
+) -> None:
+    close_subscriptions(subs)
     if writes is not None and engine.loop.is_running():
         engine.submit(writes.close()).result(10)
     engine.close()

@@ -39,7 +39,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple, TypeAlias
 
 import grpc
 from grpc import aio
@@ -286,6 +286,9 @@ def offer_events(
 
 # ---- the subscription --------------------------------------------------------------------
 
+FinalAck: TypeAlias = tuple[str, str, EmitSeq, Callable[[EmitSeq], None]]
+"""(node address, sub_id, position, confirmed) of a closing subscription's final ack."""
+
 
 class Subscription:
     """A query subscribed in every bucket it spans; iterate it (sync or async).
@@ -502,33 +505,28 @@ class Subscription:
         `close` returns the rows are gone from the outbox (and on their way to the
         archive). An ack still unconfirmed then is logged; its rows stay until a later
         reconnect of the subscription (which acks its position) or the stall window."""
+        close_subscriptions([self], flush=flush, ack_timeout_s=ack_timeout_s)
+
+    def _close_here(self, flush: bool) -> list[FinalAck]:
+        """The caller's half of `close`: stop taking events, wake the consumer, persist
+        the final flush. Returns its acks to send (none if already closed)."""
         if self._closed:
-            return
+            return []
         self._mark_processed()
         self._closed = True
         self._inbox.put([])  # wakes a consumer blocked waiting for events
-        final = Flush(())
-        with self._flush_lock:  # after a flush already running; later ones see _closed
-            if flush:
-                with self._lock:
-                    final = self._progress.take_flush(time.monotonic(), final=True)
-                try:
-                    self._persist(final)
-                except Exception:
-                    log.exception("final cursor persist failed; the final acks are not sent")
-                    final = Flush(())
-        self._final_acks(final, ack_timeout_s)
-        if self._engine.loop.is_running():  # not after the Client closed
-            with contextlib.suppress(Exception):
-                self._engine.submit(self._stop()).result(5)
-
-    def _final_acks(self, final: Flush, ack_timeout_s: float) -> None:
-        if not final.positions:
-            return
-        if not self._engine.loop.is_running():
-            log.warning("the client is closed: %d final acks not sent", len(final.positions))
-            return
-        acks = [
+        if not flush:
+            with self._flush_lock:  # after a flush already running; later ones see _closed
+                return []
+        with self._flush_lock:
+            with self._lock:
+                final = self._progress.take_flush(time.monotonic(), final=True)
+            try:
+                self._persist(final)
+            except Exception:
+                log.exception("final cursor persist failed; the final acks are not sent")
+                return []
+        return [
             (
                 self._streams[bucket].target or self._engine.any_endpoint(),
                 sub_id,
@@ -537,20 +535,6 @@ class Subscription:
             )
             for bucket, sub_id, pos in final.positions
         ]
-        try:
-            left = self._engine.submit(self._acks.ack_applied(acks, ack_timeout_s)).result(
-                ack_timeout_s + 5
-            )
-        except Exception:
-            log.exception("final acks failed")
-        else:
-            if left:
-                log.warning(
-                    "%d final acks not applied within %.1fs; their rows stay until the "
-                    "subscription reconnects or stalls out",
-                    left,
-                    ack_timeout_s,
-                )
 
     def unsubscribe(self) -> None:
         """End the subscription on the server (every bucket) and forget its cursors."""
@@ -823,6 +807,41 @@ class Subscription:
         return None  # the next pass subscribes afresh
 
 
+def close_subscriptions(
+    subs: Sequence[Subscription], *, flush: bool = True, ack_timeout_s: float = CLOSE_ACK_WAIT_S
+) -> None:
+    """`Subscription.close` for subscriptions of one client at once: their final acks
+    go out together and are waited for together, for up to `ack_timeout_s` in all."""
+    acks = [ack for sub in subs for ack in sub._close_here(flush)]
+    if not subs:
+        return
+    engine, pipeline = subs[0]._engine, subs[0]._acks
+    if acks and not engine.loop.is_running():
+        log.warning("the client is closed: %d final acks not sent", len(acks))
+    elif acks:
+        try:
+            left = engine.submit(pipeline.ack_applied(acks, ack_timeout_s)).result(
+                ack_timeout_s + 5
+            )
+        except Exception:
+            log.exception("final acks failed")
+        else:
+            if left:
+                log.warning(
+                    "%d final acks not applied within %.1fs; their rows stay until the "
+                    "subscription reconnects or stalls out",
+                    left,
+                    ack_timeout_s,
+                )
+    if engine.loop.is_running():  # not after the Client closed
+
+        async def stop() -> None:
+            await asyncio.gather(*(sub._stop() for sub in subs))
+
+        with contextlib.suppress(Exception):
+            engine.submit(stop()).result(5 + len(subs) / 1000)
+
+
 __all__ = [
     "Event",
     "StreamReset",
@@ -830,5 +849,6 @@ __all__ = [
     "SubscribeOptions",
     "Subscription",
     "SubscriptionBroken",
+    "close_subscriptions",
     "parse_query",
 ]

@@ -591,6 +591,36 @@ def test_close_waits_for_acks_the_holder_had_only_queued(cluster: LocalCluster) 
         assert _outbox_rows(cluster, holder, bucket) == 0
 
 
+def test_closing_the_client_closes_its_subscriptions_and_acks_what_they_processed(
+    cluster: LocalCluster,
+) -> None:
+    """`Client.close` ends a consumer blocked in `for` and acks (applied) what each of
+    its subscriptions processed, all final acks together."""
+    cluster.wait_settled()  # no lease move between reading the holder and the test's end
+    client = cluster.client()
+    subs = [client.subscribe("key:shut", name=f"s{i}", options=_CLOSE_ACKS_ONLY) for i in (1, 2)]
+    for i in range(3):
+        client.put("shut", f"{i}".encode())
+    [bucket] = subs[0].sub_ids
+    holder = cluster.holder_node(bucket)
+    seen: list[list[int]] = [[], []]
+
+    def consume(i: int) -> None:
+        for event in subs[i]:  # ends when the client closes
+            seen[i].append(event.emit_seq.commit_index)
+
+    consumers = [threading.Thread(target=consume, args=(i,), daemon=True) for i in (0, 1)]
+    for t in consumers:
+        t.start()
+    wait_for(lambda: all(len(x) == 3 for x in seen), 30, "three events each")
+    assert _outbox_rows(cluster, holder, bucket) == 6  # nothing acked yet
+    client.close()
+    for t in consumers:
+        t.join(10)
+        assert not t.is_alive()
+    assert _outbox_rows(cluster, holder, bucket) == 0
+
+
 def test_a_subscription_closed_after_its_client_returns_at_once(cluster: LocalCluster) -> None:
     """The client's loop is gone: nothing can be sent, and nothing is waited for."""
     client = cluster.client()
