@@ -515,10 +515,9 @@ class Subscription:
         self._mark_processed()
         self._closed = True
         self._inbox.put([])  # wakes a consumer blocked waiting for events
-        if not flush:
-            with self._flush_lock:  # after a flush already running; later ones see _closed
+        with self._flush_lock:  # after a flush already running; later ones see _closed
+            if not flush:
                 return []
-        with self._flush_lock:
             with self._lock:
                 final = self._progress.take_flush(time.monotonic(), final=True)
             try:
@@ -812,9 +811,9 @@ def close_subscriptions(
 ) -> None:
     """`Subscription.close` for subscriptions of one client at once: their final acks
     go out together and are waited for together, for up to `ack_timeout_s` in all."""
-    acks = [ack for sub in subs for ack in sub._close_here(flush)]
     if not subs:
         return
+    acks = [ack for sub in subs for ack in sub._close_here(flush)]
     engine, pipeline = subs[0]._engine, subs[0]._acks
     if acks and not engine.loop.is_running():
         log.warning("the client is closed: %d final acks not sent", len(acks))
