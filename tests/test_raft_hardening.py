@@ -53,6 +53,7 @@ from sevendb.cluster.replica import (
     _encode_snapshot,
     _RaftNode,
     _Snapshot,
+    _StoredZlib,
 )
 from sevendb.outbox.entries import (
     Ack,
@@ -508,6 +509,22 @@ def test_after_replica_binds_only_its_address_and_refuses_raw_pickles(tmp_path: 
             data_dir=tmp_path / "nopw",
             password="",
         )
+
+
+def test_messages_travel_as_stored_zlib_streams_that_any_zlib_reads() -> None:
+    """BEFORE: pysyncobj deflates every message at level 3 (tcp_connection.py:144);
+    deflate's set-up, ~256 KiB of state per call, is most of a small message's cost.
+    AFTER: the transport's zlib is `_StoredZlib`: a frame holds the message's bytes as
+    they are, in a zlib stream of stored blocks that stock zlib inflates (a node
+    before this change reads it), and a deflated frame (such a node's) is read too."""
+    import pysyncobj.tcp_connection as transport
+
+    assert transport.zlib is _StoredZlib
+    message = pickle.dumps(("append_entries", [b"k" * 4000, os.urandom(64)]))
+    frame = transport.zlib.compress(message, 3)
+    assert message in frame  # stored as is, not deflated
+    assert zlib.decompress(frame) == message
+    assert transport.zlib.decompress(zlib.compress(message, 3)) == message
 
 
 # ------------------------------------------------- (4) nextIndex rewinds / truncation
