@@ -7,8 +7,11 @@ Prints committed writes/s and p50/p99 latency for sevendb (3 nodes, fsync on,
 next to bare pysyncobj replicated counters (3 processes, its default in-memory
 journal: nothing fsynced; one counter per bucket, the in-flight writes split
 between them) driven in-process at the same concurrency, and the ratio to the
-raw run with as many counters as sevendb has buckets. Not a test: figures are
-printed, never asserted.
+raw run with as many counters as sevendb has buckets. The raw counters run stock
+pysyncobj with sevendb's send tuning (the ratio's base), then once more with
+sevendb's transport patches too (`--sevendb-transport`: the pickle protocol and
+frames that are not deflated, which make every message cheaper), for a second
+ratio. Not a test: figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from sevendb.cluster.local import cluster_down, cluster_up, local_token, node_status
+from sevendb.cluster.replica import RaftTuning
 from sevendb.cluster.topology import ClusterSpec
 from sevendb.sdk.client import Client, set_op
 
@@ -47,7 +51,23 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def run_raw(inflight: int, seconds: float, tuned: bool, groups: int = 1) -> dict[str, float]:
+def tuned_sends() -> dict[str, object]:
+    """The send and timing settings BucketReplica gives pysyncobj (not its journal,
+    fsyncs, group-commit draining or transport patches)."""
+    t = RaftTuning()
+    return {
+        "appendEntriesUseBatch": False,
+        "appendEntriesPeriod": t.heartbeat_s,
+        "autoTickPeriod": t.tick_s,
+        "raftMinTimeout": t.election_min_s,
+        "raftMaxTimeout": t.election_max_s,
+        "connectionRetryTime": t.connection_retry_s,
+    }
+
+
+def run_raw(
+    inflight: int, seconds: float, tuned: bool, groups: int = 1, *, patched: bool = False
+) -> dict[str, float]:
     ports = iter(free_ports(3 * groups))
     addrs = [[f"127.0.0.1:{next(ports)}" for _ in range(groups)] for _ in range(3)]
     procs = []
@@ -64,9 +84,11 @@ def run_raw(inflight: int, seconds: float, tuned: bool, groups: int = 1) -> dict
             str(inflight),
             "--seconds",
             str(seconds),
+            "--conf",
+            json.dumps(tuned_sends() if tuned else {}),
         ]
-        if tuned:
-            cmd.append("--tuned")
+        if patched:
+            cmd.append("--sevendb-transport")
         # stderr to a file: pysyncobj may log thousands of lines, which would fill a
         # pipe nobody reads until the end and stall the node.
         err = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed below
@@ -240,34 +262,40 @@ def main() -> int:
     print(f"machine: {machine()}", flush=True)
     bucket_counts = [int(x) for x in args.buckets.split(",")]
     rows = []
-    raw: dict[tuple[int, int], dict[str, float]] = {}  # (groups, in flight) -> figures
+    # (patched, groups, in flight) -> figures of the tuned raw runs
+    raw: dict[tuple[bool, int, int], dict[str, float]] = {}
     for groups in bucket_counts:
         # pysyncobj's default sends (an append every 100 ms) only for context, once.
-        for tuned in (False, True) if groups == bucket_counts[0] else (True,):
+        variants = [(False, False), (True, False), (True, True)]
+        for tuned, patched in variants if groups == bucket_counts[0] else variants[1:]:
             sends = "tuned" if tuned else "default"
-            name = f"raw pysyncobj, {groups} counter(s) ({sends} sends, no fsync)"
+            transport = "sevendb's transport patches" if patched else "stock"
+            name = f"raw pysyncobj, {groups} counter(s) ({transport}, {sends} sends, no fsync)"
             for inflight in inflights:
                 print(f"{name}, {inflight} in flight ...", file=sys.stderr, flush=True)
-                r = run_raw(inflight, args.seconds, tuned, groups)
+                r = run_raw(inflight, args.seconds, tuned, groups, patched=patched)
                 rows.append((name, inflight, r))
                 if tuned:
-                    raw[groups, inflight] = r
+                    raw[patched, groups, inflight] = r
     for buckets in bucket_counts:
         print(f"sevendb, {buckets} bucket(s) ...", file=sys.stderr, flush=True)
         for inflight, r in run_sevendb(buckets, inflights, args.seconds).items():
-            base = raw.get((buckets, inflight), {}).get("ops_per_s", 0.0)
-            r["ratio_vs_raw_tuned"] = r["ops_per_s"] / base if base else 0.0
+            for patched in (False, True):
+                base = raw.get((patched, buckets, inflight), {}).get("ops_per_s", 0.0)
+                r[f"ratio_{patched}"] = r["ops_per_s"] / base if base else 0.0
             rows.append((f"sevendb durable, {buckets} bucket(s), 3 nodes", inflight, r))
     print(
-        "\n| system | in flight | writes/s | p50 ms | p99 ms | vs raw, as many counters (tuned) | "
-        "fsyncs/write |\n|---|---|---|---|---|---|---|"
+        "\n| system | in flight | writes/s | p50 ms | p99 ms | vs raw stock (tuned sends), "
+        "as many counters | vs raw with sevendb's transport patches | fsyncs/write |"
+        "\n|---|---|---|---|---|---|---|---|"
     )
     for name, inflight, r in rows:
-        ratio = f"{r['ratio_vs_raw_tuned']:.2f}" if "ratio_vs_raw_tuned" in r else ""
+        ratios = [f"{r[k]:.2f}" if k in r else "" for k in ("ratio_False", "ratio_True")]
         fs = f"{r['fsyncs_per_write']:.2f}" if "fsyncs_per_write" in r else ""
         print(
             f"| {name} | {inflight} | {r.get('ops_per_s', 0):,.0f} | "
-            f"{r.get('p50_ms', 0):.2f} | {r.get('p99_ms', 0):.2f} | {ratio} | {fs} |"
+            f"{r.get('p50_ms', 0):.2f} | {r.get('p99_ms', 0):.2f} | {ratios[0]} | "
+            f"{ratios[1]} | {fs} |"
         )
     return 0
 

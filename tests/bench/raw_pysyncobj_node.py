@@ -1,7 +1,12 @@
 """One process of the raw-pysyncobj baseline: bare replicated counters.
 
-Default journal (in memory, nothing fsynced); `--tuned` applies the same send
-tuning sevendb uses, so the comparison isolates durability and sevendb's layers.
+Default journal (in memory, nothing fsynced). `--conf` takes pysyncobj settings as
+JSON (`bench_writes.py` passes the send tuning sevendb uses, so that the comparison
+isolates durability and sevendb's layers). The process runs stock pysyncobj unless
+`--sevendb-transport` is given: importing `sevendb.cluster.replica` applies its
+import-time patches, which change what every message costs (a newer pickle
+protocol, frames no longer deflated). Before stop 25 the tuned runs got them
+unasked, from importing `RaftTuning`.
 With several groups (one counter each, as sevendb has one Raft group per bucket)
 the in-flight writes are split evenly between them. Each process drives the
 groups it leads with a closed loop of its own and prints one JSON line.
@@ -96,24 +101,12 @@ def main() -> int:
     )
     p.add_argument("--inflight", type=int, default=1)
     p.add_argument("--seconds", type=float, default=5)
-    p.add_argument("--tuned", action="store_true")
+    p.add_argument("--conf", default="{}", help="SyncObjConf settings as a JSON object")
+    p.add_argument("--sevendb-transport", action="store_true")
     args = p.parse_args()
-    kw: dict[str, object] = {}
-    if args.tuned:
-        from sevendb.cluster.replica import RaftTuning
-
-        # The same send/timing settings BucketReplica uses (not its journal, its
-        # fsyncs or its group-commit draining).
-        t = RaftTuning()
-        kw = {
-            "appendEntriesUseBatch": False,
-            "appendEntriesPeriod": t.heartbeat_s,
-            "autoTickPeriod": t.tick_s,
-            "raftMinTimeout": t.election_min_s,
-            "raftMaxTimeout": t.election_max_s,
-            "connectionRetryTime": t.connection_retry_s,
-        }
-    conf = SyncObjConf(**kw)
+    if args.sevendb_transport:
+        import sevendb.cluster.replica  # noqa: F401 - for its import-time patches
+    conf = SyncObjConf(**json.loads(args.conf))
     groups = [
         Counter(me, partners.split(","), conf)
         for me, partners in zip(args.me.split(","), args.partners.split(";"), strict=True)
