@@ -26,7 +26,7 @@ from grpc import aio
 from sevendb.cluster.archive import ArchiveWriter, archive_root
 from sevendb.cluster.faults import KILL_BEFORE_SEND, FaultPoints
 from sevendb.cluster.metrics import NodeMetrics
-from sevendb.cluster.replica import BucketReplica, RaftTuning
+from sevendb.cluster.replica import BucketReplica, RaftLoop, RaftTuning
 from sevendb.cluster.service import NodeService
 from sevendb.cluster.topology import SPEC_FILE, ClusterSpec, ConfigError
 from sevendb.notifier.host import BucketNotifier, NotifierSettings
@@ -162,6 +162,8 @@ class Node:
         self._faults = FaultPoints.from_env(self.home)
         self.replicas: dict[int, BucketReplica] = {}
         self.notifiers: dict[int, BucketNotifier] = {}
+        self.raft_loop = RaftLoop()
+        """Ticks every replica of this node (see `RaftLoop`)."""
         self._started = False
         self.archive = ArchiveWriter.from_env(archive_root(data_dir), node_id, environ)
         self.metrics = NodeMetrics(
@@ -210,6 +212,7 @@ class Node:
             tuning=self.tuning,
             on_applied=self._on_applied_hook(bucket, notifier_slot),
             archived_through=functools.partial(self.archive.archived_through, bucket),
+            loop=self.raft_loop,
         )
         faults = self._faults
         notifier = BucketNotifier(
@@ -325,6 +328,7 @@ class Node:
         with self._reload_lock:
             for bucket in sorted(self.replicas):
                 self._stop_replica(bucket, delete=False)
+        self.raft_loop.close()
         self.archive.close()  # publishes what is buffered
 
     async def serve(self, stop: threading.Event) -> int:

@@ -40,6 +40,7 @@ import functools
 import logging
 import os
 import queue
+import select
 import struct
 import threading
 import time
@@ -55,11 +56,12 @@ import msgpack
 import pysyncobj.pickle as _pysyncobj_pickle
 import pysyncobj.syncobj as _pysyncobj
 import pysyncobj.tcp_connection as _pysyncobj_tcp
+import pysyncobj.transport as _pysyncobj_transport
 import xxhash
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.pbkdf2 import PBKDF2HMAC
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjException, replicated
 from pysyncobj.atomic_replace import atomicReplace as atomic_replace
 from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.monotonic import monotonic as _monotonic
@@ -86,6 +88,7 @@ __all__ = [
     "BucketReplica",
     "Connectivity",
     "MembershipChangeInProgress",
+    "RaftLoop",
     "RaftTuning",
     "ReplicaUnavailable",
 ]
@@ -599,12 +602,239 @@ class _FailStopJournal(DurableJournal):
             raise
 
 
+# ------------------------------------------------------------ one tick thread a process
+
+_LOOP_IDLE_S: Final = 0.1
+"""The longest a `RaftLoop` polls with no replica due (it then checks that the
+interpreter's main thread is alive, as pysyncobj's tick thread does)."""
+_POLL_IN: Final = select.POLLIN
+_POLL_OUT: Final = select.POLLOUT
+_POLL_ERR: Final = select.POLLERR | select.POLLHUP | select.POLLNVAL
+
+
+class RaftLoop:
+    """One thread that ticks every Raft replica of a process.
+
+    pysyncobj gives every SyncObj a tick thread of its own, which polls that
+    replica's sockets and then runs its Raft step. A node hosts a replica per
+    bucket, and those threads contend for one GIL: on the 2-core dev VM, stock
+    pysyncobj with 4 groups in 3 processes made 6,405 writes/s (32 in flight)
+    with a thread per group and 9,280 with one thread ticking all four
+    (docs/performance.md, stop 25). Here the replicas
+    of a process share one poll of all their sockets (pysyncobj's ``_poller`` of
+    each is a `_LoopPoller` view of it), and each pass ticks the replicas whose
+    sockets or wake-up pipe had an event, or whose own timeout is due: a replica
+    is ticked exactly when its own thread would have woken.
+
+    `BucketReplica` creates a loop of its own when none is given; a node passes
+    one loop to all its replicas. Replicas are attached once built (`attach`: no
+    callback of a replica runs before) and detached by `BucketReplica.close`,
+    which destroys the SyncObj inside the loop. The thread ends after `close`, or
+    when the interpreter's main thread has ended (as pysyncobj's does)."""
+
+    def __init__(self, name: str = "raft") -> None:
+        self.name = name
+        self._poll = select.poll()
+        self._fds: dict[int, tuple[_RaftNode, Callable[[int, int], None]]] = {}
+        self._nodes: tuple[_RaftNode, ...] = ()
+        self._ready: set[_RaftNode] = set()
+        """Replicas with an event since their last tick (loop thread only)."""
+        self._calls: list[Callable[[], None]] = []
+        self._calls_lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._poll.register(self._wake_r, _POLL_IN)
+        self._closing = False
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=name)
+        self._thread.start()
+
+    # -- other threads -----------------------------------------------------------------
+
+    def attach(self, node: _RaftNode) -> None:
+        """Start ticking `node`, with the subscriptions its construction made."""
+        if self._closing:
+            raise RuntimeError(f"{self.name}: the Raft loop is closed")
+        self._call(lambda: self._attach(node))
+
+    def detach(self, node: _RaftNode) -> None:
+        """Stop ticking `node` and destroy it (its transport's sockets, its journal's
+        pysyncobj side) in the loop thread; returns once done."""
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                self._nodes = tuple(n for n in self._nodes if n is not node)
+                self._ready.discard(node)
+                node._doDestroy()
+            finally:
+                done.set()
+
+        if not self._thread.is_alive() or threading.current_thread() is self._thread:
+            run()
+        else:
+            self._call(run)
+            while not done.wait(1.0) and self._thread.is_alive():
+                pass
+            if not done.is_set():  # the loop ended meanwhile
+                run()
+
+    def close(self) -> None:
+        """End the thread; call it once every replica is detached. Idempotent."""
+        with self._calls_lock:
+            if self._closing:
+                return
+            self._closing = True
+        self._wake()
+        if threading.current_thread() is self._thread:
+            return  # it ends after this pass; its pipe stays open
+        self._thread.join()
+        with self._calls_lock:
+            self._closed = True
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _call(self, fn: Callable[[], None]) -> None:
+        with self._calls_lock:
+            self._calls.append(fn)
+        self._wake()
+
+    def _wake(self) -> None:
+        with self._calls_lock, contextlib.suppress(BlockingIOError):  # full: awake
+            if not self._closed:
+                os.write(self._wake_w, b"w")
+
+    # -- the loop thread ---------------------------------------------------------------
+
+    def _attach(self, node: _RaftNode) -> None:
+        self._nodes = (*self._nodes, node)
+        node._loop_poller.activate()
+        self._ready.add(node)
+
+    def subscribe(
+        self, node: _RaftNode, fd: int, callback: Callable[[int, int], None], mask: int
+    ) -> None:
+        """pysyncobj's ``Poller.subscribe`` for `node`'s socket or pipe `fd` (its
+        ``POLL_EVENT_TYPE`` mask: 1 read, 2 write, 4 error)."""
+        events = (_POLL_IN if mask & 1 else 0) | (_POLL_OUT if mask & 2 else 0)
+        if mask & 4:
+            events |= _POLL_ERR
+        self._fds[fd] = (node, callback)
+        self._poll.register(fd, events)
+        if threading.current_thread() is not self._thread:
+            self._wake()  # a poll in progress does not watch the new fd
+
+    def unsubscribe(self, fd: int) -> None:
+        if self._fds.pop(fd, None) is not None:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._poll.unregister(fd)
+
+    def _run(self) -> None:
+        name_os_thread(self.name)
+        main = threading.main_thread()
+        while not self._closing and main.is_alive():
+            if self._calls:
+                with self._calls_lock:
+                    calls, self._calls = self._calls, []
+                for call in calls:
+                    try:
+                        call()
+                    except Exception:
+                        logger.exception("%s: a call in the Raft loop failed", self.name)
+            now = _monotonic()
+            ready, self._ready = self._ready, set()
+            wake_at = now + _LOOP_IDLE_S
+            for node in self._nodes:
+                if node in ready or node._poll_until <= now:
+                    node.tick()
+                wake_at = min(wake_at, node._poll_until)
+            self._dispatch(self._poll.poll(max(0.0, wake_at - _monotonic()) * 1000))
+
+    def _dispatch(self, events: list[tuple[int, int]]) -> None:
+        fds = self._fds
+        for fd, event in events:
+            if fd == self._wake_r:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(fd, 4096):
+                        pass
+                continue
+            entry = fds.get(fd)
+            if entry is None:
+                continue  # unsubscribed by an earlier callback of this pass
+            node, callback = entry
+            self._ready.add(node)
+            mask = (1 if event & _POLL_IN else 0) | (2 if event & _POLL_OUT else 0)
+            if event & _POLL_ERR:
+                mask |= 4
+            try:
+                callback(fd, mask)
+            except Exception:
+                logger.exception("bucket %d: a Raft socket callback failed", node._owner.bucket)
+
+
+class _LoopPoller:
+    """What one replica's pysyncobj sees as its ``_poller``: subscriptions go to the
+    `RaftLoop`'s poll while the replica is attached (held back before, so that none
+    of its callbacks runs until it is whole; and after `suspend`), and ``poll``
+    does nothing (the loop polls for every replica at once, after ticking them)."""
+
+    def __init__(self, loop: RaftLoop, node: _RaftNode) -> None:
+        self._loop = loop
+        self._node = node
+        self._subscribed: dict[int, tuple[Callable[[int, int], None], int]] = {}
+        self._active = False
+
+    def activate(self) -> None:
+        """In the loop thread, once the replica is attached."""
+        self._active = True
+        for fd, (callback, mask) in self._subscribed.items():
+            self._loop.subscribe(self._node, fd, callback, mask)
+
+    def suspend(self) -> None:
+        """In the loop thread: nothing of this replica is read any more (a replica in
+        fail-stop behaves as a crashed one; its sockets stay open, unread)."""
+        if self._active:
+            self._active = False
+            for fd in self._subscribed:
+                self._loop.unsubscribe(fd)
+
+    def subscribe(self, fd: int, callback: Callable[[int, int], None], mask: int) -> None:
+        self._subscribed[fd] = (callback, mask)
+        if self._active:
+            self._loop.subscribe(self._node, fd, callback, mask)
+
+    def unsubscribe(self, fd: int) -> None:
+        self._subscribed.pop(fd, None)
+        if self._active:
+            self._loop.unsubscribe(fd)
+
+    def poll(self, timeout: float) -> None:
+        """The end of pysyncobj's tick: the loop polls instead."""
+
+
 # ------------------------------------------------------------------ the SyncObj subclass
 
 
+class _Transport(_pysyncobj_transport.TCPTransport):  # type: ignore[misc]
+    """pysyncobj's TCP transport, but a failed bind waits out ``bindRetryTime``
+    before the next attempt: a SyncObj without a tick thread of its own binds in
+    its constructor, in a loop that would otherwise spin (syncobj.py:289-294)."""
+
+    _lastBindAttemptTime: float
+
+    def tryGetReady(self) -> None:
+        if not self.ready:
+            wait = self._lastBindAttemptTime + self._syncObj.conf.bindRetryTime - _monotonic()
+            if wait > 0:
+                time.sleep(wait)
+        super().tryGetReady()
+
+
 class _RaftNode(SyncObj):  # type: ignore[misc]
-    """pysyncobj SyncObj with the hazards fixed. Runs entirely in its tick thread,
-    except ``apply_entry(...)`` proposals and the read-only accessors."""
+    """pysyncobj SyncObj with the hazards fixed. Runs entirely in its `RaftLoop`'s
+    thread (the "tick thread" below), except ``apply_entry(...)`` proposals and the
+    read-only accessors."""
 
     # Set by SyncObj.__init__; annotated for mypy.
     _SyncObj__raftCommitIndex: int
@@ -612,9 +842,15 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
     _SyncObj__recvTransmission: bytes | str
 
     def __init__(
-        self, owner: BucketReplica, self_addr: str, partners: list[str], conf: Any
+        self,
+        owner: BucketReplica,
+        self_addr: str,
+        partners: list[str],
+        conf: Any,
+        loop: RaftLoop,
     ) -> None:
-        # Set before SyncObj.__init__: its tick thread starts inside it.
+        # Set before SyncObj.__init__, which subscribes sockets and may call back.
+        self._loop_poller = _LoopPoller(loop, self)
         self._owner = owner
         self._journal: _FailStopJournal = owner._journal
         self._counters: _Counters = owner._counters
@@ -635,12 +871,26 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
         self._last_tick_s = 0.0
         self._late_tick_s = conf.raftMinTimeout / 2
         self._next_late_warning_s = 0.0
-        self._os_named = False
-        super().__init__(self_addr, partners, conf)
-        # pysyncobj's tick thread exits when the thread that constructed the SyncObj
-        # exits (syncobj.py:587); a node may build replicas in a worker thread, so tie
-        # it to the interpreter's main thread as the check intends.
-        self._SyncObj__mainThread = threading.main_thread()
+        self._tick_s = float(conf.autoTickPeriod)
+        super().__init__(self_addr, partners, conf, transportClass=_Transport)
+
+    @property
+    def _poller(self) -> _LoopPoller:
+        """pysyncobj's poller of this SyncObj: the loop's, seen through a view."""
+        return self._loop_poller
+
+    @_poller.setter
+    def _poller(self, _own: object) -> None:
+        """SyncObj.__init__ makes a poller of its own (syncobj.py:205); unused."""
+
+    def tick(self) -> None:
+        """One tick, from the `RaftLoop` (pysyncobj's ``_autoTickThread`` body: an
+        exception is logged and the replica waits a tick period before the next)."""
+        try:
+            self._onTick(self._tick_s)
+        except Exception:
+            logger.exception("bucket %d: a Raft tick failed", self._owner.bucket)
+            self._poll_until = _monotonic() + self._tick_s
 
     # -- the replicated method -------------------------------------------------------
 
@@ -669,17 +919,15 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
     # -- durability ------------------------------------------------------------------
 
     def _onTick(self, timeToWait: float = 0.0) -> None:
-        if not self._os_named:  # the tick thread is pysyncobj's: name it from inside
-            self._os_named = True
-            name_os_thread(f"raft-b{self._owner.bucket}")
         if self._journal.failure is not None:
-            # Fail-stop: behave like a crashed replica (no acks, votes or applies);
-            # the rest of the group goes on without it.
+            # Fail-stop: behave like a crashed replica (no acks, votes or applies,
+            # nothing read); the rest of the group goes on without it.
+            self._loop_poller.suspend()
             self._owner._enter_quarantine(
                 int(self.raftLastApplied) + 1,
                 f"journal fsync failed ({self._journal.failure}); replica stopped",
             )
-            time.sleep(timeToWait)
+            self._poll_until = _monotonic() + timeToWait
             return
         self._note_late_tick()
         # Everything appended so far is durable before this tick's commit computation
@@ -694,8 +942,8 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
         if self._SyncObj__raftState == _LEADER:
             # Wake for a commit notification due sooner than the idle poll timeout.
             timeToWait = max(0.0, min(timeToWait, self._SyncObj__newAppendEntriesTime - now))
-        # The poll that ends this tick uses timeToWait, computed before this tick's
-        # applies: one that brings the next AppendEntries forward wakes it (below).
+        # The loop ticks this replica again at the latest then (or on an event of its
+        # sockets); an apply that brings the next AppendEntries forward lowers it.
         self._poll_until = now + timeToWait
         SyncObj._onTick(self, timeToWait)
 
@@ -889,9 +1137,8 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
             self._SyncObj__sendAppendEntries()
             if not self._SyncObj__otherNodes:
                 # A one-replica group commits on its own at the next tick; no ack will
-                # wake the poll, so wake it rather than wait out the tick period.
-                with contextlib.suppress(BlockingIOError):  # full pipe: already awake
-                    self._SyncObj__pipeNotifier.notify()
+                # wake the loop for it, so tick it again at once.
+                self._poll_until = 0.0
         self._journal.sync()
 
     def _SyncObj__applyLogEntries(self) -> bool:
@@ -907,12 +1154,11 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
             due = _monotonic() + self._owner._tuning.commit_notify_s
             if due < self._SyncObj__newAppendEntriesTime:
                 self._SyncObj__newAppendEntriesTime = due
-                if due < self._poll_until:
-                    # Otherwise this tick's poll sleeps up to tick_s (measured: a write
-                    # forwarded by a follower waited p50 15 ms, p90 105 ms, for the
-                    # follower to learn the commit; 10 ms is the design).
-                    with contextlib.suppress(BlockingIOError):  # full pipe: awake
-                        self._SyncObj__pipeNotifier.notify()
+                # Otherwise the loop's poll could sleep up to tick_s before this
+                # replica's next tick (measured: a write forwarded by a follower
+                # waited p50 15 ms, p90 105 ms, for the follower to learn the
+                # commit; 10 ms is the design).
+                self._poll_until = min(self._poll_until, due)
         return False
 
     def _SyncObj__onBecomeLeader(self) -> None:
@@ -1208,7 +1454,10 @@ class BucketReplica:
         tuning: RaftTuning = RaftTuning(),
         on_applied: Callable[[Applied], None] | None = None,
         archived_through: Callable[[], int] | None = None,
+        loop: RaftLoop | None = None,
     ) -> None:
+        """`loop` ticks this replica (a node shares one between its replicas);
+        without one, the replica runs a loop of its own."""
         _check_addr(self_addr)
         others = [p for p in partners if p != self_addr]
         for partner in others:
@@ -1282,20 +1531,22 @@ class BucketReplica:
             commandsQueueSize=tuning.commands_queue_size,
             maxBindRetries=tuning.bind_retries,
             bindRetryTime=tuning.bind_retry_s,
+            autoTick=False,
         )
+        self._own_loop = loop is None
+        self._loop = RaftLoop(f"raft-b{bucket}") if loop is None else loop
         try:
-            self._node = _RaftNode(self, self_addr, others, conf)
-        except BaseException:
+            # Binds (with retries) before it returns: no tick thread of its own.
+            self._node = _RaftNode(self, self_addr, others, conf, self._loop)
+        except BaseException as exc:
             self._journal.close()
             os.close(self._lock_fd)
+            if self._own_loop:
+                self._loop.close()
+            if isinstance(exc, SyncObjException):
+                raise OSError(f"bucket {bucket}: cannot bind {self_addr}: {exc}") from exc
             raise
-        try:
-            self._node.waitBinded()
-        except Exception as exc:
-            self._node.destroy_synchronous()
-            self._journal.close()
-            os.close(self._lock_fd)
-            raise OSError(f"bucket {bucket}: cannot bind {self_addr}: {exc}") from exc
+        self._loop.attach(self._node)
 
     # -- public API ----------------------------------------------------------------
 
@@ -1530,7 +1781,9 @@ class BucketReplica:
                 return
             self._closed = True
             pending = list(self._pending)
-        self._node.destroy_synchronous()
+        self._loop.detach(self._node)
+        if self._own_loop:
+            self._loop.close()
         self._node._SyncObj__serializer.join()  # no snapshot lands after we let go
         self._journal.close()
         for future in pending:

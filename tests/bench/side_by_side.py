@@ -143,7 +143,7 @@ METHOD = f"""## Method
   - **Events per CPU-second** divides the events by the CPU seconds of the 3 servers,
     the writer and the subscriber processes, from load start to the last event. The
     log also splits the servers' CPU per event by OS thread name (sevendb names its
-    `raft-b<N>`, `notifier-b<N>` and `archive-<node>` threads; the main thread with
+    `raft`, `notifier-b<N>` and `archive-<node>` threads; the main thread with
     the gRPC loop keeps the process's name).
   - **Memory per subscription** is the 3 servers' RSS growth from before the
     subscriptions were made until 1 s after they were all up, over the count. The

@@ -79,8 +79,9 @@ def cpu_seconds(pid: int) -> float:
 
 def thread_cpu(pids: Iterable[int]) -> dict[str, float]:
     """utime + stime of live processes' threads, summed by OS thread name without its
-    suffix after the first `-` (`raft-b0` and `raft-b1` are `raft`; unnamed threads
-    carry the process's name). Threads that already ended are missing."""
+    suffix after the first `-` (`notifier-b0` and `notifier-b1` are `notifier`;
+    unnamed threads carry the process's name). Threads that already ended are
+    missing."""
     out: dict[str, float] = {}
     for pid in pids:
         try:
