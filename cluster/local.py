@@ -35,30 +35,71 @@ def _port_free(port: int) -> bool:
     return True
 
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+PORTS_END = 65000
+
+
+def ephemeral_ports() -> range:
+    """The ports the kernel hands to outgoing connections (Linux's setting; IANA's
+    range elsewhere). A node must not listen on one: any connection on the host may
+    hold it at the moment the node binds (a start, or a restart after `cluster down`),
+    and then the node cannot start."""
+    try:
+        low, high = (int(x) for x in EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        low, high = 49152, 65535
+    return range(low, high + 1)
+
+
 def allocate_ports(
     nodes: int, buckets: int, start: int = 21000, avoid: frozenset[int] = frozenset()
 ) -> list[int]:
     """Per node: a free gRPC port, a free block of `buckets` Raft ports and a free
-    metrics port (none of them in `avoid`: ports other nodes own while stopped)."""
+    metrics port, none of them in `avoid` (ports other nodes own while stopped) or in
+    the kernel's ephemeral range. Where to begin depends on this process's id, so
+    that clusters created side by side (tests) rarely probe the same ports.
+
+    :raises ConfigError: no such ports are free between `start` and 65000.
+    """
+    ephemeral = ephemeral_ports()
+    # The usable ports: stretches [first, end) below and above the ephemeral range.
+    bounds = ((start, ephemeral.start), (max(start, ephemeral.stop), PORTS_END))
+    stretches = [(first, end) for first, end in bounds if end - first > buckets + 2]
+    span = sum(end - first for first, end in stretches)
+
+    def locate(i: int) -> tuple[int, int]:
+        """The `i`-th usable port (cyclic) and the end of its stretch."""
+        i %= span
+        for first, end in stretches:
+            if i < end - first:
+                return first + i, end
+            i -= end - first
+        raise AssertionError("unreachable")
 
     def free(port: int) -> bool:
         return port not in avoid and _port_free(port)
 
     ports: list[int] = []
-    port = start + (os.getpid() * 7) % 20000
-    while len(ports) < 3 * nodes:
-        if port + buckets >= 65000:
-            port = start
+    i = os.getpid() * 7
+    for _ in range(2 * span):
+        if len(ports) == 3 * nodes:
+            return ports
+        port, end = locate(i)
         if len(ports) % 3 != 1:
             if free(port):
                 ports.append(port)
-            port += 1
-        elif all(free(p) for p in range(port, port + buckets)):
+            i += 1
+        elif port + buckets <= end and all(free(p) for p in range(port, port + buckets)):
             ports.append(port)
-            port += buckets
+            i += buckets
         else:
-            port += 1
-    return ports
+            i += 1
+    if len(ports) == 3 * nodes:
+        return ports
+    raise ConfigError(
+        f"not enough free ports for {nodes} node(s) of {buckets} bucket(s) between {start} "
+        f"and {PORTS_END} outside the ephemeral range {ephemeral.start}-{ephemeral.stop - 1}"
+    )
 
 
 def local_token(data_dir: Path, principal: str = DEFAULT_PRINCIPAL) -> str:

@@ -104,3 +104,25 @@ def test_leader_hand_overs_back_off_while_the_bucket_keeps_coming_back() -> None
     # The last hand-over held: long after its wait and the cap, the wait starts over.
     now += 30.0 + 30.0
     assert pacer.handed_over(0, now) == 2.0
+
+
+def test_local_clusters_listen_outside_the_ephemeral_range(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An outgoing connection may hold any ephemeral port when a node binds, and the
+    node then cannot start: nodes get ports below or above that range only."""
+    from sevendb.cluster import local
+
+    setting = tmp_path / "ip_local_port_range"
+    monkeypatch.setattr(local, "EPHEMERAL_RANGE_FILE", setting)
+    setting.write_text("21500\t64000\n")  # leaves 21000-21499 and 64001-64999
+    ports = local.allocate_ports(3, 32)
+    listening = [
+        p for n in range(3) for p in (ports[3 * n], *range(ports[3 * n + 1], ports[3 * n + 1] + 32))
+    ] + ports[2::3]
+    assert len(set(listening)) == len(listening) == 3 * 34
+    assert all(p < 21500 or 64000 < p < 65000 for p in listening)
+
+    setting.write_text("1024 65535\n")
+    with pytest.raises(ConfigError, match="outside the ephemeral range 1024-65535"):
+        local.allocate_ports(1, 8)
