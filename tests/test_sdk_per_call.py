@@ -59,7 +59,7 @@ def node() -> Iterator[tuple[Engine, str, _Node]]:
 
 async def _serve(servicer: _Node) -> tuple[aio.Server, int]:
     server = aio.server()
-    pb_grpc.add_SevenDBServicer_to_server(servicer, server)
+    pb_grpc.add_SevenDBServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return server, port
