@@ -770,7 +770,11 @@ class RaftLoop:
             try:
                 callback(fd, mask)
             except Exception:
+                # As pysyncobj's thread waited a tick period after an exception: the
+                # replica's sockets are read again at its next tick, not at once.
                 logger.exception("bucket %d: a Raft socket callback failed", node._owner.bucket)
+                node._loop_poller.suspend()
+                node._poll_until = _monotonic() + node._tick_s
 
 
 class _LoopPoller:
@@ -786,14 +790,17 @@ class _LoopPoller:
         self._active = False
 
     def activate(self) -> None:
-        """In the loop thread, once the replica is attached."""
+        """In the loop thread, once the replica is attached (and after `suspend`)."""
+        if self._active:
+            return
         self._active = True
         for fd, (callback, mask) in self._subscribed.items():
             self._loop.subscribe(self._node, fd, callback, mask)
 
     def suspend(self) -> None:
-        """In the loop thread: nothing of this replica is read any more (a replica in
-        fail-stop behaves as a crashed one; its sockets stay open, unread)."""
+        """In the loop thread: nothing of this replica is read until `activate` (its
+        next tick does, unless it is in fail-stop: then it behaves as a crashed
+        replica, its sockets open and unread)."""
         if self._active:
             self._active = False
             for fd in self._subscribed:
@@ -887,6 +894,8 @@ class _RaftNode(SyncObj):  # type: ignore[misc]
         """One tick, from the `RaftLoop` (pysyncobj's ``_autoTickThread`` body: an
         exception is logged and the replica waits a tick period before the next)."""
         try:
+            if self._journal.failure is None:
+                self._loop_poller.activate()  # after a failed socket callback
             self._onTick(self._tick_s)
         except Exception:
             logger.exception("bucket %d: a Raft tick failed", self._owner.bucket)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -181,3 +182,32 @@ def test_a_taken_address_fails_with_a_clear_error_and_leaves_no_thread(tmp_path:
         tuning=FAST,
     )
     replica.close()
+
+
+def test_a_failing_socket_callback_pauses_that_replica_instead_of_spinning(
+    nodes: Nodes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A callback that raises before it reads leaves its fd readable: polled again at
+    once, it would fail in a busy loop. The replica's sockets are read again only at
+    its next tick, with the callbacks its transport subscribed."""
+    leader = nodes.leader(0)
+    n = next(n for (n, b), r in nodes.replicas.items() if b == 0 and r is leader)
+    loop, node = nodes.loops[n], leader._node
+    pipe = node._SyncObj__pipeNotifier._PipeNotifier__pipeR
+    calls = [0]
+
+    def raising(fd: int, mask: int) -> None:
+        calls[0] += 1
+        raise RuntimeError("callback bug")
+
+    def break_it() -> None:
+        loop._fds[pipe] = (node, raising)
+        os.write(node._SyncObj__pipeNotifier._PipeNotifier__pipeW, b"x")
+
+    with caplog.at_level(logging.ERROR, logger="sevendb.cluster.replica"):
+        loop._call(break_it)
+        wait_until(lambda: calls[0] >= 1, what="the broken callback to run")
+        outcome = leader.propose(write("after-a-callback-bug"))  # the pipe works again
+    assert outcome.error is None
+    assert calls[0] == 1
+    assert "bucket 0: a Raft socket callback failed" in caplog.text
