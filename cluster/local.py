@@ -83,7 +83,7 @@ def allocate_ports(
     i = os.getpid() * 7
     for _ in range(2 * span):
         if len(ports) == 3 * nodes:
-            return ports
+            break
         port, end = locate(i)
         if len(ports) % 3 != 1:
             if free(port):
@@ -94,12 +94,13 @@ def allocate_ports(
             i += buckets
         else:
             i += 1
-    if len(ports) == 3 * nodes:
-        return ports
-    raise ConfigError(
-        f"not enough free ports for {nodes} node(s) of {buckets} bucket(s) between {start} "
-        f"and {PORTS_END} outside the ephemeral range {ephemeral.start}-{ephemeral.stop - 1}"
-    )
+    if len(ports) < 3 * nodes:
+        raise ConfigError(
+            f"not enough free ports for {nodes} node(s) of {buckets} bucket(s) between "
+            f"{start} and {PORTS_END} outside the ephemeral range "
+            f"{ephemeral.start}-{ephemeral.stop - 1}"
+        )
+    return ports
 
 
 def local_token(data_dir: Path, principal: str = DEFAULT_PRINCIPAL) -> str:

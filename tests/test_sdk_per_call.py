@@ -23,6 +23,10 @@ def _events(i: int) -> pb.StreamMessage:
     return pb.StreamMessage(events=pb.EventBatch(events=[pb.DataEvent(sub_id="s", emit_seq=seq)]))
 
 
+def _index(message: pb.StreamMessage) -> int:
+    return int(message.events.events[0].emit_seq.commit_index)
+
+
 class _Node(pb_grpc.SevenDBServicer):  # type: ignore[misc]
     """`Subscribe` sends two messages, then ends as the request's `sub_id` says."""
 
@@ -86,7 +90,7 @@ def _read_all(engine: Engine, stream: SessionStream) -> tuple[list[int], Any]:
                 return got, exc
             if message is aio.EOF:
                 return got, message
-            got.append(message.events.events[0].emit_seq.commit_index)
+            got.append(_index(message))
 
     return engine.submit(run()).result(20)
 
@@ -116,7 +120,7 @@ def test_closing_the_stream_cancels_the_call_and_ends_its_reader(
 
     async def first_two_then_close() -> tuple[list[int], Any, asyncio.Task[None]]:
         (feed,) = sessions._feeds
-        got = [(await stream.read()).events.events[0].emit_seq.commit_index for _ in range(2)]
+        got = [_index(await stream.read()) for _ in range(2)]
         stream.cancel()
         with pytest.raises(aio.AioRpcError) as end:
             await asyncio.wait_for(stream.read(), 10)
@@ -139,7 +143,7 @@ def test_a_cancelled_reader_task_ends_the_stream_and_stays_cancelled(
 
     async def cancel_the_reader() -> tuple[list[int], Any, asyncio.Task[None]]:
         (feed,) = sessions._feeds
-        got = [(await stream.read()).events.events[0].emit_seq.commit_index for _ in range(2)]
+        got = [_index(await stream.read()) for _ in range(2)]
         feed.cancel()  # the client's loop shutting down, say
         with pytest.raises(asyncio.CancelledError):
             await feed
