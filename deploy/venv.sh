@@ -1,5 +1,5 @@
 # Sourced by the quick-start scripts: make ./.venv hold sevendb and the extras named
-# in SEVENDB_EXTRAS (default "dev,spark": the tests and the demo both run Spark),
+# in SEVENDB_EXTRAS (default "server,dev,spark": the tests and the demo run nodes and Spark),
 # reinstalling only when pyproject.toml changes. The caller's shell options are
 # restored at the end (sourcing it from an interactive shell leaves no `set -e`).
 _sevendb_caller_flags="$-"
@@ -15,7 +15,7 @@ _sevendb_restore_opts() {
 }
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
-extras="${SEVENDB_EXTRAS:-dev,spark}"
+extras="${SEVENDB_EXTRAS:-server,dev,spark}"
 py="${PYTHON:-python3}"
 if ! "$py" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null; then
     echo "sevendb needs Python 3.11 or newer; $py is $("$py" --version 2>&1)" >&2

@@ -39,8 +39,6 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final, Protocol
 
-from sevendb.cluster.replica import ApplyOutcome, BucketReplica, ReplicaUnavailable
-from sevendb.cluster.threads import name_os_thread
 from sevendb.notifier.core import (
     OUTBOX_WRITES_IN_FLIGHT_DEFAULT,
     Attach,
@@ -63,7 +61,9 @@ from sevendb.outbox.model import (
     RowsPurged,
     SubscriptionClosed,
 )
+from sevendb.outbox.replica import ApplyOutcome, Replica, ReplicaUnavailable
 from sevendb.outbox.state import BucketStateMachine
+from sevendb.proto.threads import name_os_thread
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class BucketNotifier:
 
     def __init__(
         self,
-        replica: BucketReplica,
+        replica: Replica,
         settings: NotifierSettings | None = None,
         *,
         metrics: NotifierMetrics | None = None,
@@ -434,7 +434,7 @@ class BucketNotifier:
         sent = 0
         batches = core.next_batches(sm, budget, now, full=full)
         if batches and self._before_send is not None:
-            self._before_send()  # a test fault point (cluster/faults.py)
+            self._before_send()  # a test fault point (cluster/server/faults.py)
         for sub_id, rows in batches:
             sink = self._sinks.get(sub_id)
             if sink is None:

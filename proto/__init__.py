@@ -12,6 +12,11 @@ re-exports nothing so that importing it stays cheap. After editing the .proto, r
 with ``python deploy/gen_proto.py`` and commit the result; ``python deploy/gen_proto.py
 --check`` (part of the test suite) fails while the committed code is stale. See
 docs/wire.md for the contract itself.
+
+Beside the generated code live what both ends of the wire share: `mailbox` (calls into
+an asyncio loop from other threads) and `threads` (OS thread names).
+
+May import: `sevendb.outbox`.
 """
 
 __all__: list[str] = []

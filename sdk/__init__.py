@@ -1,1 +1,4 @@
-"""sevendb.sdk"""
+"""sevendb.sdk: the client library.
+
+May import: `sevendb.proto`, `sevendb.outbox`.
+"""

@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 
 import grpc
 
-from sevendb.cluster.topology import bucket_of
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.errors import ERROR_TYPES, ErrorCode, InvalidArgument, SevenDBError
+from sevendb.outbox.keys import bucket_of
 from sevendb.outbox.query import Query, QueryKind
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc

@@ -15,9 +15,9 @@ from typing import Any, Final, TypeVar
 import grpc
 from grpc import aio
 
-from sevendb.cluster.threads import name_os_thread
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
-from sevendb.sdk.mailbox import mailbox
+from sevendb.proto.mailbox import mailbox
+from sevendb.proto.threads import name_os_thread
 
 T = TypeVar("T")
 LEADER_HINT_KEY: Final = "sevendb-leader"

@@ -50,11 +50,11 @@ from sevendb.outbox.errors import SevenDBError
 from sevendb.outbox.model import Change
 from sevendb.outbox.query import Query
 from sevendb.proto import sevendb_pb2 as pb
+from sevendb.proto.mailbox import Mailbox, mailbox
 from sevendb.sdk.acks import AckPipeline
 from sevendb.sdk.cursor import StreamCursor
 from sevendb.sdk.cursor_store import CursorStore, SavedCursor
 from sevendb.sdk.engine import Engine, leader_hint
-from sevendb.sdk.mailbox import Mailbox, mailbox
 from sevendb.sdk.progress import Flush, Progress
 from sevendb.sdk.sessions import Sessions, SessionStream
 

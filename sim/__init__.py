@@ -3,6 +3,8 @@
 from sevendb.sim import SimConfig, Simulation
 report = Simulation(SimConfig.from_seed(42)).run()
 assert report.ok, report.describe()
+
+May import: `sevendb.notifier`, `sevendb.sdk`, `sevendb.outbox`, `sevendb.proto`.
 """
 
 from .checker import Checker, Violation

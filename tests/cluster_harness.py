@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from sevendb.cluster.local import (
+from sevendb.cluster.common.topology import ClusterSpec
+from sevendb.cluster.ops.local import (
     cluster_down,
     cluster_up,
     local_token,
     node_status,
     running_pid,
 )
-from sevendb.cluster.topology import ClusterSpec
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.sdk.client import Client, RetryPolicy
 

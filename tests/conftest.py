@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from cluster_harness import STARTED
 
-from sevendb.cluster.local import log_file
+from sevendb.cluster.ops.local import log_file
 
 _LOG_LINES = 80
 

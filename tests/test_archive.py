@@ -1,4 +1,4 @@
-"""The drained-outbox archive writer (cluster/archive.py) with real files, fed by real
+"""The drained-outbox archive writer (cluster/archive/writer.py) with real files, fed by real
 `BucketStateMachine` applies: atomic publication, rotation by size and age, the
 manifest, the compaction hold point, restart (and kill -9 at every publication step)
 without loss or duplication, and configuration errors."""
@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import Driver, replay
 
-from sevendb.cluster.archive import (
+from sevendb.cluster.archive.writer import (
     FILE_SCHEMA,
     ArchiveConfigError,
     ArchiveError,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sevendb.cluster.auth import AuthError, mint_token, principal_from_metadata, verify_token
+from sevendb.cluster.common.auth import AuthError, mint_token, principal_from_metadata, verify_token
 
 
 def test_a_minted_token_names_its_principal() -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from cluster_harness import LocalCluster, wait_for
 
-from sevendb.cluster.local import log_file
-from sevendb.cluster.node import node_dir
+from sevendb.cluster.common.layout import node_dir
+from sevendb.cluster.ops.local import log_file
 from sevendb.proto import sevendb_pb2 as pb
 
 pytestmark = pytest.mark.slow

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sevendb.cluster.cli import main
-from sevendb.cluster.demo import run_core_demo
+from sevendb.cluster.ops.cli import main
+from sevendb.cluster.ops.demo import run_core_demo
 
 
 def test_core_demo_shows_dedupe_ack_reconnect_and_equal_digests(

@@ -23,9 +23,9 @@ import grpc
 import pytest
 from cluster_harness import LocalCluster, wait_for
 
-from sevendb.cluster.auth import mint_token
-from sevendb.cluster.faults import KILL_BEFORE_SEND, NO_SESSION, fault_file
-from sevendb.cluster.node import node_dir
+from sevendb.cluster.common.auth import mint_token
+from sevendb.cluster.common.layout import node_dir
+from sevendb.cluster.server.faults import KILL_BEFORE_SEND, NO_SESSION, fault_file
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
@@ -129,7 +129,7 @@ def check_delivery(
     """Per bucket: strictly increasing emit_seq, an unbroken prev chain, and exactly
     the committed writes (key at the commit index it committed at) - no gap, no
     duplicate, no reorder, nothing uncommitted."""
-    from sevendb.cluster.topology import bucket_of
+    from sevendb.outbox.keys import bucket_of
 
     by_bucket: dict[int, list[Event]] = {}
     for event in events:
@@ -375,7 +375,7 @@ def test_a_killed_client_process_resumes_from_its_cursor(
     cmd = [
         sys.executable,
         "-m",
-        "sevendb.cluster.cli",
+        "sevendb.cluster.ops.cli",
         "subscribe",
         "prefix:k/",
         "--data",
@@ -814,7 +814,7 @@ def test_a_session_carries_many_streams_and_a_bad_stream_ends_alone(
     open, the call ends."""
     import queue
 
-    from sevendb.cluster.topology import bucket_of
+    from sevendb.outbox.keys import bucket_of
 
     bucket = bucket_of("m/", 2)
     # This raw client does not follow a lease move (the SDK does): none may come.
@@ -911,7 +911,7 @@ def test_a_catch_up_larger_than_a_grpc_message_arrives_whole(
         client.put("big/start", b"1")
         first.wait_keys({"big/start"})
         first.stop()
-        from sevendb.cluster.topology import bucket_of
+        from sevendb.outbox.keys import bucket_of
 
         keys = [k for i in range(400) if bucket_of(k := f"big/{i:03d}", 2) == 0][:100]
         for key in keys:

@@ -1,4 +1,4 @@
-"""Tests for sevendb.cluster.journal: the durable, group-committed Raft journal.
+"""Tests for sevendb.cluster.raft.journal: the durable, group-committed Raft journal.
 
 They pin down what Raft safety needs from the journal: what was synced comes back
 after a reopen, a torn or corrupt tail is cut off (and said so) rather than trusted,
@@ -20,8 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sevendb.cluster import journal as journal_module
-from sevendb.cluster.journal import (
+from sevendb.cluster.raft import journal as journal_module
+from sevendb.cluster.raft.journal import (
     FORMAT_VERSION,
     MAGIC,
     DurableJournal,
@@ -217,7 +217,7 @@ def test_torn_tail_is_truncated_logged_and_appends_continue(
     with open(path, "r+b") as f:
         f.truncate(full_size - 3)  # crash in the middle of the last record
 
-    with caplog.at_level(logging.WARNING, logger="sevendb.cluster.journal"):
+    with caplog.at_level(logging.WARNING, logger="sevendb.cluster.raft.journal"):
         j = DurableJournal(path)
     assert entries_of(j) == entries[:4]
     assert path.stat().st_size == last_offset
@@ -234,7 +234,7 @@ def test_torn_tail_is_truncated_logged_and_appends_continue(
     j.sync()
     j.close()
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="sevendb.cluster.journal"):
+    with caplog.at_level(logging.WARNING, logger="sevendb.cluster.raft.journal"):
         k = DurableJournal(path)
     assert entries_of(k) == [*entries[:4], (b"again", 5, 1), (b"more", 6, 2)]
     assert not caplog.records
@@ -247,7 +247,7 @@ def test_torn_length_prefix_is_truncated(path: Path, caplog: pytest.LogCaptureFi
     size = path.stat().st_size
     with open(path, "ab") as f:
         f.write(b"\x07\x00")  # two bytes of the next length prefix
-    with caplog.at_level(logging.WARNING, logger="sevendb.cluster.journal"):
+    with caplog.at_level(logging.WARNING, logger="sevendb.cluster.raft.journal"):
         j = DurableJournal(path)
     assert entries_of(j) == entries
     assert path.stat().st_size == size
@@ -267,7 +267,7 @@ def test_flipped_byte_is_caught_by_crc_and_tail_dropped(
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x40]))
-    with caplog.at_level(logging.WARNING, logger="sevendb.cluster.journal"):
+    with caplog.at_level(logging.WARNING, logger="sevendb.cluster.raft.journal"):
         j = DurableJournal(path)
     assert entries_of(j) == entries[:victim]
     assert path.stat().st_size == offset
@@ -283,7 +283,7 @@ def test_crc_valid_but_out_of_sequence_record_is_dropped(
     body = struct.pack("<QQ", 9, 1) + b"stray"
     with open(path, "ab") as f:
         f.write(struct.pack("<I", len(body)) + body + struct.pack("<I", zlib.crc32(body)))
-    with caplog.at_level(logging.WARNING, logger="sevendb.cluster.journal"):
+    with caplog.at_level(logging.WARNING, logger="sevendb.cluster.raft.journal"):
         j = DurableJournal(path)
     assert entries_of(j) == make_entries(2)
     assert "out-of-sequence" in caplog.text

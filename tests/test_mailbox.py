@@ -1,4 +1,4 @@
-"""sdk/mailbox.py: calls posted from other threads run on the loop, in order, with one
+"""proto/mailbox.py: calls posted from other threads run on the loop, in order, with one
 wake-up for everything posted before the loop gets to them."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sevendb.sdk.mailbox import Mailbox, mailbox
+from sevendb.proto.mailbox import Mailbox, mailbox
 
 
 def test_calls_posted_while_the_loop_is_busy_share_one_wake_up() -> None:

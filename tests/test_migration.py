@@ -19,9 +19,9 @@ import pytest
 from cluster_harness import LocalCluster, wait_for
 from test_emission import Collector, Writer, check_delivery, committed
 
-from sevendb.cluster.local import add_node
-from sevendb.cluster.migrate import migrate_bucket, plan_rebalance, rebalance
-from sevendb.cluster.topology import ClusterSpec
+from sevendb.cluster.common.topology import ClusterSpec
+from sevendb.cluster.ops.local import add_node
+from sevendb.cluster.ops.migrate import migrate_bucket, plan_rebalance, rebalance
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.sdk.client import Client, Unavailable
 
@@ -90,7 +90,7 @@ def start_migration(cluster: LocalCluster, target: tuple[str, ...]) -> subproces
         [
             sys.executable,
             "-m",
-            "sevendb.cluster.cli",
+            "sevendb.cluster.ops.cli",
             "bucket",
             "migrate",
             str(BUCKET),
@@ -189,7 +189,7 @@ def test_an_interrupted_migration_is_resumed_by_running_it_again(
             [
                 sys.executable,
                 "-m",
-                "sevendb.cluster.cli",
+                "sevendb.cluster.ops.cli",
                 "status",
                 "--data",
                 str(cluster.data_dir),

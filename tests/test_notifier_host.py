@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from test_replica import Cluster, wait_until, write
 
-from sevendb.cluster.replica import BucketReplica
+from sevendb.cluster.raft.replica import BucketReplica
 from sevendb.notifier.core import AttachStatus
 from sevendb.notifier.host import INLINE_STREAMS_MAX, BucketNotifier, NotifierSettings
 from sevendb.outbox.entries import Subscribe, encode_entry

@@ -21,7 +21,12 @@ def test_package_list_matches_the_code_folders() -> None:
         for p in ROOT.iterdir()
         if p.is_dir() and (p / "__init__.py").exists() and p.name not in NOT_PACKAGES
     }
-    assert {f"sevendb.{f}" for f in folders} == set(config["packages"])
+    rooms = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for folder in folders
+        for init in (ROOT / folder).rglob("__init__.py")
+    }
+    assert {f"sevendb.{r}" for r in rooms} == set(config["packages"])
     assert config["package-dir"] == {f"sevendb.{f}": f for f in folders}
     for folder in folders:
         assert (ROOT / folder / "py.typed").exists(), f"{folder} lacks py.typed"
@@ -29,7 +34,7 @@ def test_package_list_matches_the_code_folders() -> None:
 
 def test_console_script_is_declared() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["scripts"]["sevendb"] == "sevendb.cluster.cli:main"
+    assert project["scripts"]["sevendb"] == "sevendb.cluster.ops.cli:main"
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""One test (or small group) per pysyncobj 0.3.17 hazard that cluster/replica.py fixes.
+"""One test (or small group) per pysyncobj 0.3.17 hazard that cluster/raft/replica.py fixes.
 
 Each docstring states the behaviour BEFORE (as measured in
 /work/shared/notes/stack-facts.md §2, and where feasible re-measured here against a
@@ -41,8 +41,8 @@ from test_replica import (
     write,
 )
 
-from sevendb.cluster.journal import DurableJournal
-from sevendb.cluster.replica import (
+from sevendb.cluster.raft.journal import DurableJournal
+from sevendb.cluster.raft.replica import (
     SNAPSHOT_FILE,
     SNAPSHOT_MAGIC,
     BucketReplica,

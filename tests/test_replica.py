@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from pysyncobj.config import SERIALIZER_STATE
 
-from sevendb.cluster import replica as replica_module
-from sevendb.cluster.replica import (
+from sevendb.cluster.raft import replica as replica_module
+from sevendb.cluster.raft.replica import (
     SNAPSHOT_FILE,
     TRANSFER_PAUSE_LAG,
     ApplyOutcome,

@@ -1,4 +1,4 @@
-"""The PySpark jobs (cluster/spark_jobs.py) on archives written by the real archive
+"""The PySpark jobs (cluster/archive/spark_jobs.py) on archives written by the real archive
 writer from real `BucketStateMachine` applies, in one shared local SparkSession:
 audit, stats, export, the incremental stream, partition pruning, and an archive from
 a real local cluster."""
@@ -19,15 +19,7 @@ from cluster_harness import LocalCluster, wait_for
 from helpers import Driver
 from test_archive import Event, event, purge, purged
 
-from sevendb.cluster.archive import (
-    FILE_SCHEMA,
-    ArchiveWriter,
-    archive_root,
-    partition_dir,
-    read_archive,
-    rows_table,
-)
-from sevendb.cluster.spark_jobs import (
+from sevendb.cluster.archive.spark_jobs import (
     ARCHIVE_SCHEMA,
     EVENT_KEY,
     EXPORT_SCHEMA,
@@ -43,6 +35,14 @@ from sevendb.cluster.spark_jobs import (
     spark_session,
     stats,
     stream,
+)
+from sevendb.cluster.archive.writer import (
+    FILE_SCHEMA,
+    ArchiveWriter,
+    archive_root,
+    partition_dir,
+    read_archive,
+    rows_table,
 )
 from sevendb.outbox.model import Applied, OutboxRow
 from sevendb.outbox.state import BucketStateMachine

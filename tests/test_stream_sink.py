@@ -1,4 +1,4 @@
-"""cluster/service.py's `_StreamSink`: rows a notifier thread delivers reach a stream's
+"""cluster/server/service.py's `_StreamSink`: rows a notifier thread delivers reach a stream's
 handler on the loop, in order, queued for `get` or pushed where they land (a Session's
 streams), and a close ends the stream either way."""
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sevendb.cluster.service import _StreamSink
+from sevendb.cluster.server.service import _StreamSink
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import OpKind
 from sevendb.outbox.model import Change, Delta, OutboxRow

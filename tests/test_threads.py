@@ -1,4 +1,4 @@
-"""cluster/threads.py: a node's threads, and a client's loop thread, carry their names to
+"""proto/threads.py: a node's threads, and a client's loop thread, carry their names to
 the operating system."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from sevendb.cluster.threads import name_os_thread
+from sevendb.proto.threads import name_os_thread
 
 
 def _os_name(native_id: int) -> str:

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from sevendb.cluster.node import HandoverPacer
-from sevendb.cluster.topology import (
+from sevendb.cluster.common.topology import (
     ClusterSpec,
     ConfigError,
-    bucket_of,
     new_cluster,
     rendezvous,
 )
+from sevendb.cluster.server.node import HandoverPacer
+from sevendb.outbox.keys import bucket_of
 
 
 def spec(nodes: int = 3, buckets: int = 8, replicas: int = 3) -> ClusterSpec:
@@ -111,7 +111,7 @@ def test_local_clusters_listen_outside_the_ephemeral_range(
 ) -> None:
     """An outgoing connection may hold any ephemeral port when a node binds, and the
     node then cannot start: nodes get ports below or above that range only."""
-    from sevendb.cluster import local
+    from sevendb.cluster.ops import local
 
     setting = tmp_path / "ip_local_port_range"
     monkeypatch.setattr(local, "EPHEMERAL_RANGE_FILE", setting)

@@ -23,14 +23,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sevendb.cluster.archive import (
+from sevendb.cluster.archive.spark_jobs import audit, spark_session, stats
+from sevendb.cluster.archive.writer import (
     CHANGE_TYPE,
     FILE_SCHEMA,
     ArchiveWriter,
     partition_dir,
     segment_name,
 )
-from sevendb.cluster.spark_jobs import audit, spark_session, stats
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import OpKind
 from sevendb.outbox.model import (

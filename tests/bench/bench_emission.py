@@ -29,8 +29,8 @@ from typing import Any
 
 from bench_writes import machine, pct, write_load
 
-from sevendb.cluster.local import cluster_down, cluster_up, local_token, node_status
-from sevendb.cluster.topology import ClusterSpec
+from sevendb.cluster.common.topology import ClusterSpec
+from sevendb.cluster.ops.local import cluster_down, cluster_up, local_token, node_status
 
 HERE = Path(__file__).resolve().parent
 

@@ -24,7 +24,7 @@ from bench_writes import machine
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_replica import Cluster, num, write
 
-from sevendb.cluster.replica import RaftTuning
+from sevendb.cluster.raft.replica import RaftTuning
 
 
 def trial(idle_s: float) -> tuple[float, int]:

@@ -23,9 +23,9 @@ from typing import Any
 
 from bench_writes import machine, pct
 
-from sevendb.cluster.local import add_node, cluster_down, cluster_up, local_token, node_status
-from sevendb.cluster.migrate import migrate_bucket
-from sevendb.cluster.topology import ClusterSpec
+from sevendb.cluster.common.topology import ClusterSpec
+from sevendb.cluster.ops.local import add_node, cluster_down, cluster_up, local_token, node_status
+from sevendb.cluster.ops.migrate import migrate_bucket
 from sevendb.sdk.client import Client, set_op
 
 VALUE = b"x" * 100

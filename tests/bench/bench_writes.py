@@ -32,9 +32,9 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from sevendb.cluster.local import cluster_down, cluster_up, local_token, node_status
-from sevendb.cluster.replica import RaftTuning
-from sevendb.cluster.topology import ClusterSpec
+from sevendb.cluster.common.topology import ClusterSpec
+from sevendb.cluster.ops.local import cluster_down, cluster_up, local_token, node_status
+from sevendb.cluster.raft.replica import RaftTuning
 from sevendb.sdk.client import Client, set_op
 
 HERE = Path(__file__).resolve().parent

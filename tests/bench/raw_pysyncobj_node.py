@@ -3,7 +3,7 @@
 Default journal (in memory, nothing fsynced). `--conf` takes pysyncobj settings as
 JSON (`bench_writes.py` passes the send tuning sevendb uses, so that the comparison
 isolates durability and sevendb's layers). The process runs stock pysyncobj unless
-`--sevendb-transport` is given: importing `sevendb.cluster.replica` applies its
+`--sevendb-transport` is given: importing `sevendb.cluster.raft.replica` applies its
 import-time patches, which change what every message costs (a newer pickle
 protocol, frames no longer deflated). Before stop 25 the tuned runs got them
 unasked, from importing `RaftTuning`.
@@ -105,7 +105,7 @@ def main() -> int:
     p.add_argument("--sevendb-transport", action="store_true")
     args = p.parse_args()
     if args.sevendb_transport:
-        import sevendb.cluster.replica  # noqa: F401 - for its import-time patches
+        import sevendb.cluster.raft.replica  # noqa: F401 - for its import-time patches
     conf = SyncObjConf(**json.loads(args.conf))
     groups = [
         Counter(me, partners.split(","), conf)

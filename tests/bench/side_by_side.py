@@ -79,7 +79,7 @@ METHOD = f"""## Method
   - **NATS:** Debian's `nats-server` 2.9 with JetStream, stream `BENCH` (`bench.>`): R3,
     file storage, limits retention. Created once per run. It acknowledges a publish when
     an R3 quorum has stored it, **without fsync**: 2.9 syncs every 60 s.
-  - **sevendb:** `sevendb.cluster.local.cluster_up(data, nodes=3, buckets=B, replicas=3)`,
+  - **sevendb:** `sevendb.cluster.ops.local.cluster_up(data, nodes=3, buckets=B, replicas=3)`,
     with B = `--sevendb-buckets` (1 by default: one Raft group, like etcd's cluster and
     the NATS stream; more buckets spread leaders over the processes, but on a 2-core
     host they add per-entry work without adding cores). A write is acknowledged once

@@ -1,6 +1,6 @@
 """Three-node clusters on 127.0.0.1, each in a fresh data dir, started and stopped by
 the harness: etcd 3.4 and NATS JetStream 2.9 as in the peer baseline notes, and
-sevendb through `sevendb.cluster.local`."""
+sevendb through `sevendb.cluster.ops.local`."""
 
 from __future__ import annotations
 
@@ -220,7 +220,7 @@ class SevendbCluster:
         self._started = False
 
     def start(self) -> None:
-        from sevendb.cluster.local import cluster_up, local_token
+        from sevendb.cluster.ops.local import cluster_up, local_token
 
         self._started = True
         spec = cluster_up(self.dir, nodes=3, buckets=self.buckets, replicas=3).spec
@@ -230,7 +230,7 @@ class SevendbCluster:
         }
 
     def stop(self) -> None:
-        from sevendb.cluster.local import cluster_down
+        from sevendb.cluster.ops.local import cluster_down
 
         if self._started and (self.dir / "cluster.json").exists():
             try:
@@ -241,8 +241,8 @@ class SevendbCluster:
                     os.kill(pid, 9)
 
     def pids(self) -> list[int]:
-        from sevendb.cluster.local import running_pid
-        from sevendb.cluster.topology import ClusterSpec
+        from sevendb.cluster.common.topology import ClusterSpec
+        from sevendb.cluster.ops.local import running_pid
 
         spec = ClusterSpec.load(self.dir)
         return [p for n in spec.nodes if (p := running_pid(self.dir, n.node_id)) is not None]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sevendb.cluster.topology import MigrationSpec
+    from sevendb.cluster.common.topology import MigrationSpec
     from sevendb.sdk.client import Client
     from sevendb.sdk.subscription import Event
 
@@ -28,7 +28,7 @@ def _data_dir(args: argparse.Namespace) -> Path:
 
 
 def _endpoints(args: argparse.Namespace) -> list[str]:
-    from sevendb.cluster.topology import ClusterSpec
+    from sevendb.cluster.common.topology import ClusterSpec
 
     raw = args.endpoints or os.environ.get("SEVENDB_ENDPOINTS")
     if raw:
@@ -43,8 +43,8 @@ def _token(args: argparse.Namespace) -> str | None:
     token = getattr(args, "token", None) or os.environ.get("SEVENDB_TOKEN")
     if token:
         return str(token)
-    from sevendb.cluster.local import local_token
-    from sevendb.cluster.topology import ConfigError
+    from sevendb.cluster.common.topology import ConfigError
+    from sevendb.cluster.ops.local import local_token
 
     try:
         return local_token(_data_dir(args), args.principal)
@@ -63,7 +63,7 @@ def _progress(line: str) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from sevendb.cluster.local import cluster_up
+    from sevendb.cluster.ops.local import cluster_up
 
     result = cluster_up(
         _data_dir(args),
@@ -82,7 +82,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from sevendb.cluster.local import cluster_down
+    from sevendb.cluster.ops.local import cluster_down
 
     stopped = cluster_down(_data_dir(args), progress=_progress)
     print(f"stopped {len(stopped)} node(s): {', '.join(stopped) or 'none were running'}")
@@ -90,7 +90,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from sevendb.cluster.local import node_status
+    from sevendb.cluster.ops.local import node_status
     from sevendb.proto import sevendb_pb2 as pb
 
     rows: dict[int, list[tuple[str, pb.ReplicaStatus]]] = {}
@@ -162,7 +162,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _migrations(args: argparse.Namespace) -> list[MigrationSpec]:
-    from sevendb.cluster.topology import ClusterSpec, ConfigError
+    from sevendb.cluster.common.topology import ClusterSpec, ConfigError
 
     try:
         return list(ClusterSpec.load(_data_dir(args)).migrations)
@@ -177,7 +177,7 @@ def _bucket_number(text: str) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from sevendb.cluster.migrate import migrate_bucket
+    from sevendb.cluster.ops.migrate import migrate_bucket
 
     to = tuple(n.strip() for n in args.to.split(",") if n.strip()) if args.to else None
     migrate_bucket(
@@ -187,8 +187,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_rebalance(args: argparse.Namespace) -> int:
-    from sevendb.cluster.local import stop_nodes
-    from sevendb.cluster.migrate import rebalance
+    from sevendb.cluster.ops.local import stop_nodes
+    from sevendb.cluster.ops.migrate import rebalance
 
     data = _data_dir(args).resolve()
     done = rebalance(
@@ -203,7 +203,7 @@ def cmd_rebalance(args: argparse.Namespace) -> int:
 
 
 def cmd_node_add(args: argparse.Namespace) -> int:
-    from sevendb.cluster.local import add_node
+    from sevendb.cluster.ops.local import add_node
 
     node = add_node(_data_dir(args), progress=_progress)
     print(
@@ -214,7 +214,7 @@ def cmd_node_add(args: argparse.Namespace) -> int:
 
 
 def cmd_node_remove(args: argparse.Namespace) -> int:
-    from sevendb.cluster.migrate import mark_draining
+    from sevendb.cluster.ops.migrate import mark_draining
 
     node = mark_draining(_data_dir(args), args.node)
     print(
@@ -265,7 +265,7 @@ def cmd_get(args: argparse.Namespace) -> int:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
-    from sevendb.cluster.local import local_token
+    from sevendb.cluster.ops.local import local_token
 
     print(local_token(_data_dir(args), args.name))
     return 0
@@ -438,10 +438,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_spark(argv: list[str]) -> int:
-    """`sevendb spark JOB [PATH] ...`: the PySpark jobs (cluster/spark_jobs.py). With no
+    """`sevendb spark JOB [PATH] ...`: the PySpark jobs (cluster/archive/spark_jobs.py). With no
     PATH they read the archive of the local cluster found through the data dir."""
-    from sevendb.cluster import spark_jobs
-    from sevendb.cluster.archive import archive_root
+    from sevendb.cluster.archive import spark_jobs
+    from sevendb.cluster.archive.writer import archive_root
 
     args = list(argv)
     data = None
@@ -465,11 +465,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_spark(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "demo":
-        from sevendb.cluster.demo import run_demo
+        from sevendb.cluster.ops.demo import run_demo
 
         return run_demo(args.data)
-    from sevendb.cluster.migrate import MigrationError
-    from sevendb.cluster.topology import ConfigError
+    from sevendb.cluster.common.topology import ConfigError
+    from sevendb.cluster.ops.migrate import MigrationError
     from sevendb.outbox.errors import SevenDBError
 
     try:

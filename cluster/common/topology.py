@@ -18,7 +18,8 @@ from typing import Final
 
 import xxhash
 
-from sevendb.cluster.journal import fsync_dir, write_synced
+from sevendb.cluster.common.files import fsync_dir, write_synced
+from sevendb.outbox.keys import bucket_of
 
 SPEC_FILE: Final = "cluster.json"
 SPEC_FORMAT_VERSION: Final = 1
@@ -28,11 +29,6 @@ NODES_MAX: Final = 64
 
 class ConfigError(ValueError):
     """The cluster configuration is invalid; the message says which field and why."""
-
-
-def bucket_of(key: str, buckets: int) -> int:
-    """The bucket a key routes to: xxh64 of its UTF-8 bytes modulo the bucket count."""
-    return xxhash.xxh64_intdigest(key.encode("utf-8")) % buckets
 
 
 def rendezvous(bucket_uuid: str, node_ids: Sequence[str], replicas: int) -> list[str]:

@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Final
 
-from sevendb.cluster.replica import ApplyOutcome, BucketReplica, ReplicaUnavailable
+from sevendb.cluster.raft.replica import ApplyOutcome, BucketReplica, ReplicaUnavailable
 from sevendb.outbox import limits
 from sevendb.outbox.entries import Write, WriteBatch, encode_entry
 from sevendb.outbox.errors import SevenDBError

@@ -1,4 +1,4 @@
-"""PySpark jobs over the drained-outbox archive (`sevendb.cluster.archive`,
+"""PySpark jobs over the drained-outbox archive (`sevendb.cluster.archive.writer`,
 docs/spark.md): `audit`, `stats`, `export` and an incremental `stream`.
 
 Every node archives its own copy of each purged row, so every job reads the union of

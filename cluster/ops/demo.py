@@ -80,8 +80,8 @@ def run_spark_demo(data_dir: Path, out: Callable[[str], None] = print) -> int:
     """Part 2: Spark reads the drained outbox the cluster archived (every node keeps
     a copy; the jobs deduplicate): the audit checks every subscription's chain, the
     stats count deliveries and commit-to-ack latency."""
-    from sevendb.cluster import spark_jobs
-    from sevendb.cluster.archive import archive_root
+    from sevendb.cluster.archive import spark_jobs
+    from sevendb.cluster.archive.writer import archive_root
 
     root = archive_root(data_dir.resolve())
     out(f"== part 2: Spark over the drained outbox archived in {root}")
@@ -113,7 +113,7 @@ class _Subscriber:
             [
                 sys.executable,
                 "-m",
-                "sevendb.cluster.cli",
+                "sevendb.cluster.ops.cli",
                 "subscribe",
                 query,
                 "--data",
@@ -170,9 +170,9 @@ def run_cluster_demo(data_dir: Path, out: Callable[[str], None] = print) -> int:
     crash of the lease holder, a subscriber killed and resumed from its cursor."""
     import shutil
 
-    from sevendb.cluster.cli import main as cli
-    from sevendb.cluster.local import cluster_down, local_token, node_status, running_pid
-    from sevendb.cluster.topology import ClusterSpec
+    from sevendb.cluster.common.topology import ClusterSpec
+    from sevendb.cluster.ops.cli import main as cli
+    from sevendb.cluster.ops.local import cluster_down, local_token, node_status, running_pid
     from sevendb.sdk.client import Client
 
     def run(*args: str) -> int:
@@ -337,7 +337,7 @@ def _write_load(client: Any, numbers: range, written: set[str]) -> None:
 
 
 def _wait_converged(spec: object, out: Callable[[str], None], timeout_s: float = 60) -> None:
-    from sevendb.cluster.local import node_status
+    from sevendb.cluster.ops.local import node_status
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

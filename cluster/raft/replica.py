@@ -5,7 +5,7 @@ pysyncobj (``/work/shared/notes/stack-facts.md`` §2, syncobj.py line numbers be
 fixed here, by configuration, by overriding name-mangled ``SyncObj`` methods in a
 subclass, or by a small patch applied once at import:
 
-* **durability** - the log lives in :class:`~sevendb.cluster.journal.DurableJournal`
+* **durability** - the log lives in :class:`~sevendb.cluster.raft.journal.DurableJournal`
   (patched into ``createJournal``, syncobj.py:166). A follower fsyncs before every
   positive ack (``__sendNextNodeIdx``, 1098); the leader fsyncs its batch before it
   sends it and before every commit computation (the ``count = 1`` self-vote, 660), so
@@ -68,6 +68,7 @@ from pysyncobj.monotonic import monotonic as _monotonic
 from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import SyncObjExceptionWrongVer
 
+from sevendb.cluster.common.files import fsync_dir, write_synced
 from sevendb.outbox import limits
 from sevendb.outbox.entries import Entry
 from sevendb.outbox.errors import (
@@ -78,10 +79,16 @@ from sevendb.outbox.errors import (
     ReplicaDivergence,
 )
 from sevendb.outbox.model import Applied
+from sevendb.outbox.replica import (
+    ApplyOutcome,
+    Connectivity,
+    MembershipChangeInProgress,
+    ReplicaUnavailable,
+)
 from sevendb.outbox.state import BucketStateMachine
+from sevendb.proto.threads import name_os_thread
 
-from .journal import DurableJournal, JournalError, fsync_dir, write_synced
-from .threads import name_os_thread
+from .journal import DurableJournal, JournalError
 
 __all__ = [
     "ApplyOutcome",
@@ -421,46 +428,6 @@ def compaction_due(
         entries > tuning.compaction_min_entries
         and log_bytes >= tuning.compaction_log_ratio * snapshot_bytes
     )
-
-
-@dataclass(frozen=True)
-class ApplyOutcome:
-    """What applying one committed entry produced on this replica.
-
-    ``error`` is set (and ``applied`` is None) when the entry was malformed: every
-    replica rejected it identically, nothing changed, and the group moved on.
-    """
-
-    commit_index: int
-    applied: Applied | None
-    error: str | None
-
-
-@dataclass(frozen=True)
-class Connectivity:
-    leader: str | None
-    quorum: bool
-    connected: tuple[str, ...]
-
-
-class ReplicaUnavailable(Exception):
-    """This replica cannot serve the request now: not leader, no quorum, quarantined,
-    closed, or the proposal timed out. ``leader_hint`` names the last known leader.
-
-    ``reason`` is a short machine-readable tag: ``timeout`` (the outcome is unknown: the
-    entry may still commit), ``quarantined``, ``closed``, or a pysyncobj failure name
-    (``MISSING_LEADER``, ``NOT_LEADER``, ``LEADER_CHANGED``, ``DISCARDED``,
-    ``QUEUE_FULL``, ``REQUEST_DENIED``, ``UNKNOWN_OUTCOME``).
-    """
-
-    def __init__(self, message: str, *, leader_hint: str | None = None, reason: str = "") -> None:
-        super().__init__(message)
-        self.leader_hint = leader_hint
-        self.reason = reason
-
-
-class MembershipChangeInProgress(ReplicaUnavailable):
-    """Another membership change is still uncommitted; retry when it has committed."""
 
 
 # ----------------------------------------------------------------------- internals
@@ -1505,7 +1472,7 @@ class BucketReplica:
         self.cold_replica_checkpoint: int | None = None
         self.migration_hold_point: int | None = None
         #: Asked at each compaction: the last core index whose purged rows the node's
-        #: archive made durable (cluster/archive.py). Compaction keeps later entries,
+        #: archive made durable (cluster/archive/writer.py). Compaction keeps later entries,
         #: so a crash can replay their purges into the archive. None means no archive.
         self._archived_through = archived_through
 

@@ -1,6 +1,6 @@
 """A node process: hosts this node's replica of every bucket placed on it, their
 notifiers, the gRPC API and the metrics endpoint. Started by `sevendb cluster up`;
-`python -m sevendb.cluster.node --data DIR --node-id ID`.
+`python -m sevendb.cluster.server.node --data DIR --node-id ID`.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from typing import Any, TypeVar
 
 from grpc import aio
 
-from sevendb.cluster.archive import ArchiveWriter, archive_root
-from sevendb.cluster.faults import KILL_BEFORE_SEND, FaultPoints
-from sevendb.cluster.metrics import NodeMetrics
-from sevendb.cluster.replica import BucketReplica, RaftLoop, RaftTuning
-from sevendb.cluster.service import NodeService
-from sevendb.cluster.topology import SPEC_FILE, ClusterSpec, ConfigError
+from sevendb.cluster.archive.writer import ArchiveWriter, archive_root
+from sevendb.cluster.common.layout import node_dir
+from sevendb.cluster.common.topology import SPEC_FILE, ClusterSpec, ConfigError
+from sevendb.cluster.raft.replica import BucketReplica, RaftLoop, RaftTuning
+from sevendb.cluster.server.faults import KILL_BEFORE_SEND, FaultPoints
+from sevendb.cluster.server.metrics import NodeMetrics
+from sevendb.cluster.server.service import NodeService
 from sevendb.notifier.host import BucketNotifier, NotifierSettings
 from sevendb.outbox.model import Applied
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
@@ -51,10 +52,6 @@ STOP_GRACE_S = 2.0
 SPEC_POLL_S = 1.0
 
 S = TypeVar("S")
-
-
-def node_dir(data_dir: Path, node_id: str) -> Path:
-    return data_dir / "nodes" / node_id
 
 
 def settings_from_env(

@@ -60,6 +60,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import overload
 
+from sevendb.cluster.common.files import fsync_dir, pwrite_all, write_synced
+
 __all__ = [
     "FORMAT_VERSION",
     "MAGIC",
@@ -71,8 +73,6 @@ __all__ = [
     "JournalFormatError",
     "JournalStateError",
     "VoteId",
-    "fsync_dir",
-    "write_synced",
 ]
 
 logger = logging.getLogger(__name__)
@@ -132,44 +132,6 @@ def _fdatasync(fd: int) -> None:
     does not need, but still flushes the file size that appends change."""
     sync = getattr(os, "fdatasync", os.fsync)
     sync(fd)
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a rename/create in ``directory`` durable. A renamed-in file whose directory
-    entry is not fsynced can vanish on power loss even though its data was synced."""
-    if os.name != "posix":  # pragma: no cover - Windows cannot open directories
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_synced(path: Path, *pieces: bytes) -> None:
-    """Create (or truncate) ``path`` holding the pieces one after the other, fsynced
-    before returning. The caller renames it into place and fsyncs the directory
-    (`fsync_dir`)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        offset = 0
-        for piece in pieces:
-            _pwrite_all(fd, piece, offset)
-            offset += len(piece)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    """pwrite that retries short writes, so a record is never silently half written."""
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        if written <= 0:  # pragma: no cover - pwrite raises OSError on real failures
-            raise OSError(f"pwrite wrote {written} bytes")
-        view = view[written:]
-        offset += written
 
 
 def _read_all(fd: int) -> bytes:
@@ -415,7 +377,7 @@ class DurableJournal:
         if self._commit_fd is None:
             self._commit_fd = os.open(self._commit_path, os.O_WRONLY | os.O_CREAT, 0o644)
         payload = _COMMIT_HINT.pack(COMMIT_MAGIC, self._commit_index)
-        _pwrite_all(self._commit_fd, payload + _CRC.pack(zlib.crc32(payload)), 0)
+        pwrite_all(self._commit_fd, payload + _CRC.pack(zlib.crc32(payload)), 0)
         self._commit_index_dirty = False
 
     # --------------------------------------------------------------- low level
@@ -488,7 +450,7 @@ class DurableJournal:
             )
         record = _encode_record(data, idx, term)
         try:
-            _pwrite_all(self._fd, record, self._end)
+            pwrite_all(self._fd, record, self._end)
         except OSError:
             # Do not leave a partial record for the next append to land behind.
             with contextlib.suppress(OSError):

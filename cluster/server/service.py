@@ -23,23 +23,23 @@ from typing import Any, Final, Generic, NoReturn, Protocol, TypeAlias, TypeVar
 import grpc
 from grpc import aio
 
-from sevendb.cluster.auth import (
+from sevendb.cluster.common.auth import (
     ADMIN_PRINCIPAL,
     AUTH_METADATA_KEY,
     AuthError,
     principal_from_metadata,
 )
-from sevendb.cluster.batcher import Outcome, WriteBatcher
-from sevendb.cluster.faults import NO_SESSION, FaultPoints
-from sevendb.cluster.grpc_errors import ERROR_CODE_KEY, LEADER_HINT_KEY, STATUS_OF
-from sevendb.cluster.metrics import NodeMetrics
-from sevendb.cluster.replica import (
+from sevendb.cluster.common.topology import ClusterSpec, ConfigError, NodeSpec
+from sevendb.cluster.raft.replica import (
     ApplyOutcome,
     BucketReplica,
     MembershipChangeInProgress,
     ReplicaUnavailable,
 )
-from sevendb.cluster.topology import ClusterSpec, ConfigError, NodeSpec, bucket_of
+from sevendb.cluster.server.batcher import Outcome, WriteBatcher
+from sevendb.cluster.server.errors import ERROR_CODE_KEY, LEADER_HINT_KEY, STATUS_OF
+from sevendb.cluster.server.faults import NO_SESSION, FaultPoints
+from sevendb.cluster.server.metrics import NodeMetrics
 from sevendb.notifier.core import AttachStatus
 from sevendb.notifier.host import AckWait, BucketNotifier
 from sevendb.outbox import limits
@@ -61,6 +61,7 @@ from sevendb.outbox.entries import (
     op_kind,
 )
 from sevendb.outbox.errors import Rejection, SevenDBError
+from sevendb.outbox.keys import bucket_of
 from sevendb.outbox.model import (
     AckStatus,
     Delta,
@@ -75,7 +76,7 @@ from sevendb.outbox.model import (
 from sevendb.outbox.query import Query, QueryKind, plan_query
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
-from sevendb.sdk.mailbox import mailbox
+from sevendb.proto.mailbox import mailbox
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -484,7 +485,7 @@ class _Encoder(Generic[M]):
 
 
 class NodeHost(Protocol):
-    """What the service needs of its node (cluster/node.py's Node)."""
+    """What the service needs of its node (cluster/server/node.py's Node)."""
 
     node_id: str
     me: NodeSpec

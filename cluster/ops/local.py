@@ -14,9 +14,15 @@ from pathlib import Path
 
 import grpc
 
-from sevendb.cluster.auth import DEFAULT_PRINCIPAL, mint_token
-from sevendb.cluster.node import node_dir
-from sevendb.cluster.topology import NODES_MAX, ClusterSpec, ConfigError, NodeSpec, new_cluster
+from sevendb.cluster.common.auth import DEFAULT_PRINCIPAL, mint_token
+from sevendb.cluster.common.layout import node_dir
+from sevendb.cluster.common.topology import (
+    NODES_MAX,
+    ClusterSpec,
+    ConfigError,
+    NodeSpec,
+    new_cluster,
+)
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 
@@ -127,7 +133,7 @@ def running_pid(data_dir: Path, node_id: str) -> int | None:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return pid
-    return pid if b"sevendb.cluster.node" in cmdline else None
+    return pid if b"sevendb.cluster.server.node" in cmdline else None
 
 
 def start_node(data_dir: Path, node_id: str) -> int:
@@ -138,7 +144,7 @@ def start_node(data_dir: Path, node_id: str) -> int:
             [
                 sys.executable,
                 "-m",
-                "sevendb.cluster.node",
+                "sevendb.cluster.server.node",
                 "--data",
                 str(data_dir),
                 "--node-id",
@@ -298,7 +304,7 @@ def add_node(
 ) -> NodeSpec:
     """Add a node to the local cluster and start it. It hosts nothing until buckets
     are placed on it (`sevendb rebalance`, `sevendb bucket migrate`)."""
-    from sevendb.cluster.migrate import spec_lock
+    from sevendb.cluster.ops.migrate import spec_lock
 
     data_dir = data_dir.resolve()
     with spec_lock(data_dir):

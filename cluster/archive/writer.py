@@ -1,5 +1,5 @@
 """The drained-outbox archive: acknowledged (purged) outbox rows, written by every node
-to immutable Parquet segments that Spark reads (`sevendb.cluster.spark_jobs`,
+to immutable Parquet segments that Spark reads (`sevendb.cluster.archive.spark_jobs`,
 docs/spark.md).
 
 Layout under the archive root (hive-style, so Spark and pyarrow prune partitions)::
@@ -60,10 +60,10 @@ import pyarrow as pa
 import pyarrow.dataset as pa_ds
 import pyarrow.parquet as pq
 
-from sevendb.cluster.journal import fsync_dir, write_synced
-from sevendb.cluster.threads import name_os_thread
+from sevendb.cluster.common.files import fsync_dir, write_synced
 from sevendb.outbox.entries import OpKind
 from sevendb.outbox.model import Applied, Delta, OutboxRow, RowsPurged
+from sevendb.proto.threads import name_os_thread
 
 log = logging.getLogger("sevendb.archive")
 

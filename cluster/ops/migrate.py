@@ -40,8 +40,8 @@ from typing import Any, Final, TypeVar
 
 import grpc
 
-from sevendb.cluster.auth import ADMIN_PRINCIPAL, auth_metadata, mint_token
-from sevendb.cluster.topology import ClusterSpec, ConfigError, MigrationSpec, NodeSpec
+from sevendb.cluster.common.auth import ADMIN_PRINCIPAL, auth_metadata, mint_token
+from sevendb.cluster.common.topology import ClusterSpec, ConfigError, MigrationSpec, NodeSpec
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 
