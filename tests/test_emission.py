@@ -25,7 +25,7 @@ from cluster_harness import LocalCluster, wait_for
 
 from sevendb.cluster.common.auth import mint_token
 from sevendb.cluster.common.layout import node_dir
-from sevendb.cluster.server.faults import KILL_BEFORE_SEND, NO_SESSION, fault_file
+from sevendb.cluster.server.faults import KILL_BEFORE_SEND, fault_file
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
@@ -191,29 +191,6 @@ def test_fto01_kill9_of_the_lease_holder_mid_stream(cluster: LocalCluster) -> No
         collector.stop()
         check_delivery(collector.events, committed(client, writer.attempted), 2, prefix="f/")
         assert collector.sub.stats()["reconnects"] >= 1
-
-
-def test_nodes_without_session_calls_get_a_call_per_stream(
-    cluster: LocalCluster, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Nodes from before the `Session` call answer it UNIMPLEMENTED: the SDK opens each
-    stream on a call of its own instead, and still delivers every write once and in
-    order, across a kill -9 of the lease holder (Reconnect on its own call too)."""
-    for node in cluster.spec.nodes:
-        fault_file(node_dir(cluster.data_dir, node.node_id), NO_SESSION).touch()
-    with cluster.client() as client:
-        collector = Collector(client.subscribe("prefix:old/"))
-        writer = Writer(client, "old/")
-        writer.write(20)
-        victim = cluster.holder_node(0)
-        cluster.kill9(victim)
-        writer.write(40)
-        collector.wait_keys(set(writer.attempted))
-        assert cluster.holder_node(0) != victim
-        collector.stop()
-        check_delivery(collector.events, committed(client, writer.attempted), 2, prefix="old/")
-        assert collector.sub.stats()["reconnects"] >= 1
-    assert "has no Session call: a call per subscription stream" in caplog.text
 
 
 def test_fto02_crash_after_outbox_write_before_send(cluster: LocalCluster) -> None:
