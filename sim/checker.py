@@ -1,28 +1,12 @@
-"""The invariants of docs/sim.md, checked from outside the code under test.
+"""The checker: the invariants of docs/sim.md, verified from outside the code under test.
 
-The checker keeps its own model of the bucket, written from the contract
-(docs/core.md, docs/emission.md), not from `outbox/state.py`: it follows the globally
-committed log and computes, per subscription, the stream of deltas the
-application must see. Everything the simulated system does is compared with it:
-
-1. determinism   — replicas that applied the same raft index hold identical digests,
-                   and every entry's result/rows equal the model's (differential)
-2. effective-once — each application processes exactly the model's stream of its
-                   subscription, in order: no gap, duplicate or reorder
-4. visibility    — every event a client receives is a committed, outboxed row
-5. purge safety  — a committed purge never passes what the owner acknowledged,
-                   and no replica drops a row its owner did not acknowledge
-6. bounded       — no replica truncates its log past the safety point, and the
-                   outbox drains once acks stop lagging
-7. monotonic     — emit_seq strictly increases along each processed stream
-8. isolation     — no principal receives, acks or reconnects to another's stream
-+  reconnect     — a well-behaved owner never gets INVALID_SEQUENCE / NOT_FOUND, and
-                   gets STALE_SEQUENCE only for a subscription dropped for stalling
-+  durability    — no acknowledged write is lost: every elected leader holds every
-                   committed entry (a group that cannot elect one refuses, DATA_LOSS)
-+  liveness      — after faults stop, everything committed is delivered and purged
-
-A violation raises `Violation` at once, naming the invariant.
+It keeps its own model of the bucket, written from the contract (docs/core.md,
+docs/emission.md) rather than from `outbox/state.py`: it follows the globally
+committed log and computes, per subscription, the stream the application must see,
+and compares everything the simulated system does with it — raft-safety,
+determinism, effective-once, visibility, purge-safety, bounded, monotonic,
+isolation, reconnect, durability (no acknowledged write lost) and liveness. A
+violation raises `Violation` at once, naming the invariant.
 """
 
 from __future__ import annotations

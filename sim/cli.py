@@ -84,7 +84,11 @@ def shrink(config: SimConfig, invariant: str) -> tuple[SimConfig, Report]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m sevendb.sim", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m sevendb.sim",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--seed", type=int, help="run this one seed")
     parser.add_argument("--seeds", type=int, help="run this many seeds (swarm)")
     parser.add_argument("--start", type=int, default=0, help="first seed of the swarm")

@@ -1,28 +1,14 @@
-"""A simulated Raft group for one bucket: simple, but honest about what matters here.
+"""A simulated Raft group for one bucket, with its storage: simple, but honest about
+what matters here (docs/sim.md has the details).
 
-* Each member has a log of `(term, bytes)` (`b""` is a Raft no-op), a durable prefix
-  and, apart from the log, the index it acknowledged (`acked_mark`, as a CRC'd record
-  would keep it). A crash loses the non-durable tail; a restart rebuilds the state
-  machine from the snapshot plus the durable, committed log, applying each entry the
-  way `cluster/raft` does (a malformed entry is an error outcome, a divergence
-  quarantines the member).
-* A leader counts a follower only for entries the follower made durable; an entry
-  commits when a majority holds it durably and it is from the leader's term.
-* Votes go only to candidates whose log is at least as up to date, so a new leader
-  holds every committed entry; it truncates followers' divergent, uncommitted
-  suffixes (truncating a committed entry is asserted impossible).
-* Storage faults (`Damage`): a member can restart with a corrupt record mid-log, its
-  last acknowledged records lost, or its snapshot lost. If what survives is shorter
-  than what it acknowledged it is *damaged*: it neither votes nor stands nor counts
-  towards a commit until a leader has repaired it. When no leader is up and the
-  intact members are no majority, no leader holding every committed entry can ever
-  be elected: the group refuses with DATA_LOSS (`RaftGroup.data_loss`).
-* Members snapshot and truncate their log prefix (never past the bucket's safety
-  point); a follower behind the leader's log start gets the snapshot installed.
-
+Members keep a log of `(term, bytes)` with a durable prefix, a snapshot, and apart
+from the log the index they acknowledged; a leader counts only durable entries, votes
+go to up-to-date logs, a crash loses the unflushed tail. A member that restarts with
+less than it acknowledged (`Damage`: a corrupt record, a lost tail, a lost snapshot)
+neither votes nor stands nor counts until a leader repaired it; a group that can no
+longer elect a leader holding every committed entry refuses (`RaftGroup.data_loss`).
 Message passing is collapsed into steps the simulation schedules from its seed
-(`replicate(leader, follower)`, `flush`, `campaign`), so delays, losses and
-partitions become "this step did not happen yet" or "this pair cannot talk".
+(`replicate`, `flush`, `campaign`): delay and loss are "not yet", partitions "cannot".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The deterministic validation scenarios of seed 000 §12, run in the simulator.
+"""The named validation scenarios of docs/sim.md, run in the simulator.
 
 Each scenario pins part of a simulation (scripted faults, no random ones unless
 named) and relies on the checker for the invariants; the asserts here add what
