@@ -49,6 +49,7 @@ from sevendb.outbox.entries import op_kind
 from sevendb.outbox.errors import SevenDBError
 from sevendb.outbox.model import Change
 from sevendb.outbox.query import Query
+from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto.mailbox import Mailbox, mailbox
 from sevendb.sdk.acks import AckPipeline
@@ -229,17 +230,6 @@ class _BucketStream:
     ready: threading.Event = field(default_factory=threading.Event)
     """Set once the stream is subscribed (SubAck) or resumed (ReconnectAck OK)."""
     history: list[str] = field(default_factory=list)
-
-
-def _seq(msg: pb.EmitSeq) -> EmitSeq:
-    return EmitSeq(msg.epoch_id.bucket_uuid, msg.epoch_id.epoch_counter, msg.commit_index)
-
-
-def _seq_pb(seq: EmitSeq) -> pb.EmitSeq:
-    return pb.EmitSeq(
-        epoch_id=pb.EmitSeq.EpochId(bucket_uuid=seq.bucket_uuid, epoch_counter=seq.epoch_counter),
-        commit_index=seq.commit_index,
-    )
 
 
 def _event(bucket: int, ev: pb.DataEvent) -> Event:
@@ -732,7 +722,7 @@ class Subscription:
                 )
         request = pb.SubscribeRequest(
             bucket=stream.bucket,
-            query=pb.Query(kind=int(self.query.kind), arg=self.query.arg),  # type: ignore[arg-type]
+            query=codec.query_to_pb(self.query),
             sub_id=stream.sub_id,
         )
         call = self._sessions.subscribe(target, request)
@@ -748,7 +738,7 @@ class Subscription:
         first = await call.read()
         if first is aio.EOF or first.WhichOneof("kind") != "sub_ack":
             raise _Redirect(None)
-        start = _seq(first.sub_ack.start_emit_seq)
+        start = codec.seq_from_pb(first.sub_ack.start_emit_seq)
         stream.cursor = StreamCursor(start, reorder_buffer_max=self.options.reorder_buffer_max)
         with self._lock:
             self._progress.start(stream.bucket, stream.sub_id, start)
@@ -766,7 +756,7 @@ class Subscription:
         with self._lock:
             after = self._progress.flushed(stream.bucket)
         assert after is not None
-        request = pb.ReconnectRequest(sub_id=stream.sub_id, last_processed_emit_seq=_seq_pb(after))
+        request = codec.reconnect_request(stream.sub_id, stream.bucket, after)
         call = self._sessions.reconnect(target, request)
         first = await call.read()  # closes the stream itself if cancelled
         if first is aio.EOF or first.WhichOneof("kind") != "reconnect_ack":
