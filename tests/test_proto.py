@@ -206,10 +206,7 @@ def test_generated_modules_use_installed_package_path() -> None:
 
 
 def emit_seq(commit_index: int, epoch_counter: int = 3) -> pb.EmitSeq:
-    return pb.EmitSeq(
-        epoch_id=pb.EmitSeq.EpochId(bucket_uuid="b-7f3a", epoch_counter=epoch_counter),
-        commit_index=commit_index,
-    )
+    return codec.seq_to_pb(EmitSeq("b-7f3a", epoch_counter, commit_index))
 
 
 def data_event(commit_index: int) -> pb.DataEvent:
