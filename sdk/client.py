@@ -27,11 +27,11 @@ from typing import Any, TypeVar
 
 import grpc
 
-from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import ANY, ExpectKind, Op, OpKind
 from sevendb.outbox.errors import InvalidArgument, SevenDBError
 from sevendb.outbox.keys import bucket_of
 from sevendb.outbox.query import Query, QueryKind
+from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 from sevendb.sdk.acks import AckPipeline
@@ -76,11 +76,6 @@ class RetryPolicy:
             raise InvalidArgument("0 < backoff_initial_s <= backoff_max_s")
 
 
-def _emit_seq(msg: pb.EmitSeq) -> EmitSeq:
-    epoch = msg.epoch_id  # each nested read builds a wrapper: read it once
-    return EmitSeq(epoch.bucket_uuid, epoch.epoch_counter, msg.commit_index)
-
-
 def _write_result(response: pb.WriteResponse) -> WriteResult:
     versions = response.versions
     if len(versions) == 1:  # most writes: no comprehension
@@ -88,7 +83,9 @@ def _write_result(response: pb.WriteResponse) -> WriteResult:
         written = {kv.key: kv.version}
     else:
         written = {kv.key: kv.version for kv in versions}
-    return WriteResult(_emit_seq(response.committed), response.bucket, written, response.duplicate)
+    return WriteResult(
+        codec.seq_from_pb(response.committed), response.bucket, written, response.duplicate
+    )
 
 
 def _op_pb(op: Op) -> pb.Op:

@@ -29,23 +29,19 @@ from typing import Any
 import grpc
 from grpc import aio
 
+from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
-from sevendb.sdk.engine import ERROR_CODE_KEY, LEADER_HINT_KEY, Engine, status_code
+from sevendb.sdk.engine import Engine, status_code
 
 
 def _end_error(end: pb.StreamEnd) -> aio.AioRpcError | None:
     """The error a stream's own call would have ended with; None for a normal end."""
     if end.code == 0:
         return None
-    trailers = []
-    if end.leader:
-        trailers.append((LEADER_HINT_KEY, end.leader))
-    if end.error:
-        trailers.append((ERROR_CODE_KEY, end.error))
     return aio.AioRpcError(
         status_code(end.code),
         aio.Metadata(),
-        aio.Metadata(*trailers),
+        aio.Metadata(*codec.trailers(end.leader, end.error)),
         end.message,
     )
 

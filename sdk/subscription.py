@@ -49,6 +49,7 @@ from sevendb.outbox.entries import op_kind
 from sevendb.outbox.errors import InvalidArgument
 from sevendb.outbox.model import Change
 from sevendb.outbox.query import Query
+from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto.mailbox import Mailbox, mailbox
 from sevendb.sdk.acks import AckPipeline
@@ -254,17 +255,6 @@ class _BucketStream:
     ready: threading.Event = field(default_factory=threading.Event)
     """Set once the stream is subscribed (SubAck) or resumed (ReconnectAck OK)."""
     history: list[str] = field(default_factory=list)
-
-
-def _seq(msg: pb.EmitSeq) -> EmitSeq:
-    return EmitSeq(msg.epoch_id.bucket_uuid, msg.epoch_id.epoch_counter, msg.commit_index)
-
-
-def _seq_pb(seq: EmitSeq) -> pb.EmitSeq:
-    return pb.EmitSeq(
-        epoch_id=pb.EmitSeq.EpochId(bucket_uuid=seq.bucket_uuid, epoch_counter=seq.epoch_counter),
-        commit_index=seq.commit_index,
-    )
 
 
 def _event(bucket: int, ev: pb.DataEvent) -> Event:
@@ -635,7 +625,7 @@ class Subscription:
                 await asyncio.to_thread(self._flusher.save, stream.bucket, stream.sub_id, None)
         request = pb.SubscribeRequest(
             bucket=stream.bucket,
-            query=pb.Query(kind=int(self.query.kind), arg=self.query.arg),  # type: ignore[arg-type]
+            query=codec.query_to_pb(self.query),
             sub_id=stream.sub_id,
         )
         call = self._sessions.subscribe(target, request)
@@ -651,7 +641,7 @@ class Subscription:
         first = await call.read()
         if first is aio.EOF or first.WhichOneof("kind") != "sub_ack":
             raise _Redirect(None)
-        start = _seq(first.sub_ack.start_emit_seq)
+        start = codec.seq_from_pb(first.sub_ack.start_emit_seq)
         stream.cursor = StreamCursor(start, reorder_buffer_max=self.options.reorder_buffer_max)
         self._flusher.start(stream.bucket, stream.sub_id, start)
         if self._flusher.store is not None:
@@ -665,7 +655,7 @@ class Subscription:
         assert stream.sub_id is not None and stream.cursor is not None
         after = self._flusher.flushed(stream.bucket)
         assert after is not None
-        request = pb.ReconnectRequest(sub_id=stream.sub_id, last_processed_emit_seq=_seq_pb(after))
+        request = codec.reconnect_request(stream.sub_id, stream.bucket, after)
         call = self._sessions.reconnect(target, request)
         first = await call.read()  # closes the stream itself if cancelled
         if first is aio.EOF or first.WhichOneof("kind") != "reconnect_ack":
