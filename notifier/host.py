@@ -1,8 +1,13 @@
-"""The notifier adapter of a real node: performs what `NotifierCore` decides for one
-bucket replica (seed 000 §4-§6).
+"""The notifier host: performs what `NotifierCore` decides for one bucket replica
+(docs/emission.md).
 
-One `BucketNotifier` runs per local replica, in its own thread. It wakes when the
-replica applies an entry, when a client acks, or every `idle_wait_s`, and then:
+One `BucketNotifier` runs per local replica. It is generic over its environment, so
+the node and the simulator run the same code: the replica (any `Replica`), the clock
+(`clock_ms`), what runs its passes and wakes it (a `Runner`: on a node a thread of its
+own, `NotifierThread`; in the simulator the simulation's steps) and the streams it
+feeds (`EventSink`s: gRPC streams on a node, simulated connections in the simulator).
+A pass (`step`) runs when the replica applies an entry, a client acks or a proposal
+settles, and at least every `idle_wait_s`:
 
 1. proposes a LEASE for this replica when it should hold the notifier lease and
    the committed state names someone else (the Raft leader by default, or the
@@ -11,20 +16,15 @@ replica applies an entry, when a client acks, or every `idle_wait_s`, and then:
    leader (leader mode) or has a leader and quorum (rendezvous mode), runs a
    `NotifierCore`: proposes OUTBOX_WRITE for the computed, un-outboxed rows
    (including what a predecessor left), batches client acks into OUTBOX_PURGE,
-   and hands outboxed rows to the attached streams (`EventSink`s) within each
-   stream's flow-control window;
+   and hands outboxed rows to the attached streams within each stream's
+   flow-control window;
 3. when it stops holding the lease, closes every attached stream so clients
    reconnect to the new holder (fencing: a deposed holder sends nothing more).
 
 Right after applies, the replica's tick thread does the latency-critical part of 2
-itself (`after_applies`) for a notifier with a few streams: the OUTBOX_WRITE for new
-rows, and sending them once outboxed. The thread is woken for rows only when that is
-not all.
-
-Proposals never block the loop (`BucketReplica.submit`); at most one LEASE and one
-OUTBOX_PURGE are in flight, each retried after `retry_ms`. OUTBOX_WRITEs are
-pipelined (`NotifierCore.outbox_entry`): a few in flight, each covering the rows
-after the previous one.
+itself (`after_applies`) for a notifier with a few streams. Proposals never block
+(`Replica.submit`); at most one LEASE and one OUTBOX_PURGE are in flight, each
+retried after `retry_ms`; OUTBOX_WRITEs are pipelined (`NotifierCore.outbox_entry`).
 """
 
 from __future__ import annotations
@@ -89,6 +89,24 @@ class EventSink(Protocol):
     def close(self, reason: str) -> None: ...
 
 
+class Runner(Protocol):
+    """What runs a notifier's passes: `start` hands it `step` (one pass; True if more
+    is ready at once), `wake` asks for a pass soon, and a runner runs one at least
+    every idle period of its own. A node runs each notifier in a `NotifierThread`;
+    the simulator runs passes from its steps, on its simulated clock."""
+
+    def start(self, step: Callable[[], bool]) -> None: ...
+
+    def wake(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+CoreFactory = Callable[[str, NotifierConfig, BucketStateMachine], NotifierCore]
+"""Builds the core a replica runs when it takes the lease: (its address, the config,
+the applied state at that moment). The simulator passes broken variants through it."""
+
+
 class NotifierMetrics(Protocol):
     """What the notifier reports (the node's Prometheus exporter implements it)."""
 
@@ -149,6 +167,49 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _production_core(me: str, config: NotifierConfig, sm: BucketStateMachine) -> NotifierCore:
+    return NotifierCore(me, config)
+
+
+class NotifierThread:
+    """A node's `Runner`: one daemon thread that runs a pass when woken or after
+    `idle_wait_s`, and again at once while a pass says more rows are ready."""
+
+    def __init__(self, name: str, idle_wait_s: float) -> None:
+        self.name = name
+        self._idle_wait_s = idle_wait_s
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, step: Callable[[], bool]) -> None:
+        self._thread = threading.Thread(target=self._run, args=(step,), name=self.name, daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._wake.set()
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join(5)
+
+    def _run(self, step: Callable[[], bool]) -> None:
+        name_os_thread()
+        busy = False
+        while not self._stopped.is_set():
+            if not busy:
+                self._wake.wait(self._idle_wait_s)
+            self._wake.clear()
+            try:
+                busy = step()
+            except Exception:
+                log.exception("%s: notifier step failed; retrying", self.name)
+                busy = False
+                self._stopped.wait(0.2)
+
+
 class AckWait(Enum):
     """An accepted ack not applied (yet): see `BucketNotifier.acks_applied`."""
 
@@ -167,7 +228,12 @@ class BucketNotifier:
         metrics: NotifierMetrics | None = None,
         clock_ms: Callable[[], int] = _wall_ms,
         before_send: Callable[[], None] | None = None,
+        runner: Runner | None = None,
+        new_core: CoreFactory = _production_core,
     ) -> None:
+        """The environment: `replica`, `clock_ms`, `runner` (a `NotifierThread` named
+        after the bucket unless given) and the sinks `attach` is handed; `before_send`
+        is a test fault point, `new_core` builds the core when the lease is taken."""
         self.replica = replica
         self.bucket = replica.bucket
         self.me = replica.self_addr
@@ -175,9 +241,11 @@ class BucketNotifier:
         self._metrics = metrics
         self._clock_ms = clock_ms
         self._before_send = before_send
+        self._new_core = new_core
+        self._runner: Runner = runner or NotifierThread(
+            f"notifier-b{self.bucket}", self.settings.idle_wait_s
+        )
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stopped = threading.Event()
         self._core: NotifierCore | None = None
         self._sinks: dict[str, EventSink] = {}
         self._lease: _InFlight | None = None
@@ -192,20 +260,14 @@ class BucketNotifier:
         self._closed_seen = False
         self._rows_seen = False
         """Rows were computed or outboxed since `after_applies` last ran."""
-        self._thread = threading.Thread(
-            target=self._run, name=f"notifier-b{self.bucket}", daemon=True
-        )
 
     # ---- lifecycle --------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread.start()
+        self._runner.start(self.step)
 
     def stop(self) -> None:
-        self._stopped.set()
-        self._wake.set()
-        if self._thread.is_alive():
-            self._thread.join(5)
+        self._runner.stop()
         with self._lock:
             self._drop_core("the node is shutting down")
 
@@ -230,10 +292,10 @@ class BucketNotifier:
             else:
                 wake = True
         if wake:
-            self._wake.set()
+            self._runner.wake()
 
     def wake(self) -> None:
-        self._wake.set()
+        self._runner.wake()
 
     # ---- what clients ask -----------------------------------------------------------
 
@@ -277,7 +339,7 @@ class BucketNotifier:
                 if old is not None and old is not sink:
                     old.close("the subscription was resumed on another stream")
                 self._sinks[sub_id] = sink
-        self._wake.set()
+        self._runner.wake()
         return result, head
 
     def detach(self, sub_id: str, sink: EventSink) -> None:
@@ -301,7 +363,7 @@ class BucketNotifier:
             except ReplicaUnavailable:
                 return None
         if outcome.status is AckStatus.ACCEPTED:
-            self._wake.set()
+            self._runner.wake()
         return outcome
 
     def acks_applied(
@@ -337,22 +399,9 @@ class BucketNotifier:
 
     # ---- the loop -------------------------------------------------------------------
 
-    def _run(self) -> None:
-        name_os_thread()
-        busy = False
-        while not self._stopped.is_set():
-            if not busy:
-                self._wake.wait(self.settings.idle_wait_s)
-            self._wake.clear()
-            try:
-                busy = self._step()
-            except Exception:
-                log.exception("bucket %d: notifier step failed; retrying", self.bucket)
-                busy = False
-                self._stopped.wait(0.2)
-
-    def _step(self) -> bool:
-        """One pass; True if more rows are ready to send right away."""
+    def step(self) -> bool:
+        """One pass (what the runner runs); True if more rows are ready to send right
+        away."""
         replica = self.replica
         now = self._clock_ms()
         if replica.quarantined is not None:
@@ -389,7 +438,7 @@ class BucketNotifier:
             self._lease = self._propose(lease, now)
         if confirmed and sm.lease_holder == self.me:
             if self._core is None:
-                self._core = NotifierCore(self.me, self.settings.core_config)
+                self._core = self._new_core(self.me, self.settings.core_config, sm)
                 self._outbox = []
                 log.info(
                     "bucket %d: %s holds the notifier lease (lease index %d)",
@@ -467,14 +516,14 @@ class BucketNotifier:
             return
         self._rows_seen = False
         if self._core is None or not self._lock.acquire(blocking=False):
-            self._wake.set()
+            self._runner.wake()
             return
         try:
             core = self._core
             if core is None:
                 return
             if core.stream_count() > INLINE_STREAMS_MAX or not self._lease_view()[0]:
-                self._wake.set()
+                self._runner.wake()
                 return
             now = self._clock_ms()
 
@@ -490,9 +539,9 @@ class BucketNotifier:
                 return more or sent >= INLINE_EVENTS_MAX
 
             if self.replica.read(inline):
-                self._wake.set()
+                self._runner.wake()
         except ReplicaUnavailable:
-            self._wake.set()
+            self._runner.wake()
         finally:
             self._lock.release()
 
@@ -540,7 +589,7 @@ class BucketNotifier:
         except ReplicaUnavailable as exc:
             log.debug("bucket %d: cannot propose %s: %s", self.bucket, type(entry).__name__, exc)
             return None
-        future.add_done_callback(lambda _: self._wake.set())
+        future.add_done_callback(lambda _: self._runner.wake())
         return _InFlight(future, now, mark)
 
     def _drop_core(self, reason: str) -> None:
@@ -559,6 +608,9 @@ __all__ = [
     "AckWait",
     "BucketNotifier",
     "EventSink",
+    "CoreFactory",
     "NotifierMetrics",
     "NotifierSettings",
+    "NotifierThread",
+    "Runner",
 ]

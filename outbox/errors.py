@@ -5,7 +5,9 @@ Two families, kept apart because callers must treat them differently:
 * `Rejection` values and the `SevenDBError` subclasses named by an `ErrorCode`:
   operating errors (bad input, a failed precondition, a stale sequence). They are
   deterministic: every replica reaches the same one for the same entry, so they are
-  results, never reasons to stop.
+  results, never reasons to stop. `SevenDBError` is also the root of every error the
+  SDK raises: `sevendb.sdk` re-exports it with the SDK's own subclasses
+  (`sevendb.sdk.errors` draws the whole tree).
 * `EntryError`: the log entry itself cannot be decoded. Every replica rejects it
   identically and nothing changes. `ReplicaDivergence`: *this* replica disagrees
   with what the leader computed; it must quarantine itself.
@@ -51,7 +53,10 @@ class Rejection:
 
 
 class SevenDBError(Exception):
-    """Base of every error sevendb raises on purpose."""
+    """Root of every error sevendb raises on purpose (the core's rejections and the
+    SDK's errors). `code` is the rejection a node reports; errors that are not a
+    rejection keep the INVALID_ARGUMENT default (a node maps any `SevenDBError` to a
+    status by its `code`)."""
 
     code: ErrorCode = ErrorCode.INVALID_ARGUMENT
 
@@ -105,6 +110,8 @@ class DuplicateSequence(SevenDBError):
 
 
 class SubscriptionNotFound(SevenDBError):
+    """No such subscription in the bucket (ended, dropped, or never made)."""
+
     code = ErrorCode.SUBSCRIPTION_NOT_FOUND
 
 
@@ -127,10 +134,14 @@ class StaleSubscription(SevenDBError):
 
 
 class RegressiveAck(SevenDBError):
+    """An ack below the subscription's acknowledged position."""
+
     code = ErrorCode.REGRESSIVE_ACK
 
 
 class DuplicateAck(SevenDBError):
+    """An ack of exactly the acknowledged position."""
+
     code = ErrorCode.DUPLICATE_ACK
 
 

@@ -796,6 +796,16 @@ class BucketStateMachine:
                 nxt,
                 message=f"{last_processed} is not in this stream",
             )
+        if last_processed.commit_index > self._applied_index:
+            # Beyond everything applied here. Judged only on current state (the
+            # notifier answers BEHIND until its replica has caught up with the log).
+            return ReconnectDecision(
+                ReconnectStatus.INVALID_SEQUENCE,
+                epoch,
+                nxt,
+                message=f"{last_processed} is beyond anything committed "
+                f"(applied through {self._applied_index})",
+            )
         if last_processed > sub.head:
             return ReconnectDecision(
                 ReconnectStatus.INVALID_SEQUENCE,

@@ -13,8 +13,9 @@ with ``python deploy/gen_proto.py`` and commit the result; ``python deploy/gen_p
 --check`` (part of the test suite) fails while the committed code is stale. See
 docs/wire.md for the contract itself.
 
-Beside the generated code live what both ends of the wire share: `mailbox` (calls into
-an asyncio loop from other threads) and `threads` (OS thread names).
+Beside the generated code live what both ends of the wire share: `codec` (messages to
+and from the core's types, and the trailers and statuses errors travel as), `mailbox`
+(calls into an asyncio loop from other threads) and `threads` (OS thread names).
 
 May import: `sevendb.outbox`.
 """

@@ -113,12 +113,14 @@ class CaughtUp(_message.Message):
     def __init__(self, sub_id: _Optional[str] = ..., head_emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ...) -> None: ...
 
 class ReconnectRequest(_message.Message):
-    __slots__ = ("sub_id", "last_processed_emit_seq")
+    __slots__ = ("sub_id", "last_processed_emit_seq", "bucket")
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
     LAST_PROCESSED_EMIT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
     sub_id: str
     last_processed_emit_seq: EmitSeq
-    def __init__(self, sub_id: _Optional[str] = ..., last_processed_emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ...) -> None: ...
+    bucket: int
+    def __init__(self, sub_id: _Optional[str] = ..., last_processed_emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ..., bucket: _Optional[int] = ...) -> None: ...
 
 class ReconnectAck(_message.Message):
     __slots__ = ("status", "current_epoch_id", "next_commit_index")

@@ -1,4 +1,116 @@
 """sevendb.sdk: the client library.
 
+    from sevendb.sdk import Client, set_op
+
+    with Client(["127.0.0.1:7001"], token=token) as client:
+        client.put("orders/1", b"paid")
+        client.write([set_op("orders/2", b"new", must_not_exist=True)])  # keys of one bucket
+        for event in client.subscribe("prefix:orders/", cursor="orders.cursor"):
+            ...
+
+The names below (`__all__`) are the public API; the modules under this package are
+how it is built and may change. Every error is a `SevenDBError` (the tree:
+`sevendb.sdk.errors`); nothing public takes or returns a protobuf message.
+
 May import: `sevendb.proto`, `sevendb.outbox`.
 """
+
+from sevendb.outbox.emitseq import EmitSeq, EpochId
+from sevendb.outbox.entries import Expected, ExpectKind, Op, OpKind
+from sevendb.outbox.errors import (
+    DuplicateSequence,
+    ErrorCode,
+    InvalidArgument,
+    InvalidProducerEpoch,
+    LimitExceeded,
+    NotOwner,
+    OutOfOrderSequence,
+    PreconditionFailed,
+    ProducerFenced,
+    SevenDBError,
+    StaleSubscription,
+    SubscriptionExists,
+    SubscriptionNotFound,
+    UnknownProducer,
+)
+from sevendb.outbox.model import Change
+from sevendb.outbox.query import Query, QueryKind
+from sevendb.sdk.client import Client, IdempotentProducer, RetryPolicy
+from sevendb.sdk.cursor_store import CursorStore, SavedCursor
+from sevendb.sdk.errors import (
+    BrokenReason,
+    ClientClosed,
+    CursorStoreError,
+    SubscriptionBroken,
+    Unauthenticated,
+    Unavailable,
+)
+from sevendb.sdk.models import (
+    ClusterLayout,
+    NodeStatus,
+    Record,
+    ReplicaStatus,
+    WriteResult,
+    delete_op,
+    set_op,
+)
+from sevendb.sdk.subscription import (
+    Event,
+    Recovery,
+    StreamReset,
+    StreamResetReason,
+    SubscribeOptions,
+    Subscription,
+    SubscriptionStats,
+)
+
+__all__ = [
+    "BrokenReason",
+    "Change",
+    "Client",
+    "ClientClosed",
+    "ClusterLayout",
+    "CursorStore",
+    "CursorStoreError",
+    "DuplicateSequence",
+    "EmitSeq",
+    "EpochId",
+    "ErrorCode",
+    "Event",
+    "ExpectKind",
+    "Expected",
+    "IdempotentProducer",
+    "InvalidArgument",
+    "InvalidProducerEpoch",
+    "LimitExceeded",
+    "NodeStatus",
+    "NotOwner",
+    "Op",
+    "OpKind",
+    "OutOfOrderSequence",
+    "PreconditionFailed",
+    "ProducerFenced",
+    "Query",
+    "QueryKind",
+    "Record",
+    "Recovery",
+    "ReplicaStatus",
+    "RetryPolicy",
+    "SavedCursor",
+    "SevenDBError",
+    "StaleSubscription",
+    "StreamReset",
+    "StreamResetReason",
+    "SubscribeOptions",
+    "Subscription",
+    "SubscriptionBroken",
+    "SubscriptionExists",
+    "SubscriptionNotFound",
+    "SubscriptionStats",
+    "Unauthenticated",
+    "Unavailable",
+    "UnknownProducer",
+    "WriteResult",
+    "delete_op",
+    "set_op",
+]

@@ -18,6 +18,7 @@ from typing import Final
 from grpc import aio
 
 from sevendb.outbox.emitseq import EmitSeq
+from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.sdk.engine import Engine, leader_hint
 
@@ -28,13 +29,6 @@ ACKS_PER_CALL_MAX: Final = 4096
 _SETTLED: Final = (pb.AckResult.ACCEPTED, pb.AckResult.DUPLICATE, pb.AckResult.REGRESSIVE)
 _RETRY: Final = (pb.AckResult.NOT_HOLDER, pb.AckResult.PENDING)
 _RETRY_PAUSE_S: Final = 0.05
-
-
-def _seq_pb(seq: EmitSeq) -> pb.EmitSeq:
-    return pb.EmitSeq(
-        epoch_id=pb.EmitSeq.EpochId(bucket_uuid=seq.bucket_uuid, epoch_counter=seq.epoch_counter),
-        commit_index=seq.commit_index,
-    )
 
 
 @dataclass(slots=True)
@@ -74,7 +68,8 @@ class AckPipeline:
                 for sub_id, _ in batch:
                     del waiting[sub_id]
                 acks = [
-                    pb.ClientAck(sub_id=s, up_to_emit_seq=_seq_pb(p.position)) for s, p in batch
+                    pb.ClientAck(sub_id=s, up_to_emit_seq=codec.seq_to_pb(p.position))
+                    for s, p in batch
                 ]
                 request = pb.AckBatch(acks=acks)
                 self.calls += 1
@@ -106,7 +101,8 @@ class AckPipeline:
         async def call(target: str, sub_ids: list[str], timeout: float) -> None:
             request = pb.AckBatch(
                 acks=[
-                    pb.ClientAck(sub_id=s, up_to_emit_seq=_seq_pb(pending[s][1])) for s in sub_ids
+                    pb.ClientAck(sub_id=s, up_to_emit_seq=codec.seq_to_pb(pending[s][1]))
+                    for s in sub_ids
                 ],
                 wait_applied=True,
             )

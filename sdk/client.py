@@ -9,7 +9,8 @@ cluster node.
 Any node accepts any request (it forwards to the bucket's leader, or redirects a
 subscription to the bucket's notifier lease holder); on UNAVAILABLE the client
 follows the leader hint or tries the next endpoint, with jittered backoff.
-Domain errors arrive as the typed exceptions of `sevendb.outbox.errors`.
+Every error is a `SevenDBError` (the tree: `sevendb.sdk.errors`); what a call takes
+and returns is in `sevendb.sdk.models`, never a protobuf message.
 """
 
 from __future__ import annotations
@@ -20,21 +21,32 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
 
-from sevendb.outbox.emitseq import EmitSeq
-from sevendb.outbox.errors import ERROR_TYPES, ErrorCode, InvalidArgument, SevenDBError
+from sevendb.outbox.entries import ANY, ExpectKind, Op, OpKind
+from sevendb.outbox.errors import InvalidArgument, SevenDBError
 from sevendb.outbox.keys import bucket_of
 from sevendb.outbox.query import Query, QueryKind
+from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 from sevendb.sdk.acks import AckPipeline
 from sevendb.sdk.cursor_store import CursorStore
 from sevendb.sdk.engine import ERROR_CODE_KEY, LEADER_HINT_KEY, Engine
+from sevendb.sdk.errors import Unavailable, domain_error
+from sevendb.sdk.models import (
+    ClusterLayout,
+    NodeStatus,
+    Record,
+    ReplicaStatus,
+    WriteResult,
+    delete_op,
+    set_op,
+)
 from sevendb.sdk.sessions import Sessions
 from sevendb.sdk.subscription import (
     SubscribeOptions,
@@ -42,7 +54,7 @@ from sevendb.sdk.subscription import (
     close_subscriptions,
     parse_query,
 )
-from sevendb.sdk.writer import Unauthenticated, Unavailable, WritePipeline, domain_error
+from sevendb.sdk.writer import WritePipeline
 
 T = TypeVar("T")
 
@@ -57,43 +69,11 @@ class RetryPolicy:
     deadline_s: float = 30.0
     call_timeout_s: float = 10.0
 
-
-@dataclass(frozen=True, slots=True)
-class WriteResult:
-    committed: EmitSeq
-    bucket: int
-    versions: dict[str, int] = field(default_factory=dict)
-    duplicate: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    key: str
-    value: bytes
-    version: int
-    mod_commit_index: int
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterLayout:
-    """What `ClusterInfo` says: buckets (uuid, replica nodes) and nodes."""
-
-    cluster_id: str
-    bucket_uuids: tuple[str, ...]
-    bucket_nodes: tuple[tuple[str, ...], ...]
-    nodes: tuple[str, ...]
-
-    @property
-    def buckets(self) -> int:
-        return len(self.bucket_uuids)
-
-    def bucket_of(self, key: str) -> int:
-        return bucket_of(key, self.buckets)
-
-
-def _emit_seq(msg: pb.EmitSeq) -> EmitSeq:
-    epoch = msg.epoch_id  # each nested read builds a wrapper: read it once
-    return EmitSeq(epoch.bucket_uuid, epoch.epoch_counter, msg.commit_index)
+    def __post_init__(self) -> None:
+        if self.attempts_max < 1 or self.deadline_s <= 0 or self.call_timeout_s <= 0:
+            raise InvalidArgument("attempts_max >= 1, deadline_s > 0, call_timeout_s > 0")
+        if not 0 < self.backoff_initial_s <= self.backoff_max_s:
+            raise InvalidArgument("0 < backoff_initial_s <= backoff_max_s")
 
 
 def _write_result(response: pb.WriteResponse) -> WriteResult:
@@ -103,7 +83,35 @@ def _write_result(response: pb.WriteResponse) -> WriteResult:
         written = {kv.key: kv.version}
     else:
         written = {kv.key: kv.version for kv in versions}
-    return WriteResult(_emit_seq(response.committed), response.bucket, written, response.duplicate)
+    return WriteResult(
+        codec.seq_from_pb(response.committed), response.bucket, written, response.duplicate
+    )
+
+
+def _op_pb(op: Op) -> pb.Op:
+    if not isinstance(op, Op):
+        raise InvalidArgument(f"a write takes Op values (set_op, delete_op), not {op!r}")
+    kind = pb.Op.DEL if op.kind is OpKind.DEL else pb.Op.SET
+    expected = op.expected
+    if expected is ANY:  # most writes
+        return pb.Op(kind=kind, key=op.key, value=op.value)
+    if expected.kind is ExpectKind.EXACT:
+        condition = pb.ExpectedVersion(exact=expected.version)
+    elif expected.kind is ExpectKind.NOT_EXISTS:
+        condition = pb.ExpectedVersion(not_exists=True)
+    else:
+        condition = None
+    return pb.Op(kind=kind, key=op.key, value=op.value, expected=condition)
+
+
+def _node_status(response: pb.StatusResponse) -> NodeStatus:
+    def replica(r: pb.ReplicaStatus) -> ReplicaStatus:
+        values: dict[str, Any] = {f.name: getattr(r, f.name) for f in fields(ReplicaStatus)}
+        values["members"] = tuple(r.members)
+        values["connected"] = tuple(r.connected)
+        return ReplicaStatus(**values)
+
+    return NodeStatus(response.node_id, tuple(replica(r) for r in response.replicas))
 
 
 def _call_error(exc: grpc.RpcError) -> SevenDBError | None:
@@ -127,7 +135,7 @@ class Client:
         retry: RetryPolicy | None = None,
     ) -> None:
         if not endpoints:
-            raise ValueError("a Client needs at least one endpoint (host:port)")
+            raise InvalidArgument("a Client needs at least one endpoint (host:port)")
         self._endpoints = list(endpoints)
         self._retry = retry or RetryPolicy()
         self.metadata: tuple[tuple[str, str], ...] = (
@@ -221,26 +229,33 @@ class Client:
             )
         return self._layout
 
-    def status(self, endpoint: str) -> pb.StatusResponse:
-        response: pb.StatusResponse = self._stub(endpoint).Status(
-            pb.StatusRequest(), timeout=self._retry.call_timeout_s
-        )
-        return response
+    def status(self, endpoint: str, *, digests: bool = False) -> NodeStatus:
+        """One node's view of its replicas (no retry: it is about that node). With
+        `digests` each replica also hashes its state (a snapshot: not for tight loops)."""
+        try:
+            response: pb.StatusResponse = self._stub(endpoint).Status(
+                pb.StatusRequest(with_digests=digests), timeout=self._retry.call_timeout_s
+            )
+        except grpc.RpcError as exc:
+            raise _call_error(exc) or Unavailable(f"{endpoint}: {exc.details()}") from None
+        return _node_status(response)
 
     # ---- writes and reads --------------------------------------------------------------
 
-    def write(self, ops: Sequence[pb.Op], producer: pb.ProducerRef | None = None) -> WriteResult:
-        """Apply `ops` atomically (all keys in one bucket); returns once committed."""
-        return self.write_async(ops, producer).result()
+    def write(self, ops: Sequence[Op]) -> WriteResult:
+        """Apply `ops` atomically (all keys in one bucket); returns once committed.
+        Build them with `set_op` and `delete_op`."""
+        return self.write_async(ops).result()
 
-    def write_async(
-        self, ops: Sequence[pb.Op], producer: pb.ProducerRef | None = None
-    ) -> Future[WriteResult]:
+    def write_async(self, ops: Sequence[Op]) -> Future[WriteResult]:
         """`write` without blocking: keep many in flight from one thread. Concurrent
         writes share `WriteMany` requests (see `sevendb.sdk.writer`)."""
+        return self._submit(ops, None)
+
+    def _submit(self, ops: Sequence[Op], producer: pb.ProducerRef | None) -> Future[WriteResult]:
         if not ops:
-            raise ERROR_TYPES[ErrorCode.INVALID_ARGUMENT]("a write needs at least one op")
-        request = pb.WriteRequest(ops=list(ops), producer=producer)
+            raise InvalidArgument("a write needs at least one op")
+        request = pb.WriteRequest(ops=[_op_pb(op) for op in ops], producer=producer)
         bucket = self.layout().bucket_of(ops[0].key)
         return self._pipeline().submit(request, bucket)
 
@@ -252,13 +267,14 @@ class Client:
         expected_version: int | None = None,
         must_not_exist: bool = False,
     ) -> WriteResult:
+        """Set one key (`set_op` says what the conditions mean)."""
         return self.write(
             [set_op(key, value, expected_version=expected_version, must_not_exist=must_not_exist)]
         )
 
     def delete(self, key: str, *, expected_version: int | None = None) -> WriteResult:
-        expected = pb.ExpectedVersion(exact=expected_version) if expected_version else None
-        return self.write([pb.Op(kind=pb.Op.DEL, key=key, expected=expected)])
+        """Delete one key (`delete_op` says what the condition means)."""
+        return self.write([delete_op(key, expected_version=expected_version)])
 
     def get(self, key: str) -> Record | None:
         response: pb.GetResponse = self._call(
@@ -269,7 +285,8 @@ class Client:
         return Record(key, response.value, response.version, response.mod_commit_index)
 
     def sync_bucket(self, bucket: int, *, page_size: int = 0) -> Iterator[Record]:
-        """Every key of a bucket, paged (seed 001: since, limit, has_more)."""
+        """Every key of a bucket, in pages of `page_size` (0: the node's default),
+        ordered by the commit that last changed it (docs/wire.md, "Paged sync")."""
         since_index, since_key = 0, ""
         while True:
             request = pb.SyncRequest(
@@ -318,7 +335,15 @@ class Client:
             acks, sessions = self._ack_pipeline, self._sessions
             assert sessions is not None
         sub = Subscription(
-            self, engine, acks, sessions, parsed, buckets, cursor=cursor, name=name, options=options
+            self.metadata,
+            engine,
+            acks,
+            sessions,
+            parsed,
+            buckets,
+            cursor=cursor,
+            name=name,
+            options=options,
         )
         with self._lock:
             self._subscriptions.add(sub)
@@ -354,20 +379,10 @@ def _shut_down(
     engine.close()
 
 
-def set_op(
-    key: str, value: bytes, *, expected_version: int | None = None, must_not_exist: bool = False
-) -> pb.Op:
-    expected = None
-    if must_not_exist:
-        expected = pb.ExpectedVersion(not_exists=True)
-    elif expected_version:
-        expected = pb.ExpectedVersion(exact=expected_version)
-    return pb.Op(kind=pb.Op.SET, key=key, value=value, expected=expected)
-
-
 class IdempotentProducer:
-    """Writes whose retries never double-commit (seed 003): one producer id, one epoch
-    and sequence per bucket, obtained lazily with InitProducer."""
+    """Writes whose retries never double-commit: one producer id, and an epoch and a
+    sequence per bucket, obtained lazily with InitProducer (docs/core.md, entries
+    WRITE and INIT_PRODUCER). Made by `Client.producer()`."""
 
     def __init__(self, client: Client, bucket_count: int) -> None:
         self._client = client
@@ -402,7 +417,7 @@ class IdempotentProducer:
         try:
             # _call retries UNAVAILABLE with the same sequence: a retry of a write that
             # did commit returns the original commit (duplicate=True), never a second one.
-            return self._client.write([op], ref)
+            return self._client._submit([op], ref).result()
         except InvalidArgument:
             # Refused before the log (malformed, over a limit): the sequence is unused.
             with self._lock:
@@ -413,14 +428,4 @@ class IdempotentProducer:
             raise
 
 
-__all__ = [
-    "Client",
-    "ClusterLayout",
-    "IdempotentProducer",
-    "Record",
-    "RetryPolicy",
-    "Unauthenticated",
-    "Unavailable",
-    "WriteResult",
-    "set_op",
-]
+__all__ = ["Client", "IdempotentProducer", "RetryPolicy"]

@@ -1,5 +1,5 @@
 """The client side of effective-once, pure: dedupe, a bounded reorder buffer and
-gap detection through `prev_emit_seq` (seed 000 §9).
+gap detection through `prev_emit_seq` (docs/core.md, "The client side").
 
 The server delivers at least once; this logic makes the application see each
 event exactly once and in emit_seq order. It reads no clock and does no I/O: the

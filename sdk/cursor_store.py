@@ -17,12 +17,9 @@ from pathlib import Path
 from typing import Final
 
 from sevendb.outbox.emitseq import EmitSeq
+from sevendb.sdk.errors import CursorStoreError
 
 FORMAT_VERSION: Final = 2
-
-
-class CursorStoreError(Exception):
-    """The cursor file exists but cannot be read: refuse rather than start over."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,10 +40,11 @@ class SavedCursor:
 
 
 class CursorStore:
-    """A JSON file of cursors, one entry per (query, bucket) subscription."""
+    """A JSON file of cursors, one entry per (query, bucket) subscription. Raises
+    `CursorStoreError` if the file exists but cannot be read."""
 
-    def __init__(self, path: Path) -> None:
-        self._path = path
+    def __init__(self, path: Path | str) -> None:
+        self._path = Path(path)
         self._lock = threading.Lock()
         self._cursors: dict[str, SavedCursor] = self._load()
         self.writes = 0

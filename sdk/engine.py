@@ -16,12 +16,11 @@ import grpc
 from grpc import aio
 
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
+from sevendb.proto.codec import ERROR_CODE_KEY, LEADER_HINT_KEY
 from sevendb.proto.mailbox import mailbox
 from sevendb.proto.threads import name_os_thread
 
 T = TypeVar("T")
-LEADER_HINT_KEY: Final = "sevendb-leader"
-ERROR_CODE_KEY: Final = "sevendb-error"
 
 
 _STATUS_BY_VALUE: Final = {code.value[0]: code for code in grpc.StatusCode}

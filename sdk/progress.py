@@ -1,5 +1,5 @@
-"""When the SDK persists cursors and sends acks, pure (seed 000 §9; issue rule:
-persist after processing and *before* the ack that covers it).
+"""When the SDK persists cursors and sends acks, pure: a position is persisted after
+the application processed it and *before* the ack that covers it (docs/emission.md).
 
 Per bucket stream, three positions move forward in this order:
 
@@ -12,7 +12,7 @@ Per bucket stream, three positions move forward in this order:
 
 `Progress` decides when to flush (every `every_events` processed events or
 `interval_s` after the first unflushed one) and which acks to send again. Time
-is an argument; no I/O.
+is an argument; no I/O (`sevendb.sdk.flusher` does that around it).
 """
 
 from __future__ import annotations

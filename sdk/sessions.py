@@ -13,8 +13,9 @@ order, then `aio.EOF` when it ends normally, or raises the `AioRpcError` that ca
 would have ended with (status, details, and the leader hint and error code as
 trailers); `cancel()` closes it on the node. When the session call itself fails,
 every stream on it fails the same way, and the next stream opened to that node
-starts a new session. A node without `Session` (UNIMPLEMENTED) gets a call per
-stream instead. Loop only.
+starts a new session. Every node of a cluster runs one version (docs/emission.md),
+so a node that answers `Session` with UNIMPLEMENTED is refused like any other
+UNIMPLEMENTED, not served a call per stream. Loop only.
 """
 
 from __future__ import annotations
@@ -22,32 +23,25 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
-import logging
 from collections.abc import Callable
 from typing import Any
 
 import grpc
 from grpc import aio
 
+from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
-from sevendb.sdk.engine import ERROR_CODE_KEY, LEADER_HINT_KEY, Engine, status_code
-
-log = logging.getLogger(__name__)
+from sevendb.sdk.engine import Engine, status_code
 
 
 def _end_error(end: pb.StreamEnd) -> aio.AioRpcError | None:
     """The error a stream's own call would have ended with; None for a normal end."""
     if end.code == 0:
         return None
-    trailers = []
-    if end.leader:
-        trailers.append((LEADER_HINT_KEY, end.leader))
-    if end.error:
-        trailers.append((ERROR_CODE_KEY, end.error))
     return aio.AioRpcError(
         status_code(end.code),
         aio.Metadata(),
-        aio.Metadata(*trailers),
+        aio.Metadata(*codec.trailers(end.leader, end.error)),
         end.message,
     )
 
@@ -132,16 +126,9 @@ def _is_message(item: Any) -> bool:
 
 
 class _Session:
-    def __init__(
-        self,
-        engine: Engine,
-        target: str,
-        metadata: tuple[tuple[str, str], ...],
-        unimplemented: Callable[[str], None],
-    ) -> None:
+    def __init__(self, engine: Engine, target: str, metadata: tuple[tuple[str, str], ...]) -> None:
         self.target = target
         self.closed = False
-        self._unimplemented = unimplemented
         self._call = engine.stub(target).Session(metadata=metadata)
         self._streams: dict[int, SessionStream] = {}
         self._ids = itertools.count(1)
@@ -184,16 +171,6 @@ class _Session:
                         stream._put(item.message)
         except aio.AioRpcError as exc:
             error = exc
-            if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
-                # A node from before `Session`: each stream opens again, on a call of
-                # its own to the same node.
-                self._unimplemented(self.target)
-                error = aio.AioRpcError(
-                    grpc.StatusCode.UNAVAILABLE,
-                    aio.Metadata(),
-                    aio.Metadata((LEADER_HINT_KEY, self.target)),
-                    f"{self.target} has no Session call",
-                )
         except asyncio.CancelledError:
             error = aio.AioRpcError(
                 grpc.StatusCode.CANCELLED, aio.Metadata(), aio.Metadata(), "session closed"
@@ -211,70 +188,24 @@ class _Session:
 
 
 class Sessions:
-    """The client's sessions, one per node address. A node that answers `Session`
-    with UNIMPLEMENTED (one from before that call) gets a call per stream instead, as
-    before sessions. Loop only."""
+    """The client's sessions, one per node address. Loop only."""
 
     def __init__(self, engine: Engine, metadata: tuple[tuple[str, str], ...]) -> None:
         self._engine = engine
         self._metadata = metadata
         self._by_target: dict[str, _Session] = {}
-        self._per_call: set[str] = set()
-        self._feeds: set[asyncio.Task[None]] = set()
 
     def subscribe(self, target: str, request: pb.SubscribeRequest) -> SessionStream:
-        if target in self._per_call:
-            call = self._engine.stub(target).Subscribe(request, metadata=self._metadata)
-            return self._own_call(call)
         return self._session(target).open(pb.SessionRequest(subscribe=request))
 
     def reconnect(self, target: str, request: pb.ReconnectRequest) -> SessionStream:
-        if target in self._per_call:
-            call = self._engine.stub(target).Reconnect(request, metadata=self._metadata)
-            return self._own_call(call)
         return self._session(target).open(pb.SessionRequest(reconnect=request))
 
     def _session(self, target: str) -> _Session:
         session = self._by_target.get(target)
         if session is None or session.closed:
-            session = self._by_target[target] = _Session(
-                self._engine, target, self._metadata, self._no_session
-            )
+            session = self._by_target[target] = _Session(self._engine, target, self._metadata)
         return session
-
-    def _no_session(self, target: str) -> None:
-        if target not in self._per_call:
-            log.warning("%s has no Session call: a call per subscription stream", target)
-            self._per_call.add(target)
-
-    def _own_call(self, call: Any) -> SessionStream:
-        """A stream on a call of its own, read into a `SessionStream` by a task."""
-        stream = SessionStream(0, lambda _: call.cancel())
-        feed = self._engine.loop.create_task(_feed(call, stream))
-        self._feeds.add(feed)  # the loop keeps only a weak reference
-        feed.add_done_callback(self._feeds.discard)
-        return stream
-
-
-async def _feed(call: Any, stream: SessionStream) -> None:
-    try:
-        while (message := await call.read()) is not aio.EOF:
-            stream._put(message)
-    except aio.AioRpcError as exc:
-        stream._put(exc)
-        return
-    except asyncio.CancelledError:  # the call closed by the stream's reader, or this task
-        stream._put(
-            aio.AioRpcError(grpc.StatusCode.CANCELLED, aio.Metadata(), aio.Metadata(), "closed")
-        )
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise
-        return
-    except Exception as exc:  # never leave the stream's reader waiting
-        stream._put(exc)
-        return
-    stream._put(aio.EOF)
 
 
 __all__ = ["SessionStream", "Sessions"]

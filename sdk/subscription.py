@@ -39,40 +39,44 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, NamedTuple, TypeAlias
+from typing import Final, NamedTuple, TypeAlias
 
 import grpc
 from grpc import aio
 
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import op_kind
-from sevendb.outbox.errors import SevenDBError
+from sevendb.outbox.errors import InvalidArgument
 from sevendb.outbox.model import Change
 from sevendb.outbox.query import Query
+from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto.mailbox import Mailbox, mailbox
 from sevendb.sdk.acks import AckPipeline
 from sevendb.sdk.cursor import StreamCursor
-from sevendb.sdk.cursor_store import CursorStore, SavedCursor
-from sevendb.sdk.engine import Engine, leader_hint
-from sevendb.sdk.progress import Flush, Progress
+from sevendb.sdk.cursor_store import CursorStore
+from sevendb.sdk.engine import ERROR_CODE_KEY, Engine, leader_hint, trailer
+from sevendb.sdk.errors import BrokenReason, SubscriptionBroken, Unavailable, domain_error
+from sevendb.sdk.flusher import Flusher
+from sevendb.sdk.progress import Progress
 from sevendb.sdk.sessions import Sessions, SessionStream
-
-if TYPE_CHECKING:
-    from sevendb.sdk.client import Client
 
 log = logging.getLogger(__name__)
 
 CLOSE_ACK_WAIT_S: Final = 3.0
 """How long `Subscription.close` waits, by default, for its final acks to be applied."""
 
-_FATAL_CODES: Final = (
-    grpc.StatusCode.UNAUTHENTICATED,
-    grpc.StatusCode.PERMISSION_DENIED,
-    grpc.StatusCode.INVALID_ARGUMENT,
-    grpc.StatusCode.FAILED_PRECONDITION,
-    grpc.StatusCode.UNIMPLEMENTED,
-)
+_FATAL: Final = {
+    code: BrokenReason(code.name)
+    for code in (
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.UNIMPLEMENTED,
+    )
+}
+"""gRPC statuses that end a bucket stream for good, and the reason reported."""
 
 
 # ---- public types ----------------------------------------------------------------------
@@ -113,25 +117,25 @@ class StreamReset:
     reason: StreamResetReason
 
 
-class SubscriptionBroken(SevenDBError):
-    """The subscription cannot continue; `reason` says why (e.g. STALE_SEQUENCE with
-    the ``raise`` policy, a token the cluster refuses)."""
+class Recovery(StrEnum):
+    """What a subscription does when a bucket's stream cannot resume (`StreamResetReason`)."""
 
-    def __init__(self, message: str, reason: str = "") -> None:
-        super().__init__(message)
-        self.reason = reason
+    RESUBSCRIBE = "resubscribe"
+    """Subscribe afresh from the current end of the log, and report the `StreamReset`
+    to `SubscribeOptions.on_reset` (the events in between are missed)."""
+    RAISE = "raise"
+    """Stop: the application's next read raises `SubscriptionBroken`."""
 
 
 @dataclass(frozen=True, slots=True)
 class SubscribeOptions:
-    """How a subscription persists, acknowledges and recovers."""
+    """How a subscription persists, acknowledges and recovers. A policy may also be
+    given as its string value (``"raise"``); anything else is `InvalidArgument`."""
 
-    on_stale: str = "resubscribe"
-    """STALE_SEQUENCE / SUBSCRIPTION_NOT_FOUND: ``resubscribe`` (a new stream from now,
-    reported to `on_reset`) or ``raise`` (`SubscriptionBroken`)."""
-    on_invalid: str = "raise"
-    """INVALID_SEQUENCE (the saved position is not on the server's stream): ``reset``
-    (resubscribe, reported to `on_reset`) or ``raise``."""
+    on_stale: Recovery = Recovery.RESUBSCRIBE
+    """STALE_SEQUENCE / SUBSCRIPTION_NOT_FOUND: the server no longer has the stream."""
+    on_invalid: Recovery = Recovery.RAISE
+    """INVALID_SEQUENCE: the saved position is not on the server's stream."""
     on_reset: Callable[[StreamReset], None] | None = None
     ack_every_events: int = 256
     """Persist and ack after this many processed events ..."""
@@ -144,19 +148,41 @@ class SubscribeOptions:
     backoff_max_s: float = 2.0
 
     def __post_init__(self) -> None:
-        if self.on_stale not in ("resubscribe", "raise"):
-            raise ValueError("on_stale must be 'resubscribe' or 'raise'")
-        if self.on_invalid not in ("reset", "raise"):
-            raise ValueError("on_invalid must be 'reset' or 'raise'")
+        for name in ("on_stale", "on_invalid"):
+            value = getattr(self, name)
+            try:
+                object.__setattr__(self, name, Recovery(value))
+            except ValueError:
+                choices = " or ".join(repr(r.value) for r in Recovery)
+                raise InvalidArgument(f"{name} must be {choices}, not {value!r}") from None
         if self.ack_every_events < 1 or self.ack_interval_s <= 0 or self.ack_resend_s <= 0:
-            raise ValueError("ack_every_events >= 1, ack_interval_s > 0, ack_resend_s > 0")
+            raise InvalidArgument("ack_every_events >= 1, ack_interval_s > 0, ack_resend_s > 0")
         if not 0 < self.backoff_initial_s <= self.backoff_max_s:
-            raise ValueError("0 < backoff_initial_s <= backoff_max_s")
+            raise InvalidArgument("0 < backoff_initial_s <= backoff_max_s")
+        if self.reorder_buffer_max < 1:
+            raise InvalidArgument("reorder_buffer_max >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionStats:
+    """Counters of a subscription, over all its bucket streams."""
+
+    buckets: int
+    duplicates_dropped: int
+    """Events delivered again by a node and dropped here (never seen twice)."""
+    reconnects: int
+    cursor_writes: int
+    """Saves to the cursor store (0 without one)."""
 
 
 def parse_query(query: str | Query) -> Query:
     """``key:K``, ``prefix:P``, ``all`` or a `Query`."""
-    return query if isinstance(query, Query) else Query.parse(query)
+    if isinstance(query, Query):
+        return query
+    try:
+        return Query.parse(query)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
 
 
 class _Inbox:
@@ -231,17 +257,6 @@ class _BucketStream:
     history: list[str] = field(default_factory=list)
 
 
-def _seq(msg: pb.EmitSeq) -> EmitSeq:
-    return EmitSeq(msg.epoch_id.bucket_uuid, msg.epoch_id.epoch_counter, msg.commit_index)
-
-
-def _seq_pb(seq: EmitSeq) -> pb.EmitSeq:
-    return pb.EmitSeq(
-        epoch_id=pb.EmitSeq.EpochId(bucket_uuid=seq.bucket_uuid, epoch_counter=seq.epoch_counter),
-        commit_index=seq.commit_index,
-    )
-
-
 def _event(bucket: int, ev: pb.DataEvent) -> Event:
     # The hot path of a subscriber: each nested message read costs a wrapper object,
     # so every one is read once.
@@ -299,7 +314,7 @@ class Subscription:
 
     def __init__(
         self,
-        client: Client,
+        metadata: tuple[tuple[str, str], ...],
         engine: Engine,
         acks: AckPipeline,
         sessions: Sessions,
@@ -313,41 +328,31 @@ class Subscription:
     ) -> None:
         self.query = query
         self.name = name or str(query)
-        self.options = options or SubscribeOptions()
-        self._client = client
+        self.options = opts = options or SubscribeOptions()
         self._engine = engine
         self._acks = acks
         self._sessions = sessions
-        self._metadata = client.metadata
-        if cursor is not None and not isinstance(cursor, CursorStore):
-            cursor = CursorStore(Path(cursor))
-        self._store = cursor
+        self._metadata = metadata
+        store = cursor if cursor is None or isinstance(cursor, CursorStore) else CursorStore(cursor)
         self._inbox = _Inbox()
-        self._lock = threading.Lock()
-        opts = self.options
-        self._progress = Progress(
-            every_events=opts.ack_every_events,
+        self._flusher = Flusher(
+            engine,
+            acks,
+            store,
+            self.name,
+            Progress(
+                every_events=opts.ack_every_events,
+                interval_s=opts.ack_interval_s,
+                resend_after_s=opts.ack_resend_s,
+            ),
             interval_s=opts.ack_interval_s,
-            resend_after_s=opts.ack_resend_s,
+            target_of=self._target_of,
+            failed=self._inbox.put,
         )
         self._closed = False
         self._batch: collections.deque[Event] = collections.deque()
         self._last: Event | None = None
-        self._flush_lock = threading.Lock()
-        """One flush at a time, from whichever thread: the cursor store never gets an
-        older position after a newer one, nor a cursor after `close` or a forget."""
-        self._flushing = False
-        """A timed flush is in the executor (loop only): no second one queued behind it."""
-        self._handed = 0
-        """Events handed to the application (loop only) ..."""
-        self._marked = 0
-        """... and those it has processed (under `_lock`)."""
-        self._arm_on_mark = False
-        """The ack timer found the application behind: its next processed event arms it
-        again (under `_lock`)."""
-        self._due: asyncio.TimerHandle | None = None
-        """When the loop next looks for time-based flushes (loop only)."""
-        saved = {c.bucket: c for c in (self._store.named(self.name) if self._store else [])}
+        saved = {c.bucket: c for c in (store.named(self.name) if store else [])}
         self._streams: dict[int, _BucketStream] = {}
         for bucket in buckets:
             c = saved.get(bucket)
@@ -356,7 +361,7 @@ class Subscription:
             )
             if c is not None and c.position is not None:
                 stream.cursor = StreamCursor(c.position, reorder_buffer_max=opts.reorder_buffer_max)
-                self._progress.start(bucket, c.sub_id, c.position)
+                self._flusher.start(bucket, c.sub_id, c.position)
             self._streams[bucket] = stream
         started: Future[None] = engine.submit(self._start())
         started.result(10)
@@ -374,8 +379,12 @@ class Subscription:
                     raise failure or SubscriptionBroken(
                         f"bucket {stream.bucket}: no stream within {timeout_s:.0f} s "
                         f"(last: {stream.history[-1] if stream.history else 'no answer'})",
-                        "UNAVAILABLE",
+                        BrokenReason.UNAVAILABLE,
                     )
+
+    def _target_of(self, bucket: int) -> str:
+        """The node a bucket's acks go to: its stream's."""
+        return self._streams[bucket].target or self._engine.any_endpoint()
 
     # ---- the application side ----------------------------------------------------------
 
@@ -384,22 +393,23 @@ class Subscription:
         """The server subscription id of each bucket's stream (once subscribed)."""
         return {b: s.sub_id for b, s in self._streams.items() if s.sub_id and s.subscribed}
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> SubscriptionStats:
         streams = self._streams.values()
-        return {
-            "buckets": len(self._streams),
-            "duplicates_dropped": sum(s.duplicates for s in streams),
-            "reconnects": sum(s.reconnects for s in streams),
-            "cursor_writes": self._store.writes if self._store else 0,
-        }
+        store = self._flusher.store
+        return SubscriptionStats(
+            buckets=len(self._streams),
+            duplicates_dropped=sum(s.duplicates for s in streams),
+            reconnects=sum(s.reconnects for s in streams),
+            cursor_writes=store.writes if store else 0,
+        )
 
     def __iter__(self) -> Iterator[Event]:
         return self
 
     def __next__(self) -> Event:
         self._mark_processed()
-        if self._flush_due():
-            self._flush()
+        if self._flusher.due():
+            self._flusher.flush()
         while not self._batch:
             if self._closed:
                 raise StopIteration
@@ -412,11 +422,11 @@ class Subscription:
 
     async def __anext__(self) -> Event:
         self._mark_processed()
-        if self._flush_due():
-            if self._store is None:
-                self._flush()  # nothing blocks: no thread hop
+        if self._flusher.due():
+            if self._flusher.store is None:
+                self._flusher.flush()  # nothing blocks: no thread hop
             else:
-                await asyncio.to_thread(self._flush)  # fsync
+                await asyncio.to_thread(self._flusher.flush)  # fsync
         while not self._batch:
             if self._closed:
                 raise StopAsyncIteration
@@ -427,8 +437,8 @@ class Subscription:
     def poll(self, timeout_s: float = 0.0) -> Event | None:
         """The next event if one arrives within `timeout_s`, else None."""
         self._mark_processed()
-        if self._flush_due():
-            self._flush()
+        if self._flusher.due():
+            self._flusher.flush()
         deadline = time.monotonic() + timeout_s
         while not self._batch:
             if self._closed:
@@ -449,53 +459,8 @@ class Subscription:
 
     def _mark_processed(self) -> None:
         last, self._last = self._last, None
-        if last is None:
-            return
-        with self._lock:
-            self._progress.processed(last.bucket, last.sub_id, last.emit_seq, time.monotonic())
-            self._marked += 1
-            arm, self._arm_on_mark = self._arm_on_mark, False
-        if arm:
-            with contextlib.suppress(RuntimeError):  # the client's loop is gone
-                self._engine.mailbox.post(self._arm, self.options.ack_interval_s)
-
-    def _flush_due(self) -> bool:
-        with self._lock:
-            return self._progress.due(time.monotonic())
-
-    def _flush(self, early_s: float = 0.0) -> None:
-        """Persist, then acknowledge, whatever is due `early_s` from now (any thread;
-        with a cursor store it blocks on the fsync). A purge must never overtake the
-        cursor."""
-        with self._flush_lock:
-            if self._closed:
-                return  # `close` flushed last
-            with self._lock:
-                now = time.monotonic() + early_s
-                if not self._progress.due(now):
-                    return
-                flush = self._progress.take_flush(now)
-            if flush.positions:
-                self._persist(flush)
-                if self._engine.on_loop_thread():
-                    self._send_acks(flush)
-                else:
-                    self._engine.mailbox.post(self._send_acks, flush)
-
-    def _forget_cursor(self, sub_id: str) -> None:
-        """After any flush already running, which could save it again."""
-        assert self._store is not None
-        with self._flush_lock:
-            self._store.forget([sub_id])
-
-    def _persist(self, flush: Flush) -> None:
-        if flush.positions and self._store is not None:
-            self._store.save(
-                [
-                    SavedCursor(sub_id, bucket, self.name, pos)
-                    for bucket, sub_id, pos in flush.positions
-                ]
-            )
+        if last is not None:
+            self._flusher.processed(last.bucket, last.sub_id, last.emit_seq)
 
     def close(self, *, flush: bool = True, ack_timeout_s: float = CLOSE_ACK_WAIT_S) -> None:
         """Stop the streams; persist and acknowledge what was processed (idempotent).
@@ -515,22 +480,13 @@ class Subscription:
         self._mark_processed()
         self._closed = True
         self._inbox.put([])  # wakes a consumer blocked waiting for events
-        with self._flush_lock:  # after a flush already running; later ones see _closed
-            if not flush:
-                return []
-            with self._lock:
-                final = self._progress.take_flush(time.monotonic(), final=True)
-            try:
-                self._persist(final)
-            except Exception:
-                log.exception("final cursor persist failed; the final acks are not sent")
-                return []
+        final = self._flusher.close(final=flush)
         return [
             (
-                self._streams[bucket].target or self._engine.any_endpoint(),
+                self._target_of(bucket),
                 sub_id,
                 pos,
-                functools.partial(self._confirmed, bucket, sub_id),
+                functools.partial(self._flusher.confirmed, bucket, sub_id),
             )
             for bucket, sub_id, pos in final.positions
         ]
@@ -539,9 +495,14 @@ class Subscription:
         """End the subscription on the server (every bucket) and forget its cursors."""
         self.close(flush=False)
         ids = self.sub_ids
-        self._engine.submit(self._unsubscribe(ids)).result(30)
-        if self._store is not None:
-            self._store.forget(list(ids.values()))
+        try:
+            self._engine.submit(self._unsubscribe(ids)).result(30)
+        except aio.AioRpcError as exc:
+            detail = exc.details() or ""
+            error = domain_error(exc.code(), detail, trailer(exc, ERROR_CODE_KEY))
+            raise error or Unavailable(f"unsubscribe: {exc.code().name}: {detail}") from None
+        if self._flusher.store is not None:
+            self._flusher.store.forget(list(ids.values()))
 
     def __enter__(self) -> Subscription:
         return self
@@ -556,9 +517,7 @@ class Subscription:
             stream.task = asyncio.get_running_loop().create_task(self._run_stream(stream))
 
     async def _stop(self) -> None:
-        if self._due is not None:
-            self._due.cancel()
-            self._due = None
+        self._flusher.stop()
         tasks = [s.task for s in self._streams.values() if s.task is not None]
         for task in tasks:
             task.cancel()
@@ -576,75 +535,9 @@ class Subscription:
             )
         )
 
-    def _send_acks(self, flush: Flush) -> None:
-        """On the loop: hand the acks to the client's per-node coalescing pipeline."""
-        for bucket, sub_id, pos in flush.positions:
-            target = self._streams[bucket].target or self._engine.any_endpoint()
-            self._acks.ack(target, sub_id, pos, functools.partial(self._confirmed, bucket, sub_id))
-
-    def _confirmed(self, bucket: int, sub_id: str, position: EmitSeq) -> None:
-        with self._lock:
-            self._progress.confirmed(bucket, sub_id, position)
-            idle = self._marked == self._handed and self._progress.next_due_s(0.0) is None
-        if idle and self._due is not None:  # no resend check due: nothing left to look at
-            self._due.cancel()
-            self._due = None
-
     def _hand_over(self, ready: list[Event]) -> None:
         self._inbox.put(ready)
-        self._handed += len(ready)
-        self._arm(self.options.ack_interval_s)
-
-    # Time-based flushes (every `ack_interval_s`, resends after `ack_resend_s`) are the
-    # loop's: a timer per subscription, armed when events are handed over, flushes
-    # while the application waits for its next event. The application's own task
-    # then wakes once per delivery, not also for each ack due.
-
-    def _arm(self, after_s: float) -> None:
-        """Look for due flushes `after_s` from now, unless the timer is set sooner."""
-        if self._closed:
-            return
-        loop = self._engine.loop
-        when = loop.time() + after_s
-        if self._due is not None:
-            if self._due.when() <= when:
-                return
-            self._due.cancel()
-        self._due = loop.call_at(when, self._on_due)
-
-    def _on_due(self) -> None:
-        self._due = None
-        if self._closed:
-            return
-        # A quarter interval early: the first unflushed event was processed just
-        # after the delivery that armed the timer, and one visit should take it.
-        early = self.options.ack_interval_s / 4
-        if self._store is None:
-            self._timed_flush(early)
-            self._rearm()
-        elif not self._flushing:  # the fsync off the loop; its end sets the timer again
-            self._flushing = True
-            done = self._engine.loop.run_in_executor(None, self._timed_flush, early)
-            done.add_done_callback(self._flushed)
-
-    def _flushed(self, _: object) -> None:
-        self._flushing = False
-        self._rearm()
-
-    def _timed_flush(self, early_s: float) -> None:
-        try:
-            self._flush(early_s)
-        except Exception as exc:  # the application's next read raises it
-            log.exception("flushing cursors and acks of %s failed", self.name)
-            self._inbox.put(SubscriptionBroken(f"flush failed: {exc!r}", "FLUSH"))
-
-    def _rearm(self) -> None:
-        with self._lock:
-            wait = self._progress.next_due_s(time.monotonic())
-            if self._marked < self._handed:
-                self._arm_on_mark = True
-        if wait is not None:
-            self._arm(wait)
+        self._flusher.handed(len(ready))
 
     async def _run_stream(self, stream: _BucketStream) -> None:
         opts = self.options
@@ -659,11 +552,11 @@ class Subscription:
                     await asyncio.sleep(backoff * (0.5 + random.random()))
                     backoff = min(backoff * 2, opts.backoff_max_s)
             except aio.AioRpcError as exc:
-                if exc.code() in _FATAL_CODES:
+                fatal = _FATAL.get(exc.code())
+                if fatal is not None:
                     self._inbox.put(
                         SubscriptionBroken(
-                            f"bucket {stream.bucket}: {exc.code().name}: {exc.details()}",
-                            exc.code().name,
+                            f"bucket {stream.bucket}: {exc.code().name}: {exc.details()}", fatal
                         )
                     )
                     return
@@ -680,7 +573,9 @@ class Subscription:
                 raise
             except Exception as exc:  # a bug: surface it, never spin silently
                 log.exception("bucket %d stream failed", stream.bucket)
-                self._inbox.put(SubscriptionBroken(f"bucket {stream.bucket}: {exc!r}", "BUG"))
+                self._inbox.put(
+                    SubscriptionBroken(f"bucket {stream.bucket}: {exc!r}", BrokenReason.INTERNAL)
+                )
                 return
 
     async def _stream_once(self, stream: _BucketStream) -> None:
@@ -724,15 +619,13 @@ class Subscription:
     async def _subscribe(self, stream: _BucketStream, target: str) -> SessionStream:
         if stream.sub_id is None:
             stream.sub_id = uuid.uuid4().hex
-            if self._store is not None:
+            if self._flusher.store is not None:
                 # Known before the server hears of it: a crash now resubscribes with
                 # the same id (idempotent) instead of leaving an orphan behind.
-                await asyncio.to_thread(
-                    self._store.save, [SavedCursor(stream.sub_id, stream.bucket, self.name, None)]
-                )
+                await asyncio.to_thread(self._flusher.save, stream.bucket, stream.sub_id, None)
         request = pb.SubscribeRequest(
             bucket=stream.bucket,
-            query=pb.Query(kind=int(self.query.kind), arg=self.query.arg),  # type: ignore[arg-type]
+            query=codec.query_to_pb(self.query),
             sub_id=stream.sub_id,
         )
         call = self._sessions.subscribe(target, request)
@@ -748,14 +641,11 @@ class Subscription:
         first = await call.read()
         if first is aio.EOF or first.WhichOneof("kind") != "sub_ack":
             raise _Redirect(None)
-        start = _seq(first.sub_ack.start_emit_seq)
+        start = codec.seq_from_pb(first.sub_ack.start_emit_seq)
         stream.cursor = StreamCursor(start, reorder_buffer_max=self.options.reorder_buffer_max)
-        with self._lock:
-            self._progress.start(stream.bucket, stream.sub_id, start)
-        if self._store is not None:
-            await asyncio.to_thread(
-                self._store.save, [SavedCursor(stream.sub_id, stream.bucket, self.name, start)]
-            )
+        self._flusher.start(stream.bucket, stream.sub_id, start)
+        if self._flusher.store is not None:
+            await asyncio.to_thread(self._flusher.save, stream.bucket, stream.sub_id, start)
         stream.subscribed = True
         stream.history.append(f"subscribed {stream.sub_id} at {start}")
         stream.ready.set()
@@ -763,10 +653,9 @@ class Subscription:
 
     async def _reconnect(self, stream: _BucketStream, target: str) -> SessionStream | None:
         assert stream.sub_id is not None and stream.cursor is not None
-        with self._lock:
-            after = self._progress.flushed(stream.bucket)
+        after = self._flusher.flushed(stream.bucket)
         assert after is not None
-        request = pb.ReconnectRequest(sub_id=stream.sub_id, last_processed_emit_seq=_seq_pb(after))
+        request = codec.reconnect_request(stream.sub_id, stream.bucket, after)
         call = self._sessions.reconnect(target, request)
         first = await call.read()  # closes the stream itself if cancelled
         if first is aio.EOF or first.WhichOneof("kind") != "reconnect_ack":
@@ -783,20 +672,19 @@ class Subscription:
         policy = (
             self.options.on_invalid
             if reason is StreamResetReason.INVALID_SEQUENCE
-            else (self.options.on_stale)
+            else self.options.on_stale
         )
-        if policy == "raise":
+        if policy is Recovery.RAISE:
             raise SubscriptionBroken(
                 f"bucket {stream.bucket}: subscription {stream.sub_id} cannot resume after "
                 f"{after}: {reason}",
-                str(reason),
+                BrokenReason(reason.value),
             )
         old = stream.sub_id
         stream.sub_id, stream.subscribed, stream.cursor = None, False, None
-        with self._lock:  # nothing of the dropped stream is persisted or acked again
-            self._progress.forget(stream.bucket)
-        if self._store is not None:
-            await asyncio.to_thread(self._forget_cursor, old)
+        self._flusher.forget(stream.bucket)  # nothing of it is persisted or acked again
+        if self._flusher.store is not None:
+            await asyncio.to_thread(self._flusher.forget_cursor, old)
         stream.history.append(f"{reason}: {old} dropped; subscribing again")
         if self.options.on_reset is not None:
             try:
@@ -843,11 +731,12 @@ def close_subscriptions(
 
 __all__ = [
     "Event",
+    "Recovery",
     "StreamReset",
     "StreamResetReason",
     "SubscribeOptions",
     "Subscription",
-    "SubscriptionBroken",
+    "SubscriptionStats",
     "close_subscriptions",
     "parse_query",
 ]

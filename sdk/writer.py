@@ -1,29 +1,20 @@
 """Client-side write batching: concurrent writes share `WriteMany` requests.
 
-A gRPC call costs a node far more CPU than replicating one write (measured: about
-0.45 ms of the leader's single core per call against 0.25 ms per write), so the SDK
-coalesces: every write waiting while a request is in flight goes out in the next
-request to the same node, up to `batch_writes_max` per request. A second request
-(up to `calls_in_flight`) leaves while one is in flight only when at least
-`pipeline_min_writes` are waiting; fewer wait for the answer, which usually brings
-more writes (measured with 4 buckets at 64 in flight: a request per loop turn made
-requests and Raft entries of ~5 writes, 5.5k writes/s; waiting made ~15, 9.7-10.0k).
-Requests travel on one long-lived `WriteStream` per node, not a call each (a round
-trip on a stream costs about half a unary call's); each is answered by id, and a
-request without an answer after `call_timeout_s`, or on a stream that breaks, fails
-like a call would (and its writes are retried). With one write in flight nothing
-waits; under load batches grow by themselves. Writes submitted from other threads
-reach the loop through one inbox and one wakeup per loop iteration, not one per
-write, and a request leaves only once everything the iteration brought is queued
-(the first writes do not take a request each).
+A gRPC call costs a node more CPU than replicating a write, so every write waiting
+while a request is in flight to a node goes out in the next request to it (up to
+`batch_writes_max`); a second request leaves meanwhile only with
+`pipeline_min_writes` waiting, since the answer in flight usually brings more.
+Requests travel on one long-lived `WriteStream` per node and are answered by id; one
+unanswered after `call_timeout_s`, or on a stream that breaks, fails like a call
+(its writes are retried). The figures behind these choices: docs/performance.md
+("stop 17" and "Durable writes").
 
-Each write keeps its own outcome. A write is sent to its bucket's leader once a
-node has named it; UNAVAILABLE (no leader, a leader change, a dead node) retries
-that write alone with jittered backoff until the `RetryPolicy` deadline, following
-the leader hint. Domain errors (a failed precondition, a fenced producer, ...) are
-never retried. Retrying an unconditional write can apply it twice if the first
-attempt committed but its answer was lost: use an idempotent producer
-(`Client.producer()`) where that matters.
+Each write keeps its own outcome. UNAVAILABLE (no leader, a leader change, a dead
+node) retries that write alone, following the leader hint, with jittered backoff
+until the `RetryPolicy` deadline; rejections (a failed precondition, a fenced
+producer, ...) are never retried. A retried unconditional write can apply twice if
+its first answer was lost: use an idempotent producer (`Client.producer()`) where
+that matters.
 """
 
 from __future__ import annotations
@@ -42,9 +33,10 @@ from typing import Any, Final, Generic, TypeVar
 import grpc
 from grpc import aio
 
-from sevendb.outbox.errors import ERROR_TYPES, ErrorCode, SevenDBError
+from sevendb.outbox.errors import InvalidArgument, SevenDBError
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.sdk.engine import ERROR_CODE_KEY, Engine, leader_hint, status_code, trailer
+from sevendb.sdk.errors import ClientClosed, Unavailable, domain_error
 
 BATCH_WRITES_MAX: Final = 512
 BATCH_BYTES_MAX: Final = 3 * 1024 * 1024
@@ -52,35 +44,7 @@ BATCH_BYTES_MAX: Final = 3 * 1024 * 1024
 CALLS_IN_FLIGHT: Final = 4
 PIPELINE_MIN_WRITES: Final = 64
 """A request leaves while another is in flight to the node only with this many writes."""
-_RETRYABLE: Final = (
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.ABORTED,
-)
 T = TypeVar("T")
-
-
-class Unavailable(SevenDBError):
-    """No node could serve the request within the retry budget."""
-
-
-class Unauthenticated(SevenDBError):
-    """The cluster refused the token (missing, malformed, or minted elsewhere)."""
-
-
-def domain_error(code: grpc.StatusCode, message: str, error: str | None) -> SevenDBError | None:
-    """The typed exception a failed call maps to, or None if it is worth retrying."""
-    if error and error in ErrorCode.__members__:
-        return ERROR_TYPES[ErrorCode(error)](message)
-    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
-        return ERROR_TYPES[ErrorCode.INVALID_ARGUMENT](message)
-    if code is grpc.StatusCode.UNAUTHENTICATED:
-        return Unauthenticated(message)
-    if code is grpc.StatusCode.PERMISSION_DENIED:
-        return ERROR_TYPES[ErrorCode.NOT_OWNER](message)
-    if code not in _RETRYABLE:
-        return SevenDBError(f"{code.name}: {message}")
-    return None
 
 
 @dataclass(eq=False)
@@ -164,9 +128,7 @@ class WritePipeline(Generic[T]):
         (RESOURCE_EXHAUSTED) for every write in flight on it."""
         size = request.ByteSize()
         if size > BATCH_BYTES_MAX:
-            raise ERROR_TYPES[ErrorCode.INVALID_ARGUMENT](
-                f"a write of {size} bytes; the limit is {BATCH_BYTES_MAX}"
-            )
+            raise InvalidArgument(f"a write of {size} bytes; the limit is {BATCH_BYTES_MAX}")
         pending = _Pending(
             request,
             bucket,
@@ -415,6 +377,9 @@ class WritePipeline(Generic[T]):
     ) -> None:
         if pending.future.done():
             return
+        if self._closed and code is grpc.StatusCode.CANCELLED:
+            pending.future.set_exception(_closing())
+            return
         typed = domain_error(code, message, error)
         if typed is not None:
             pending.future.set_exception(typed)
@@ -441,8 +406,8 @@ class WritePipeline(Generic[T]):
         self._engine.loop.call_later(delay * (0.5 + random.random()), self._enqueue, pending)
 
 
-def _closing() -> SevenDBError:
-    return SevenDBError("the client is closing")
+def _closing() -> ClientClosed:
+    return ClientClosed("the client is closing")
 
 
-__all__ = ["Unauthenticated", "Unavailable", "WritePipeline", "domain_error"]
+__all__ = ["WritePipeline"]

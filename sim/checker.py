@@ -1,32 +1,18 @@
-"""The invariants of DESIGN.md, checked from outside the code under test.
+"""The checker: the invariants of docs/sim.md, verified from outside the code under test.
 
-The checker keeps its own model of the bucket, written from the contract
-(seed 000 and docs/core.md), not from `outbox/state.py`: it follows the globally
-committed log and computes, per subscription, the stream of deltas the
-application must see. Everything the simulated system does is compared with it:
-
-1. determinism   — replicas that applied the same raft index hold identical digests,
-                   and every entry's result/rows equal the model's (differential)
-2. effective-once — each application processes exactly the model's stream of its
-                   subscription, in order: no gap, duplicate or reorder
-4. visibility    — every event a client receives is a committed, outboxed row
-5. purge safety  — a committed purge never passes what the owner acknowledged,
-                   and no replica drops a row its owner did not acknowledge
-6. bounded       — no replica truncates its log past the safety point, and the
-                   outbox drains once acks stop lagging
-7. monotonic     — emit_seq strictly increases along each processed stream
-8. isolation     — no principal receives, acks or reconnects to another's stream
-+  reconnect     — a well-behaved owner never gets INVALID_SEQUENCE / NOT_FOUND, and
-                   gets STALE_SEQUENCE only for a subscription dropped for stalling
-+  liveness      — after faults stop, everything committed is delivered and purged
-
-A violation raises `Violation` at once, naming the invariant.
+It keeps its own model of the bucket, written from the contract (docs/core.md,
+docs/emission.md) rather than from `outbox/state.py`: it follows the globally
+committed log and computes, per subscription, the stream the application must see,
+and compares everything the simulated system does with it — raft-safety,
+determinism, effective-once, visibility, purge-safety, bounded, monotonic,
+isolation, reconnect, durability (no acknowledged write lost) and liveness. A
+violation raises `Violation` at once, naming the invariant.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -75,6 +61,7 @@ INVARIANTS: Final = (
     "monotonic",
     "isolation",
     "reconnect",
+    "durability",
     "liveness",
 )
 
@@ -441,6 +428,8 @@ class Checker:
         self.apps: dict[tuple[str, tuple[str, int, int]], AppStream] = {}
         self.receipts: Counter[tuple[str, EmitSeq, str]] = Counter()
         """(sub_id, emit_seq, sending replica) -> how often a client received it."""
+        self.acked_writes: set[int] = set()
+        """Raft indexes of writes whose client was told they committed."""
         self.checks = 0
         self.received = 0
         self.processed = 0
@@ -466,6 +455,30 @@ class Checker:
             summary = self.model.apply(index, data)
             if summary[0] == "P" and summary[1] is None:
                 self._check_purge_acks(index)
+
+    def on_write_acked(self, index: int) -> None:
+        """A client was told its write committed at `index`."""
+        self.acked_writes.add(index)
+
+    def on_leader(
+        self, name: str, term: int, base: int, entry_at: Callable[[int], tuple[int, bytes] | None]
+    ) -> None:
+        """`name` won the election of `term` with a log after `base` (`entry_at` gives
+        its (term, data) per index): it must hold every committed entry, or the group
+        would serve a shorter history and overwrite acknowledged writes."""
+        self.checks += 1
+        missing = [
+            index
+            for index in range(base + 1, self.commit_index + 1)
+            if entry_at(index) != self.committed[index]
+        ]
+        if missing:
+            writes = sum(1 for index in missing if index in self.acked_writes)
+            raise Violation(
+                "durability",
+                f"{name} leads term {term} without {len(missing)} committed entries "
+                f"({missing[0]}..{missing[-1]}; {writes} acknowledged writes among them)",
+            )
 
     def _check_purge_acks(self, index: int) -> None:
         for sub_id, principal, up_to in self.model.accepted_acks:

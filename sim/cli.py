@@ -32,6 +32,9 @@ class SwarmResult:
     faults: Counter[str] = field(default_factory=Counter)
     checks: int = 0
     processed: int = 0
+    refused: int = 0
+    """Seeds whose bucket refused with DATA_LOSS (a correct end: storage faults
+    damaged a majority)."""
     elapsed_s: float = 0.0
 
     @property
@@ -59,6 +62,7 @@ def swarm(
         result.faults.update(report.faults)
         result.checks += report.stats.get("checks", 0)
         result.processed += report.stats.get("processed", 0)
+        result.refused += bool(report.refused)
         if not report.ok:
             result.failures.append(report)
             if stop_on_failure:
@@ -80,7 +84,11 @@ def shrink(config: SimConfig, invariant: str) -> tuple[SimConfig, Report]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m sevendb.sim", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m sevendb.sim",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--seed", type=int, help="run this one seed")
     parser.add_argument("--seeds", type=int, help="run this many seeds (swarm)")
     parser.add_argument("--start", type=int, default=0, help="first seed of the swarm")
@@ -88,28 +96,23 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--bug", action="append", default=[], choices=BUG_NAMES, help="inject a broken variant"
     )
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help=f"pin a configuration field (a Python literal); one of {', '.join(CLI_FIELDS)}",
-    )
-    parser.add_argument(
-        "--script",
-        action="append",
-        default=[],
-        metavar="MS:ACTION[:ARG[:PICK]]",
-        help="replace the fault plan with these events ('none': no events); ACTION is one "
-        f"of {', '.join(SCRIPTED_ACTIONS)}",
-    )
-    parser.add_argument(
-        "--planner",
-        action="append",
-        default=[],
-        metavar="REPLICA=NAME",
-        help=f"give a replica a broken planner ({', '.join(PLANNERS)})",
-    )
+    repeated = {
+        "--set": (
+            "NAME=VALUE",
+            f"pin a configuration field (a Python literal); one of {', '.join(CLI_FIELDS)}",
+        ),
+        "--script": (
+            "MS:ACTION[:ARG[:PICK]]",
+            "replace the fault plan with these events ('none': no events); ACTION is one "
+            f"of {', '.join(SCRIPTED_ACTIONS)}",
+        ),
+        "--planner": (
+            "REPLICA=NAME",
+            f"give a replica a broken planner ({', '.join(PLANNERS)})",
+        ),
+    }
+    for flag, (metavar, text) in repeated.items():
+        parser.add_argument(flag, action="append", default=[], metavar=metavar, help=text)
     parser.add_argument("-v", "--verbose", action="store_true", help="print run statistics")
     parser.add_argument("--trace", action="store_true", help="print the whole trace of --seed")
     parser.add_argument(
@@ -188,7 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"{result.seeds} seeds in {result.elapsed_s:.1f} s ({result.seeds_per_s:.1f} seeds/s); "
         f"{sum(result.faults.values())} faults injected; {result.checks} events checked; "
-        f"{result.processed} events processed by applications"
+        f"{result.processed} events processed by applications; "
+        f"{result.refused} refused with DATA_LOSS"
     )
     if args.verbose:
         print(f"faults: {dict(sorted(result.faults.items()))}")

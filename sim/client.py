@@ -35,12 +35,15 @@ if TYPE_CHECKING:
     from .world import Simulation
 
 SUBSCRIBE_RETRY_MS: Final = 300
+UNSUBSCRIBE_RETRY_MS: Final = 300
+"""SUBSCRIBE and UNSUBSCRIBE not seen through are sent again after these (the same
+sub_id: both are idempotent)."""
 ATTACH_RETRY_MS: Final = 250
+"""A Reconnect not answered this long goes to another replica."""
 RETRY_BACKOFF_MS: Final = 30
 STREAM_TIMEOUT_MS: Final = 450
 """No event or heartbeat for this long: the stream is dead, reconnect."""
 ACK_INTERVAL_MS: Final = 20
-UNSUBSCRIBE_RETRY_MS: Final = 300
 
 
 class State(Enum):
@@ -142,7 +145,7 @@ class Client:
             if sub.state is State.SUBSCRIBING:
                 sub.target = self._next_target(sub.target if sub.target else "")
                 plan_hash = plan_query(sub.query).plan_hash
-                req = SubscribeReq(self.name, sub.sub_id, self.principal, sub.query, plan_hash)
+                req = SubscribeReq(sub.sub_id, self.principal, self.name, sub.query, plan_hash)
                 self._send(now_ms, sub.target, req)
                 sub.target = ""
                 sub.next_try_ms = now_ms + SUBSCRIBE_RETRY_MS
@@ -172,7 +175,7 @@ class Client:
         sub.conn = self.sim.new_conn()
         sub.target = self._next_target(sub.target)
         self.sim.checker.on_confirm(self.principal, sub.sub_id, sub.persisted)
-        req = ReconnectReq(sub.conn, self.name, sub.sub_id, self.principal, sub.persisted)
+        req = ReconnectReq(sub.sub_id, self.principal, self.name, sub.conn, sub.persisted)
         self._send(now_ms, sub.target, req)
         sub.next_try_ms = now_ms + ATTACH_RETRY_MS
         # Until answered, a retry goes elsewhere.

@@ -36,10 +36,17 @@ FAULT_KINDS: Final = (
     "malicious",  # a principal acks and reconnects to others' subscriptions
     "unsubscribe",  # clients end subscriptions
     "new_subs",  # clients subscribe while the workload runs
+    "storage",  # a replica restarts with a corrupt or lost log record or a lost snapshot
 )
 
 SCRIPTED_ACTIONS: Final = (
     "crash_replica",  # a replica (pick) dies for `arg` ms
+    "crash_follower",  # a replica that is not the Raft leader (pick) dies for `arg` ms
+    "crash_leader",  # the Raft leader dies for `arg` ms (600 if 0)
+    "corrupt_log",  # a replica (pick) dies for `arg` ms; at restart a record of its
+    # acknowledged log fails its checksum
+    "lose_log_tail",  # ... at restart its last acknowledged records are gone
+    "lose_snapshot",  # ... at restart its snapshot is gone
     "crash_holder",  # the current lease holder dies for `arg` ms (400 if 0)
     "crash_holder_after_outbox",  # arm: the holder dies right after its next OUTBOX_WRITE
     "pause_replica",  # a replica (pick) stops for `arg` ms
@@ -67,10 +74,13 @@ class Bugs:
     purge_before_ack: bool = False
     """The notifier queues an ack for every row as soon as it sends it."""
     lease_without_fencing: bool = False
-    """Every replica that believes it leads emits and judges reconnects from its own
-    applied state, without the lease or the client's position as a fence."""
+    """A holder emits while it believes it leads (no check-quorum) and judges
+    reconnects from its own applied state, without the lease or the client's
+    position as a fence."""
     forget_unoutboxed_tail: bool = False
     """A new holder outboxes only what was computed after it took the lease."""
+    damaged_replica_votes: bool = False
+    """A replica that lost acknowledged log entries votes before it is repaired."""
 
     def names(self) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(self) if getattr(self, f.name))
@@ -113,14 +123,20 @@ class Scripted:
 
 @dataclass(frozen=True, slots=True)
 class NetFaults:
-    """What the client network does to messages during the fault phase."""
+    """What the client network does to messages (all off: a healthy network)."""
 
     drop: float = 0.0
+    """The chance a message is lost."""
     duplicate: float = 0.0
+    """The chance a message arrives twice."""
     jitter_ms: int = 0
+    """Extra delay up to this, drawn per message: messages overtake each other."""
     spike: float = 0.0
+    """The chance of a latency spike of up to `spike_ms`."""
     spike_ms: int = 0
 
+
+_EARLY_KINDS: Final = FAULT_KINDS[: FAULT_KINDS.index("storage")]
 
 STALL_WINDOW_MS: Final = 1_500
 """The simulated stall window (the production default is 24 h)."""
@@ -135,7 +151,9 @@ _RATES: Final = {
     "client_stall": 0.16,
     "epoch_bump": 0.4,
     "malicious": 4.0,
+    "storage": 0.5,
 }
+STORAGE_ACTIONS: Final = ("corrupt_log", "lose_log_tail", "lose_snapshot")
 
 
 def plan_faults(
@@ -170,6 +188,9 @@ def plan_faults(
                 events.append(Scripted(int(at), "crash_client", down, pick))
             elif kind == "epoch_bump":
                 events.append(Scripted(int(at), "epoch_bump"))
+            elif kind == "storage":
+                action = rng.choice(STORAGE_ACTIONS)
+                events.append(Scripted(int(at), action, rng.randint(50, 600), pick))
             else:
                 events.append(Scripted(int(at), "mallory", 0, pick))
             at += rng.expovariate(rate_per_ms)
@@ -231,13 +252,16 @@ class SimConfig:
             "subs_per_client": rng.randint(1, 2),
             "writes": rng.randint(25, 100),
             "fault_ms": rng.randint(1_000, 3_000),
-            "faults": tuple(kind for kind in FAULT_KINDS if rng.random() < 0.45),
+            "faults": tuple(kind for kind in _EARLY_KINDS if rng.random() < 0.45),
             "fault_rate": rng.choice((0.5, 1.0, 2.0)),
             "reorder_buffer_max": rng.choice((1, 2, 4, 64)),
             "window_events": rng.choice((1, 3, 8, 64)),
             "resend_after_ms": rng.choice((150, 400, 1_000)),
             "reuse_sub_ids": rng.random() < 0.3,
         }
+        # Drawn last, so that adding it left every other draw of a seed as it was.
+        if rng.random() < 0.45:
+            values["faults"] += ("storage",)
         values.update({k: v for k, v in overrides.items() if k not in ("scripted", "net")})
         plan_rng = random.Random(f"sevendb-sim-plan/{seed}")
         values["net"] = plan_network(plan_rng, values["faults"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 
 from sevendb.notifier.core import Attach
@@ -15,72 +16,89 @@ from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.model import OutboxRow, SubscribeResult
 from sevendb.outbox.query import Query
 
+from .config import NetFaults
+
 # ---- messages ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
-class SubscribeReq:
-    client: str
+class OwnerRequest:
+    """Client -> replica, on behalf of the principal that owns (or claims) `sub_id`."""
+
     sub_id: str
     principal: str
+
+
+@dataclass(frozen=True, slots=True)
+class UnsubscribeReq(OwnerRequest):
+    """End the subscription (proposes UNSUBSCRIBE)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AckReq(OwnerRequest):
+    """Everything up to `up_to` is processed: the holder may purge it."""
+
+    up_to: EmitSeq
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribeReq(OwnerRequest):
+    """Subscribe `query` (proposes SUBSCRIBE; answered by `SubAck` once applied)."""
+
+    client: str
     query: Query
     plan_hash: int
 
 
 @dataclass(frozen=True, slots=True)
+class ReconnectReq(OwnerRequest):
+    """Attach a new stream (`conn`) after `after`, the last emit_seq processed."""
+
+    client: str
+    conn: int
+    after: EmitSeq
+
+
+@dataclass(frozen=True, slots=True)
 class SubAck:
+    """Replica -> client: the SUBSCRIBE applied (its start, or why not)."""
+
     sub_id: str
     result: SubscribeResult
 
 
 @dataclass(frozen=True, slots=True)
-class UnsubscribeReq:
-    sub_id: str
-    principal: str
+class OnStream:
+    """Replica -> client, about one attached stream: `conn` tells a client's streams
+    apart, `replica` is the sender (the checker counts receipts per sender)."""
 
-
-@dataclass(frozen=True, slots=True)
-class ReconnectReq:
-    conn: int
-    client: str
-    sub_id: str
-    principal: str
-    after: EmitSeq
-
-
-@dataclass(frozen=True, slots=True)
-class AttachReply:
     conn: int
     sub_id: str
-    attach: Attach
     replica: str
 
 
 @dataclass(frozen=True, slots=True)
-class Events:
-    conn: int
-    sub_id: str
+class Events(OnStream):
+    """Outboxed rows of the subscription, in emit_seq order."""
+
     rows: tuple[OutboxRow, ...]
-    replica: str
 
 
 @dataclass(frozen=True, slots=True)
-class Heartbeat:
-    conn: int
-    sub_id: str
+class AttachReply(OnStream):
+    """How a `ReconnectReq` went."""
+
+    attach: Attach
 
 
 @dataclass(frozen=True, slots=True)
-class Close:
-    conn: int
-    sub_id: str
+class Heartbeat(OnStream):
+    """The stream is alive and has nothing to send."""
 
 
 @dataclass(frozen=True, slots=True)
-class AckReq:
-    sub_id: str
-    principal: str
-    up_to: EmitSeq
+class Close(OnStream):
+    """The stream ended (the holder lost the lease, the subscription ended, ...)."""
 
 
 Body = (
@@ -107,32 +125,13 @@ class Message:
 
 
 @dataclass(slots=True)
-class Faults:
-    """What the network does to messages right now (all off: a healthy network)."""
-
-    drop: float = 0.0
-    duplicate: float = 0.0
-    jitter_ms: int = 0
-    spike: float = 0.0
-    spike_ms: int = 0
-
-
-@dataclass(slots=True)
-class NetStats:
-    sent: int = 0
-    delivered: int = 0
-    dropped: int = 0
-    duplicated: int = 0
-    partitioned: int = 0
-
-
-@dataclass(slots=True)
 class Network:
     rng: random.Random
     latency_ms: tuple[int, int] = (1, 4)
-    faults: Faults = field(default_factory=Faults)
+    faults: NetFaults = field(default_factory=NetFaults)
     side: dict[str, int] = field(default_factory=dict)
-    stats: NetStats = field(default_factory=NetStats)
+    stats: Counter[str] = field(default_factory=Counter)
+    """Messages sent, delivered, dropped, duplicated, partitioned (cut off)."""
     _queue: list[tuple[int, int, Message]] = field(default_factory=list)
     _seq: int = 0
 
@@ -160,18 +159,18 @@ class Network:
         return any(self.side.values()) or any(self.raft_side.values())
 
     def send(self, now_ms: int, src: str, dst: str, body: Body) -> None:
-        self.stats.sent += 1
+        self.stats["sent"] += 1
         if not self.reachable(src, dst):
-            self.stats.partitioned += 1
+            self.stats["partitioned"] += 1
             return
         f = self.faults
         if f.drop and self.rng.random() < f.drop:
-            self.stats.dropped += 1
+            self.stats["dropped"] += 1
             return
         copies = 1
         if f.duplicate and self.rng.random() < f.duplicate:
             copies = 2
-            self.stats.duplicated += 1
+            self.stats["duplicated"] += 1
         for _ in range(copies):
             delay = self.rng.randint(*self.latency_ms)
             if f.jitter_ms:
@@ -187,9 +186,9 @@ class Network:
         while self._queue and self._queue[0][0] <= now_ms:
             message = heapq.heappop(self._queue)[2]
             if not self.reachable(message.src, message.dst):
-                self.stats.partitioned += 1
+                self.stats["partitioned"] += 1
                 continue
-            self.stats.delivered += 1
+            self.stats["delivered"] += 1
             out.append(message)
         return out
 

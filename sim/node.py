@@ -1,220 +1,226 @@
-"""The notifier adapter each simulated replica runs: it performs what `NotifierCore`
-decides (propose entries through Raft, send events, answer reconnects), the way the
-gRPC notifier will."""
+"""One simulated node process: a member's replica contract (`SimReplica`), the
+production notifier host on it (`BucketNotifier`, its passes run from the
+simulation's steps by a `SteppedRunner` on the simulated clock), and what the gRPC
+service does for clients, over the simulated network: subscribe, unsubscribe,
+reconnect (attach a `Stream`), ack, and heartbeats on idle streams.
+
+A crash discards the node with everything volatile in it; a restart builds a new
+one, as a node process starts afresh.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Final
 
-from sevendb.notifier.core import (
-    Attach,
-    AttachStatus,
-    NotifierConfig,
-    NotifierCore,
-    needs_lease,
-    rendezvous_lease_holder,
-)
-from sevendb.outbox.entries import Entry, Subscribe, Unsubscribe
-from sevendb.outbox.model import Applied, RowsOutboxed, SubscribeResult
+from sevendb.notifier.core import AttachStatus
+from sevendb.notifier.host import BucketNotifier, NotifierSettings
+from sevendb.outbox.entries import Subscribe, Unsubscribe, encode_entry
+from sevendb.outbox.model import OutboxRow, SubscribeResult
+from sevendb.outbox.replica import ApplyOutcome, ReplicaUnavailable
 
-from .network import (
-    AckReq,
-    AttachReply,
-    Close,
-    Events,
-    Heartbeat,
-    Message,
-    ReconnectReq,
-    SubAck,
-    SubscribeReq,
-    UnsubscribeReq,
-)
-from .raft import Replica, Role
-from .variants import make_core
+from . import network as wire
+from .config import SimConfig
+from .raft import Member
+from .replica import SimReplica
+from .variants import core_factory
 
 if TYPE_CHECKING:
     from .world import Simulation
 
-LEASE_RETRY_MS: Final = 200
-OUTBOX_RETRY_MS: Final = 200
+RETRY_MS: Final = 200
+"""An uncommitted LEASE / OUTBOX_WRITE / OUTBOX_PURGE is proposed again after this."""
 PURGE_INTERVAL_MS: Final = 40
-PURGE_RETRY_MS: Final = 200
+IDLE_MS: Final = 100
+"""A notifier pass runs at least this often (the production `idle_wait_s`)."""
 HEARTBEAT_MS: Final = 100
-CONFIRM_MS: Final = 140
-"""A holder emits only while Raft confirmed its view this recently (below the
-smallest election timeout, 150 ms)."""
-SEND_EVENTS_MAX: Final = 64
-"""Events one replica sends per tick, all streams together."""
+"""An attached stream with nothing to send gets a heartbeat this often."""
 
 
-class NotifierHost:
-    """One replica's notifier adapter (volatile: a crash loses all of it)."""
+def notifier_settings(config: SimConfig) -> NotifierSettings:
+    """The production settings, scaled to a simulated run."""
+    return NotifierSettings(
+        lease_mode="rendezvous" if config.enabled("rendezvous") else "leader",
+        window_events=config.window_events,
+        resend_after_ms=config.resend_after_ms,
+        purge_interval_ms=PURGE_INTERVAL_MS,
+        retry_ms=RETRY_MS,
+        stall_window_ms=config.stall_window_ms,
+        idle_wait_s=IDLE_MS / 1000,
+    )
 
-    def __init__(self, sim: Simulation, replica: Replica) -> None:
+
+class SteppedRunner:
+    """The notifier host's `Runner` in the simulator: a pass runs from a simulation
+    step when woken, after `idle_ms` of simulated time, and at the next step again
+    while a pass says more is ready (as `NotifierThread` does, without a thread)."""
+
+    def __init__(self, idle_ms: int) -> None:
+        self.idle_ms = idle_ms
+        self.woken = False
+        self.busy = False
+        self.last_ms = -idle_ms
+        self._step: Callable[[], bool] | None = None
+
+    def start(self, step: Callable[[], bool]) -> None:
+        self._step = step
+        self.woken = True
+
+    def wake(self) -> None:
+        self.woken = True
+
+    def stop(self) -> None:
+        self._step = None
+
+    def run_due(self, now_ms: int) -> bool:
+        """Run a pass if one is due; True if it ran."""
+        if self._step is None:
+            return False
+        if not (self.woken or self.busy or now_ms - self.last_ms >= self.idle_ms):
+            return False
+        self.woken = False
+        self.last_ms = now_ms
+        self.busy = self._step()
+        return True
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class Stream:
+    """One client stream attached on a node (a gRPC stream's place): the `EventSink`
+    the host hands rows to, sent over the simulated network."""
+
+    node: SimNode
+    client: str
+    conn: int
+    sub_id: str
+    last_sent_ms: int
+    open: bool = True
+
+    def deliver(self, rows: tuple[OutboxRow, ...]) -> None:
+        self.node.send_events(self, rows)
+
+    def close(self, reason: str) -> None:
+        self.node.end_stream(self)
+
+
+class SimNode:
+    """One node process of the simulation (see the module docstring)."""
+
+    def __init__(self, sim: Simulation, member: Member) -> None:
         self.sim = sim
-        self.replica = replica
-        self.config = NotifierConfig(
-            window_events=sim.config.window_events,
-            resend_after_ms=sim.config.resend_after_ms,
-            outbox_retry_ms=OUTBOX_RETRY_MS,
+        self.name = member.name
+        config = sim.config
+        self.replica = SimReplica(
+            member,
+            sim.raft,
+            sim.clock_ms,
+            sim.reachable,
+            fenced=not config.bugs.lease_without_fencing,
+            on_propose=sim.on_propose,
         )
-        self.reset()
+        settings = notifier_settings(config)
+        self.runner = SteppedRunner(IDLE_MS)
+        self.host = BucketNotifier(
+            self.replica,
+            settings,
+            clock_ms=sim.clock_ms,
+            runner=self.runner,
+            new_core=core_factory(config.bugs),
+        )
+        self.host.start()
+        self.streams: dict[str, Stream] = {}
+        self.emitting = False
         self.crash_after_outbox = False
 
-    def reset(self) -> None:
-        self.core: NotifierCore | None = None
-        self.conns: dict[str, tuple[str, int]] = {}
-        self.heartbeat_ms: dict[str, int] = {}
-        self.waiters: dict[str, str] = {}
-        self.lease_proposed_ms = -LEASE_RETRY_MS
-        self.purge_proposed: tuple[object, int] | None = None
-        self.last_purge_ms = 0
-        self.sent_rows = 0
-
-    # ---- decisions -------------------------------------------------------------
-
-    def desired_holder(self) -> str:
-        r = self.replica
-        if self.sim.config.enabled("rendezvous"):
-            # Over the replicas currently up (a failure detector's view; god's-eye here),
-            # so the lease fails over when its holder dies.
-            live = [x.name for x in self.sim.raft.replicas.values() if x.usable]
-            return rendezvous_lease_holder(r.bucket_uuid, r.sm.epoch.epoch_counter, live)
-        return r.name if r.role is Role.LEADER else ""
-
-    def emitting(self, now_ms: int) -> bool:
-        """Fencing: the applied state names this replica, and its Raft view is current
-        (a deposed holder in a minority partition stops instead of holding its clients
-        captive until the stall window drops them)."""
-        r = self.replica
-        if self.sim.config.bugs.lease_without_fencing:
-            return r.role is Role.LEADER
-        return r.sm.lease_holder == r.name and self.sim.raft.confirmed(r, now_ms, CONFIRM_MS)
-
-    def propose(self, entry: Entry) -> int | None:
-        return self.sim.propose(self.replica, entry)
+    # ---- the process -----------------------------------------------------------
 
     def tick(self, now_ms: int) -> None:
-        r = self.replica
-        sm = r.sm
-        lease = needs_lease(sm, r.name, self.desired_holder(), now_ms)
-        if lease is not None and now_ms - self.lease_proposed_ms >= LEASE_RETRY_MS:
-            if self.propose(lease) is not None:
-                self.sim.trace("lease?", r.name)
-            self.lease_proposed_ms = now_ms
-        if self.emitting(now_ms):
-            if self.core is None:
-                self.core = make_core(r.name, self.config, self.sim.config.bugs, sm)
-                self.sim.trace("notifier-up", r.name, sm.lease_index)
-        elif self.core is not None:
-            self.sim.trace("notifier-down", r.name)
-            for sub_id in sorted(self.conns):
-                self._close(sub_id, now_ms)
-            self.core = None
-        core = self.core
-        if core is None:
-            return
-        self._outbox(core, now_ms)
-        self._purge(core, now_ms)
-        for sub_id in core.closed_streams(sm):
-            self._close(sub_id, now_ms)
-        for sub_id, rows in core.next_batches(sm, SEND_EVENTS_MAX, now_ms):
-            conn = self.conns.get(sub_id)
-            if conn is None:
-                core.detach(sub_id)
-                continue
-            client, conn_id = conn
-            self.sim.net.send(now_ms, r.name, client, Events(conn_id, sub_id, rows, r.name))
-            self.heartbeat_ms[sub_id] = now_ms
-            self.sent_rows += len(rows)
-            self.sim.trace(
-                "send",
-                r.name,
-                sub_id,
-                rows[0].emit_seq.commit_index,
-                rows[-1].emit_seq.commit_index,
-            )
-        for sub_id in sorted(self.conns):
-            if now_ms - self.heartbeat_ms.get(sub_id, 0) >= HEARTBEAT_MS:
-                client, conn_id = self.conns[sub_id]
-                self.sim.net.send(now_ms, r.name, client, Heartbeat(conn_id, sub_id))
-                self.heartbeat_ms[sub_id] = now_ms
-
-    def _outbox(self, core: NotifierCore, now_ms: int) -> None:
-        sm = self.replica.sm
-        entry = core.outbox_entry(sm, sm.lease_index, now_ms)
-        if entry is None:
-            return
-        if self.propose(entry) is not None:
-            self.sim.trace("outbox?", self.replica.name, entry.from_index, entry.through_index)
-            core.outbox_proposed(entry, now_ms)
-
-    def _purge(self, core: NotifierCore, now_ms: int) -> None:
-        if now_ms - self.last_purge_ms < PURGE_INTERVAL_MS:
-            return
-        self.last_purge_ms = now_ms
-        sm = self.replica.sm
-        entry = core.purge_entry(sm, sm.lease_index, now_ms, self.sim.config.stall_window_ms)
-        if entry is None:
-            return
-        content = (entry.acks, entry.expire)
-        if self.purge_proposed is not None:
-            last, at = self.purge_proposed
-            if last == content and now_ms - at < PURGE_RETRY_MS:
-                return
-        self.propose(entry)
-        self.purge_proposed = (content, now_ms)
-
-    def _close(self, sub_id: str, now_ms: int) -> None:
-        conn = self.conns.pop(sub_id, None)
-        self.heartbeat_ms.pop(sub_id, None)
-        if self.core is not None:
-            self.core.detach(sub_id)
-        if conn is not None:
-            client, conn_id = conn
-            self.sim.net.send(now_ms, self.replica.name, client, Close(conn_id, sub_id))
-
-    # ---- messages --------------------------------------------------------------
-
-    def on_message(self, message: Message, now_ms: int) -> None:
-        body = message.body
-        r = self.replica
-        if isinstance(body, ReconnectReq):
-            if self.core is None:
-                hint = "" if r.sm.lease_holder == r.name else r.sm.lease_holder
-                reply = Attach(AttachStatus.NOT_HOLDER, holder=hint)
+        """A simulation step: a notifier pass if one is due, then heartbeats."""
+        if self.runner.run_due(now_ms) and self.host.emitting != self.emitting:
+            self.emitting = self.host.emitting
+            if self.emitting:
+                self.sim.trace("notifier-up", self.name, self.replica.member.sm.lease_index)
             else:
-                reply = self.core.attach(r.sm, body.sub_id, body.principal, body.after, now_ms)
-                if reply.status is AttachStatus.ATTACHED:
-                    old = self.conns.get(body.sub_id)
-                    if old is not None and old != (body.client, body.conn):
-                        self.sim.net.send(now_ms, r.name, old[0], Close(old[1], body.sub_id))
-                    self.conns[body.sub_id] = (body.client, body.conn)
-                    self.heartbeat_ms[body.sub_id] = now_ms
-            self.sim.net.send(
-                now_ms, r.name, body.client, AttachReply(body.conn, body.sub_id, reply, r.name)
-            )
-        elif isinstance(body, AckReq):
-            if self.core is not None:
-                self.core.on_client_ack(r.sm, body.sub_id, body.principal, body.up_to, now_ms)
-        elif isinstance(body, SubscribeReq):
-            entry = Subscribe(body.sub_id, body.principal, body.query, body.plan_hash, now_ms)
-            if self.propose(entry) is not None:
-                self.waiters[body.sub_id] = body.client
-        elif isinstance(body, UnsubscribeReq):
-            self.propose(Unsubscribe(body.sub_id, body.principal, now_ms))
+                self.sim.trace("notifier-down", self.name)
+        for sub_id in sorted(self.streams):
+            stream = self.streams[sub_id]
+            if now_ms - stream.last_sent_ms >= HEARTBEAT_MS:
+                self._send(stream.client, wire.Heartbeat(stream.conn, sub_id, self.name))
+                stream.last_sent_ms = now_ms
 
-    def on_applied(self, index: int, applied: Applied, now_ms: int) -> None:
-        result = applied.result
-        if isinstance(result, SubscribeResult):
-            client = self.waiters.pop(result.sub_id, None)
-            if client is not None:
-                self.sim.net.send(now_ms, self.replica.name, client, SubAck(result.sub_id, result))
-        if (
-            self.crash_after_outbox
-            and self.core is not None
-            and any(isinstance(e, RowsOutboxed) for e in applied.effects)
-        ):
-            self.crash_after_outbox = False
-            self.sim.trace("crash-after-outbox", self.replica.name, index)
-            self.sim.crash_replica(self.replica, kind="crash_after_outbox")
+    def crash(self) -> None:
+        """kill -9: nothing runs any more, connections just break."""
+        self.runner.stop()
+        self.streams.clear()
+
+    def on_apply(self, index: int, outcome: ApplyOutcome | None) -> None:
+        """The replica applied `index` (the replica's on_applied hook, then the
+        proposal's callback, in cluster/raft's order)."""
+        if outcome is not None and outcome.applied is not None:
+            self.host.on_applied(outcome.applied)
+        self.replica.on_apply(index, outcome)
+
+    # ---- streams ---------------------------------------------------------------
+
+    def _send(self, dst: str, body: wire.Body) -> None:
+        self.sim.net.send(self.sim.now_ms, self.name, dst, body)
+
+    def send_events(self, stream: Stream, rows: tuple[OutboxRow, ...]) -> None:
+        if not stream.open:
+            return
+        self._send(stream.client, wire.Events(stream.conn, stream.sub_id, self.name, rows))
+        stream.last_sent_ms = self.sim.now_ms
+        first, last = rows[0].emit_seq.commit_index, rows[-1].emit_seq.commit_index
+        self.sim.trace("send", self.name, stream.sub_id, first, last)
+
+    def end_stream(self, stream: Stream) -> None:
+        if not stream.open:
+            return
+        stream.open = False
+        if self.streams.get(stream.sub_id) is stream:
+            del self.streams[stream.sub_id]
+        self._send(stream.client, wire.Close(stream.conn, stream.sub_id, self.name))
+
+    # ---- requests --------------------------------------------------------------
+
+    def on_message(self, message: wire.Message) -> None:
+        body = message.body
+        if isinstance(body, wire.ReconnectReq):
+            self._reconnect(body)
+        elif isinstance(body, wire.AckReq):
+            self.host.ack(body.sub_id, body.principal, body.up_to)
+        elif isinstance(body, wire.SubscribeReq):
+            now = self.sim.now_ms
+            entry = Subscribe(body.sub_id, body.principal, body.query, body.plan_hash, now)
+            client = body.client
+            self._propose(encode_entry(entry), lambda f: self._subscribed(client, f))
+        elif isinstance(body, wire.UnsubscribeReq):
+            entry_u = Unsubscribe(body.sub_id, body.principal, self.sim.now_ms)
+            self._propose(encode_entry(entry_u), None)
+
+    def _reconnect(self, body: wire.ReconnectReq) -> None:
+        stream = Stream(self, body.client, body.conn, body.sub_id, self.sim.now_ms)
+        attach, _ = self.host.attach(body.sub_id, body.principal, body.after, stream)
+        if attach.status is AttachStatus.ATTACHED:
+            self.streams[body.sub_id] = stream
+        elif attach.holder == self.name:
+            attach = dataclasses.replace(attach, holder="")  # no hint: retry elsewhere
+        self._send(body.client, wire.AttachReply(body.conn, body.sub_id, self.name, attach))
+
+    def _propose(self, entry: bytes, done: Callable[[Future[ApplyOutcome]], None] | None) -> None:
+        try:
+            future = self.replica.submit(entry)
+        except ReplicaUnavailable:
+            return  # the client retries
+        if done is not None:
+            future.add_done_callback(done)
+
+    def _subscribed(self, client: str, future: Future[ApplyOutcome]) -> None:
+        if future.exception() is not None:
+            return
+        applied = future.result().applied
+        if applied is not None and isinstance(applied.result, SubscribeResult):
+            result = applied.result
+            self._send(client, wire.SubAck(result.sub_id, result))

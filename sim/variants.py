@@ -1,12 +1,16 @@
-"""Deliberately broken notifier variants (`Bugs`), to prove the checker bites.
+"""Deliberately broken notifier cores (`Bugs`), to prove the checker bites.
 
 They subclass the production `NotifierCore` and change one decision each; the
-simulation picks them through its configuration, never by editing production code.
+production host builds them through its `new_core` factory when the simulation's
+configuration asks, never by editing production code. (The other variants live
+where they break something: `SimReplica(fenced=False)`, `RaftGroup(damaged_votes=True)`,
+the client's `sdk_skips_dedupe`.)
 """
 
 from __future__ import annotations
 
 from sevendb.notifier.core import Attach, AttachStatus, NotifierConfig, NotifierCore
+from sevendb.notifier.host import CoreFactory
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import OutboxWrite
 from sevendb.outbox.model import OutboxRow, ReconnectStatus
@@ -68,12 +72,13 @@ class ForgetsTail(NotifierCore):
         return OutboxWrite(lease_index, start, through, count, digest, now_ms)
 
 
-def make_core(me: str, config: NotifierConfig, bugs: Bugs, sm: BucketStateMachine) -> NotifierCore:
-    """The notifier core a replica runs: the production one unless a bug is injected."""
+def core_factory(bugs: Bugs) -> CoreFactory:
+    """What a replica's host builds when it takes the lease: the production core unless
+    a bug is injected."""
     if bugs.purge_before_ack:
-        return PurgeBeforeAck(me, config)
+        return lambda me, config, sm: PurgeBeforeAck(me, config)
     if bugs.lease_without_fencing:
-        return Unfenced(me, config)
+        return lambda me, config, sm: Unfenced(me, config)
     if bugs.forget_unoutboxed_tail:
-        return ForgetsTail(me, config, sm.applied_index)
-    return NotifierCore(me, config)
+        return lambda me, config, sm: ForgetsTail(me, config, sm.applied_index)
+    return lambda me, config, sm: NotifierCore(me, config)

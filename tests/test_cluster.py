@@ -12,7 +12,7 @@ from cluster_harness import LocalCluster, wait_for
 
 from sevendb.outbox import limits
 from sevendb.outbox.errors import InvalidArgument, PreconditionFailed
-from sevendb.sdk.client import Client, WriteResult, set_op
+from sevendb.sdk import Client, WriteResult, set_op
 from sevendb.sdk.writer import _Stream
 
 pytestmark = pytest.mark.slow
@@ -142,7 +142,7 @@ def test_a_refused_idempotent_write_leaves_its_sequence_to_the_next(
         producer.put("ipr/k", b"1")
         with pytest.raises(InvalidArgument):
             producer.put("ipr/k", b"x" * (limits.VALUE_BYTES_MAX + 1))
-        with pytest.raises(TypeError):
+        with pytest.raises(InvalidArgument, match="must be bytes"):
             producer.put("ipr/k", "not bytes")  # type: ignore[arg-type]
         result = producer.put("ipr/k", b"2")
         assert not result.duplicate

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sevendb.outbox.emitseq import EmitSeq
-from sevendb.sdk.cursor_store import CursorStore, CursorStoreError, SavedCursor
+from sevendb.sdk import CursorStore, CursorStoreError, SavedCursor, SevenDBError
 
 
 def cursor(sub: str, index: int) -> SavedCursor:
@@ -47,3 +47,11 @@ def test_a_corrupt_file_is_refused_not_reset(tmp_path: Path) -> None:
     with pytest.raises(CursorStoreError, match="unreadable"):
         CursorStore(path)
     assert path.read_text().startswith('{"format"')
+
+
+def test_a_cursor_store_error_is_a_sevendb_error(tmp_path: Path) -> None:
+    """One ``except SevenDBError`` around a subscription covers its cursor file too."""
+    path = tmp_path / "c.json"
+    path.write_text('{"format": 999, "cursors": []}')
+    with pytest.raises(SevenDBError, match="unknown format"):
+        CursorStore(str(path))

@@ -23,7 +23,7 @@ from sevendb.cluster.common.topology import ClusterSpec
 from sevendb.cluster.ops.local import add_node
 from sevendb.cluster.ops.migrate import migrate_bucket, plan_rebalance, rebalance
 from sevendb.proto import sevendb_pb2 as pb
-from sevendb.sdk.client import Client, Unavailable
+from sevendb.sdk import Client, Unavailable
 
 pytestmark = pytest.mark.slow
 BUCKET = 0

@@ -1,15 +1,15 @@
-"""BucketNotifier, the notifier adapter, on a real replicated bucket.
+"""BucketNotifier, the notifier host, on a real replicated bucket.
 
 Three replicas run in this process (see test_replica.py); the notifier is attached
-to the leader. Its own thread is never started: each test drives it by hand, so
-what happens without that thread is what the tick thread did.
+to the leader. It gets a `Passes` runner instead of its thread: each test runs its
+passes by hand, so what happens without them is what the tick thread did.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +17,12 @@ from test_replica import Cluster, wait_until, write
 
 from sevendb.cluster.raft.replica import BucketReplica
 from sevendb.notifier.core import AttachStatus
-from sevendb.notifier.host import INLINE_STREAMS_MAX, BucketNotifier, NotifierSettings
+from sevendb.notifier.host import (
+    INLINE_STREAMS_MAX,
+    BucketNotifier,
+    NotifierSettings,
+    NotifierThread,
+)
 from sevendb.outbox.entries import Subscribe, encode_entry
 from sevendb.outbox.model import OutboxRow, SubscribeResult
 from sevendb.outbox.query import Query, plan_query
@@ -41,6 +46,23 @@ class Sink:
         self.closed = reason
 
 
+class Passes:
+    """A runner that runs nothing by itself: it counts the wake-ups (any thread)."""
+
+    def __init__(self) -> None:
+        self.wakes = 0
+        self.started = False
+
+    def start(self, step: Callable[[], bool]) -> None:
+        self.started = True
+
+    def wake(self) -> None:
+        self.wakes += 1
+
+    def stop(self) -> None:
+        self.started = False
+
+
 @pytest.fixture
 def leader(tmp_path: Path) -> Iterator[BucketReplica]:
     cluster = Cluster(tmp_path).start_all()
@@ -50,15 +72,16 @@ def leader(tmp_path: Path) -> Iterator[BucketReplica]:
         cluster.close()
 
 
-def holding_the_lease(replica: BucketReplica) -> BucketNotifier:
+def holding_the_lease(replica: BucketReplica, runner: Passes | None = None) -> BucketNotifier:
     """A notifier that holds the committed lease, after passes of its loop run by hand."""
     # Nothing acks in these tests: no stream may be rewound for a resend meanwhile.
-    notifier = BucketNotifier(replica, NotifierSettings(resend_after_ms=600_000))
+    settings = NotifierSettings(resend_after_ms=600_000)
+    notifier = BucketNotifier(replica, settings, runner=runner or Passes())
     replica.on_applied = notifier.on_applied  # as a node wires them
     replica.after_applies = notifier.after_applies
 
     def holds() -> bool:
-        notifier._step()  # one pass of the loop its thread would run
+        notifier.step()  # one pass of the loop its thread would run
         return notifier.emitting
 
     wait_until(holds, what="the notifier to hold the lease")
@@ -101,7 +124,8 @@ def test_the_tick_thread_outboxes_and_sends_new_rows_itself(leader: BucketReplic
 def test_a_notifier_with_many_streams_leaves_them_to_its_thread(
     leader: BucketReplica,
 ) -> None:
-    notifier = holding_the_lease(leader)
+    runner = Passes()
+    notifier = holding_the_lease(leader, runner)
     sinks: dict[str, Sink] = {}
     for i in range(INLINE_STREAMS_MAX + 1):
         start = subscribe(leader, f"s{i}", "prefix:k/").start
@@ -109,17 +133,48 @@ def test_a_notifier_with_many_streams_leaves_them_to_its_thread(
         sinks[f"s{i}"] = sink = Sink()
         attached, _ = notifier.attach(f"s{i}", PRINCIPAL, start, sink)
         assert attached.status is AttachStatus.ATTACHED
-    notifier._wake.clear()  # attaching woke it
+    woken = runner.wakes  # attaching woke it
 
     committed = [leader.propose(write(f"k/{i}")).commit_index for i in range(5)]
 
     # The tick thread leaves the work to the thread, and wakes it for it.
-    wait_until(notifier._wake.is_set, what="the notifier thread to be woken")
+    wait_until(lambda: runner.wakes > woken, what="the notifier thread to be woken")
 
     def delivered() -> bool:
-        notifier._step()  # the passes the woken thread runs
+        notifier.step()  # the passes the woken thread runs
         return all(len(sink.rows) == len(committed) for sink in sinks.values())
 
     wait_until(delivered, what="every row on every stream")
     for sub_id, sink in sinks.items():
         assert [row.emit_seq.commit_index for row in sink.rows] == committed, sub_id
+
+
+def test_the_notifier_thread_runs_passes_when_woken_and_again_while_more_is_ready() -> None:
+    """The node's runner: idle until woken (or its idle period), a pass at once after
+    one that says more is ready, a failing pass logged and retried, then stopped."""
+    results: Iterator[bool | Exception] = iter(
+        [True, True, False, RuntimeError("a bug in a pass"), False]
+    )
+    names: list[str] = []
+    four = threading.Event()
+
+    def step() -> bool:
+        names.append(threading.current_thread().name)
+        if len(names) == 4:
+            four.set()
+        result = next(results, False)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    runner = NotifierThread("notifier-b7", idle_wait_s=3600)
+    runner.start(step)
+    runner.wake()
+    wait_until(lambda: len(names) == 3, what="three passes from one wake-up")
+    assert names == ["notifier-b7"] * 3
+    runner.wake()
+    assert four.wait(10)  # the failing pass ...
+    runner.wake()
+    wait_until(lambda: len(names) == 5, what="a pass after the failing one")
+    runner.stop()
+    assert not any(t.name == "notifier-b7" for t in threading.enumerate())

@@ -11,6 +11,12 @@ import pytest
 from google.protobuf.descriptor import EnumDescriptor
 from google.protobuf.message import Message
 
+from sevendb.outbox.emitseq import EmitSeq
+from sevendb.outbox.entries import Expected, ExpectKind, Op, OpKind
+from sevendb.outbox.errors import ErrorCode, InvalidArgument
+from sevendb.outbox.model import AckStatus, Change, Delta, ReconnectStatus
+from sevendb.outbox.query import Query, QueryKind
+from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -200,10 +206,7 @@ def test_generated_modules_use_installed_package_path() -> None:
 
 
 def emit_seq(commit_index: int, epoch_counter: int = 3) -> pb.EmitSeq:
-    return pb.EmitSeq(
-        epoch_id=pb.EmitSeq.EpochId(bucket_uuid="b-7f3a", epoch_counter=epoch_counter),
-        commit_index=commit_index,
-    )
+    return codec.seq_to_pb(EmitSeq("b-7f3a", epoch_counter, commit_index))
 
 
 def data_event(commit_index: int) -> pb.DataEvent:
@@ -366,3 +369,65 @@ def test_oneofs_report_which_kind_is_set() -> None:
     assert pb.ExpectedVersion(exact=0).WhichOneof("kind") == "exact"
     parsed = pb.ExpectedVersion.FromString(pb.ExpectedVersion(exact=0).SerializeToString())
     assert parsed.WhichOneof("kind") == "exact"
+
+
+# -- the codec ---------------------------------------------------------------------------
+
+
+def test_reconnect_request_names_the_subscriptions_bucket_optionally() -> None:
+    assert field_numbers(pb.ReconnectRequest) == {
+        "sub_id": 1,
+        "last_processed_emit_seq": 2,
+        "bucket": 3,
+    }
+    # Presence is kept: bucket 0 is told apart from "not sent" (route by the uuid).
+    request = codec.reconnect_request("s", 0, EmitSeq("u", 2, 9))
+    parsed = pb.ReconnectRequest.FromString(request.SerializeToString())
+    assert parsed.HasField("bucket") and parsed.bucket == 0
+    assert not pb.ReconnectRequest(sub_id="s").HasField("bucket")
+    assert codec.seq_from_pb(parsed.last_processed_emit_seq) == EmitSeq("u", 2, 9)
+
+
+def test_codec_round_trips_the_core_types() -> None:
+    seq = EmitSeq("b-7f3a", 4, 2**63)
+    assert codec.seq_from_pb(pb.EmitSeq.FromString(codec.seq_to_pb(seq).SerializeToString())) == seq
+    assert codec.epoch_to_pb(seq.epoch_id) == codec.seq_to_pb(seq).epoch_id
+    for op in (
+        Op(OpKind.SET, "k", b"\x00v"),
+        Op(OpKind.SET, "k", b"v", Expected(ExpectKind.NOT_EXISTS)),
+        Op(OpKind.DEL, "k", expected=Expected.exact(7)),
+    ):
+        assert codec.op_from_pb(pb.Op.FromString(codec.op_to_pb(op).SerializeToString())) == op
+    for query in (Query(QueryKind.KEY, "k"), Query(QueryKind.PREFIX, "p/"), Query(QueryKind.ALL)):
+        assert codec.query_from_pb(codec.query_to_pb(query)) == query
+    delta = Delta((Change("a", OpKind.SET, b"1", 3), Change("b", OpKind.DEL, b"", 2)), 1234)
+    msg = codec.delta_to_pb(delta)
+    assert [(c.key, c.op, c.value, c.version) for c in msg.changes] == [
+        ("a", pb.Change.SET, b"1", 3),
+        ("b", pb.Change.DEL, b"", 2),
+    ]
+    assert msg.commit_time_ms == 1234
+
+
+def test_codec_refuses_what_the_core_refuses() -> None:
+    with pytest.raises(ValueError):
+        codec.op_from_pb(pb.Op(kind=7, key="k"))  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument):
+        codec.op_from_pb(pb.Op(kind=pb.Op.DEL, key="k", value=b"v"))
+    with pytest.raises(InvalidArgument):
+        codec.query_from_pb(pb.Query(kind=pb.Query.KEY))
+    with pytest.raises(ValueError):
+        codec.query_from_pb(pb.Query(kind=9))  # type: ignore[arg-type]
+
+
+def test_the_codecs_tables_cover_every_value() -> None:
+    assert set(codec.STATUS_OF) == set(ErrorCode)
+    assert set(codec.ACK_STATUS) == set(AckStatus)
+    assert set(codec.RECONNECT_STATUS) == set(ReconnectStatus)
+    for status, value in codec.RECONNECT_STATUS.items():
+        assert pb.ReconnectAck.Status.Name(value) == status.name
+    assert codec.trailers(None, "") == ()
+    assert codec.trailers("n:1", "NOT_OWNER") == (
+        (codec.LEADER_HINT_KEY, "n:1"),
+        (codec.ERROR_CODE_KEY, "NOT_OWNER"),
+    )

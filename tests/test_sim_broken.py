@@ -30,11 +30,27 @@ STALE_HOLDER = {
     ),
 }
 
+# Protocol-aware recovery: follower B stops; the leader C and follower A acknowledge
+# more writes; C dies and A restarts with a corrupt record in the middle of its log;
+# B comes back while C is still down. Only A's vote could make B leader, and B lacks
+# entries A and C acknowledged.
+DAMAGED_VOTER = {
+    "faults": (),
+    "replicas": 3,
+    "fault_ms": 3_000,
+    "scripted": (
+        Scripted(900, "crash_follower", 1_400),
+        Scripted(1_200, "crash_leader", 5_000),
+        Scripted(1_205, "corrupt_log", 300),
+    ),
+}
+
 VARIANTS: list[tuple[str, dict[str, Any], str]] = [
     ("sdk_skips_dedupe", {}, "effective-once"),
     ("purge_before_ack", {}, "purge-safety"),
     ("lease_without_fencing", STALE_HOLDER, "reconnect"),
     ("forget_unoutboxed_tail", {}, "liveness"),
+    ("damaged_replica_votes", DAMAGED_VOTER, "durability"),
 ]
 
 

@@ -60,9 +60,9 @@ def test_a_diverged_follower_quarantines_itself_at_the_next_outbox_write() -> No
     for seed in range(40):
         sim = Simulation(SimConfig.from_seed(seed, planners={"r0": sneaky_planner}, faults=()))
         report = sim.run()
-        r0 = sim.raft.replicas["r0"]
+        r0 = sim.raft.members["r0"]
         if report.ok and r0.quarantined:
             assert "OUTBOX_WRITE" in r0.quarantine_reason
-            assert not any(r.quarantined for r in sim.raft.replicas.values() if r is not r0)
+            assert not any(r.quarantined for r in sim.raft.members.values() if r is not r0)
             return
     pytest.fail("no seed had the diverged replica outside the lease")

@@ -1,4 +1,4 @@
-"""The deterministic validation scenarios of seed 000 §12, run in the simulator.
+"""The named validation scenarios of docs/sim.md, run in the simulator.
 
 Each scenario pins part of a simulation (scripted faults, no random ones unless
 named) and relies on the checker for the invariants; the asserts here add what
@@ -247,9 +247,9 @@ def broken_planner(query: Query) -> Plan:
 @pytest.mark.parametrize("broken", ["r0", "r2"])
 def test_pln_01_a_diverging_replica_quarantines_itself_and_the_others_go_on(broken: str) -> None:
     sim, _ = run(41, planners={broken: broken_planner}, fault_ms=1_500)
-    replica = sim.raft.replicas[broken]
+    replica = sim.raft.members[broken]
     assert replica.quarantined
     assert "plan_hash" in replica.quarantine_reason
-    healthy = [r for r in sim.raft.replicas.values() if r.name != broken]
+    healthy = [r for r in sim.raft.members.values() if r.name != broken]
     assert not any(r.quarantined for r in healthy)
     assert all(app.processed for app in apps(sim))

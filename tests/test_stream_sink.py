@@ -1,4 +1,4 @@
-"""cluster/server/service.py's `_StreamSink`: rows a notifier thread delivers reach a stream's
+"""cluster/server/sinks.py's `StreamSink`: rows a notifier thread delivers reach a stream's
 handler on the loop, in order, queued for `get` or pushed where they land (a Session's
 streams), and a close ends the stream either way."""
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sevendb.cluster.server.service import _StreamSink
+from sevendb.cluster.server.sinks import StreamSink
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import OpKind
 from sevendb.outbox.model import Change, Delta, OutboxRow
@@ -36,7 +36,7 @@ def _from_thread(fn: Callable[[Any], None], *items: object) -> None:
 
 def test_rows_queued_before_pushing_starts_are_pushed_first_then_each_delivery() -> None:
     async def main() -> tuple[list[int], str]:
-        sink = _StreamSink(asyncio.get_running_loop())
+        sink = StreamSink(asyncio.get_running_loop())
         _from_thread(sink.deliver, (_row(1), _row(2)), (_row(3),))
         await asyncio.sleep(0)  # let the mailbox land them in the queue
         pushed: list[int] = []
@@ -58,7 +58,7 @@ def test_rows_queued_before_pushing_starts_are_pushed_first_then_each_delivery()
 
 def test_a_close_queued_before_pushing_starts_ends_the_stream_at_once() -> None:
     async def main() -> tuple[list[int], str]:
-        sink = _StreamSink(asyncio.get_running_loop())
+        sink = StreamSink(asyncio.get_running_loop())
         _from_thread(sink.deliver, (_row(1),))
         _from_thread(sink.close, "dropped for stalling")
         await asyncio.sleep(0)
@@ -71,7 +71,7 @@ def test_a_close_queued_before_pushing_starts_ends_the_stream_at_once() -> None:
 
 def test_a_failing_push_ends_the_stream_with_its_error_and_a_stopped_sink_pushes_nothing() -> None:
     async def main() -> None:
-        sink = _StreamSink(asyncio.get_running_loop())
+        sink = StreamSink(asyncio.get_running_loop())
 
         def push(rows: Sequence[OutboxRow]) -> None:
             raise ValueError("cannot encode")
@@ -81,7 +81,7 @@ def test_a_failing_push_ends_the_stream_with_its_error_and_a_stopped_sink_pushes
         with pytest.raises(ValueError, match="cannot encode"):
             await asyncio.wait_for(ended, 5)
 
-        other = _StreamSink(asyncio.get_running_loop())
+        other = StreamSink(asyncio.get_running_loop())
         pushed: list[OutboxRow] = []
         other.push_to(pushed.extend)
         other.stop()  # the stream is over: what still lands is not sent
@@ -100,7 +100,7 @@ def test_a_cancelled_stream_pushes_nothing_more() -> None:
 
     async def main() -> list[int]:
         loop = asyncio.get_running_loop()
-        sink = _StreamSink(loop)
+        sink = StreamSink(loop)
         pushed: list[int] = []
         waiting = asyncio.Event()
 
@@ -123,3 +123,22 @@ def test_a_cancelled_stream_pushes_nothing_more() -> None:
         return pushed
 
     assert asyncio.run(main()) == []
+
+
+def test_a_fenced_sink_closes_and_says_so() -> None:
+    """A newer stream of the subscription fenced this one: it closes like any other
+    close (queued or pushed), and `fenced` tells its handler why."""
+
+    async def main() -> tuple[str, bool, bool]:
+        sink = StreamSink(asyncio.get_running_loop())
+        plain = StreamSink(asyncio.get_running_loop())
+        sink.fence()
+        plain.close("lease moved")
+        reason = await sink.get()
+        assert isinstance(reason, str)
+        assert await plain.get() == "lease moved"
+        return reason, sink.fenced, plain.fenced
+
+    reason, fenced, plain_fenced = asyncio.run(main())
+    assert "newer stream" in reason
+    assert fenced and not plain_fenced

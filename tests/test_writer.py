@@ -10,8 +10,8 @@ from concurrent.futures import Future
 import pytest
 from cluster_harness import wait_for
 
-from sevendb.outbox.errors import SevenDBError
 from sevendb.proto import sevendb_pb2 as pb
+from sevendb.sdk import ClientClosed, InvalidArgument, Unavailable
 from sevendb.sdk.engine import Engine
 from sevendb.sdk.writer import BATCH_BYTES_MAX, WritePipeline
 
@@ -68,11 +68,11 @@ def test_writes_to_a_node_that_never_answers_fail_by_their_deadline(mute_node: s
         started = time.monotonic()
         futures = [writes.submit(write(f"k{i}"), 0) for i in range(8)]
         for future in futures:
-            with pytest.raises(SevenDBError, match="not committed after"):
+            with pytest.raises(Unavailable, match="not committed after"):
                 future.result(timeout=10)
         assert time.monotonic() - started < 6
         later = writes.submit(write("later"), 0)
-        with pytest.raises(SevenDBError, match="not committed after"):
+        with pytest.raises(Unavailable, match="not committed after"):
             later.result(timeout=10)
         assert writes._calls.get(mute_node, 0) == 0
     finally:
@@ -83,7 +83,7 @@ def test_a_write_too_large_for_a_request_is_refused_before_it_is_queued(mute_nod
     engine = Engine([mute_node])
     try:
         writes = pipeline(engine)
-        with pytest.raises(SevenDBError, match="the limit is"):
+        with pytest.raises(InvalidArgument, match="the limit is"):
             writes.submit(write("big", b"x" * (BATCH_BYTES_MAX + 1)), 0)
         assert not writes._inbox and writes.calls == 0
     finally:
@@ -109,10 +109,10 @@ def test_closing_fails_every_write_not_answered_yet(
         started = time.monotonic()
         engine.submit(writes.close()).result(10)
         for future in futures:
-            with pytest.raises(SevenDBError, match="the client is closing"):
+            with pytest.raises(ClientClosed, match="the client is closing"):
                 future.result(timeout=0)
         assert time.monotonic() - started < 5
-        with pytest.raises(SevenDBError, match="the client is closing"):
+        with pytest.raises(ClientClosed, match="the client is closing"):
             writes.submit(write("late"), 0)
     finally:
         engine.close()
@@ -133,7 +133,7 @@ def test_closing_fails_writes_whose_request_had_not_started(mute_node: str) -> N
             return futures
 
         for future in engine.submit(submit_and_close()).result(10):
-            with pytest.raises(SevenDBError, match="the client is closing"):
+            with pytest.raises(ClientClosed, match="the client is closing"):
                 future.result(timeout=0)
     finally:
         engine.close()

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sevendb.cluster.common.topology import MigrationSpec
-    from sevendb.sdk.client import Client
-    from sevendb.sdk.subscription import Event
+    from sevendb.sdk import Client, Event
 
 DEFAULT_DATA = ".sevendb"
 
@@ -53,7 +52,7 @@ def _token(args: argparse.Namespace) -> str | None:
 
 
 def _client(args: argparse.Namespace) -> Client:
-    from sevendb.sdk.client import Client
+    from sevendb.sdk import Client
 
     return Client(_endpoints(args), token=_token(args))
 
@@ -291,7 +290,7 @@ def event_lines(event: Event) -> list[str]:
 
 
 def cmd_subscribe(args: argparse.Namespace) -> int:
-    from sevendb.sdk.subscription import StreamReset, SubscribeOptions
+    from sevendb.sdk import Recovery, StreamReset, SubscribeOptions
 
     def on_reset(reset: StreamReset) -> None:
         _progress(
@@ -299,11 +298,11 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
             "not be resumed; continuing with a new one from the current end of the log"
         )
 
-    options = SubscribeOptions(on_reset=on_reset, on_stale=args.on_stale)
+    options = SubscribeOptions(on_reset=on_reset, on_stale=Recovery(args.on_stale))
     delivered = 0
     with _client(args) as client:
         sub = client.subscribe(args.query, cursor=args.cursor, options=options)
-        _progress(f"subscribed to {args.query} in {sub.stats()['buckets']} bucket(s)")
+        _progress(f"subscribed to {args.query} in {sub.stats().buckets} bucket(s)")
         try:
             while args.count is None or delivered < args.count:
                 event = sub.poll(args.idle_exit if args.idle_exit else 3600.0)

@@ -173,7 +173,7 @@ def run_cluster_demo(data_dir: Path, out: Callable[[str], None] = print) -> int:
     from sevendb.cluster.common.topology import ClusterSpec
     from sevendb.cluster.ops.cli import main as cli
     from sevendb.cluster.ops.local import cluster_down, local_token, node_status, running_pid
-    from sevendb.sdk.client import Client
+    from sevendb.sdk import Client
 
     def run(*args: str) -> int:
         out("$ sevendb " + " ".join(args))

@@ -1,35 +1,78 @@
-"""Domain errors → gRPC status codes: the one table, applied at the edge."""
+"""How a request fails at the node's edge: `Failure`, a gRPC status plus the domain
+error and the leader's address as trailers (the table of domain errors to statuses
+is the wire codec's, `sevendb.proto.codec.STATUS_OF`)."""
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, NoReturn, TypeAlias
 
 import grpc
+from grpc import aio
 
-from sevendb.outbox.errors import ErrorCode
+from sevendb.outbox.errors import Rejection, SevenDBError
+from sevendb.proto import codec
+from sevendb.proto import sevendb_pb2 as pb
 
-STATUS_OF: Final[dict[ErrorCode, grpc.StatusCode]] = {
-    ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorCode.LIMIT_EXCEEDED: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorCode.PRECONDITION_FAILED: grpc.StatusCode.FAILED_PRECONDITION,
-    ErrorCode.UNKNOWN_PRODUCER: grpc.StatusCode.FAILED_PRECONDITION,
-    ErrorCode.PRODUCER_FENCED: grpc.StatusCode.FAILED_PRECONDITION,
-    ErrorCode.INVALID_PRODUCER_EPOCH: grpc.StatusCode.FAILED_PRECONDITION,
-    ErrorCode.OUT_OF_ORDER_SEQUENCE: grpc.StatusCode.OUT_OF_RANGE,
-    ErrorCode.DUPLICATE_SEQUENCE: grpc.StatusCode.ALREADY_EXISTS,
-    ErrorCode.SUBSCRIPTION_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    ErrorCode.SUBSCRIPTION_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
-    ErrorCode.NOT_OWNER: grpc.StatusCode.PERMISSION_DENIED,
-    ErrorCode.STALE_SUBSCRIPTION: grpc.StatusCode.OUT_OF_RANGE,
-    ErrorCode.REGRESSIVE_ACK: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorCode.DUPLICATE_ACK: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorCode.FUTURE_ACK: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorCode.STALE_LEASE: grpc.StatusCode.ABORTED,
-    ErrorCode.STALE_RANGE: grpc.StatusCode.ABORTED,
-    ErrorCode.STALE_EPOCH: grpc.StatusCode.ABORTED,
-}
-"""Not-leader / no-quorum / quarantined replicas map to UNAVAILABLE, with the
-leader's client address (when known) in the `sevendb-leader` trailing metadata."""
+Ctx: TypeAlias = "aio.ServicerContext[Any, Any]"
 
-LEADER_HINT_KEY: Final = "sevendb-leader"
-ERROR_CODE_KEY: Final = "sevendb-error"
+
+class Failure(Exception):
+    """How a request fails: a gRPC status, plus the domain error code and the leader's
+    client address as trailing metadata. Raised anywhere below a handler; the
+    handler's guard (`rpc.py`) turns it into the call's status, a Session into one
+    stream's `StreamEnd`, and WriteMany into one write's outcome."""
+
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        message: str,
+        *,
+        leader: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.leader = leader
+        self.error = error
+
+    @classmethod
+    def rejected(cls, rejection: Rejection) -> Failure:
+        return cls(
+            codec.STATUS_OF[rejection.code],
+            f"{rejection.code}: {rejection.message}",
+            error=str(rejection.code),
+        )
+
+    @classmethod
+    def domain(cls, exc: SevenDBError) -> Failure:
+        return cls(codec.STATUS_OF[exc.code], str(exc), error=str(exc.code))
+
+    @classmethod
+    def invalid(cls, message: str) -> Failure:
+        return cls(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+    def fill(self, out: pb.WriteOutcome) -> None:
+        """Make `out` the outcome of a write of a WriteMany that failed this way."""
+        out.code = self.code.value[0]
+        out.message = self.message
+        out.error = self.error or ""
+        out.leader = self.leader or ""
+
+    def stream_end(self) -> pb.StreamEnd:
+        """How a Session stream ends that its own call would have ended this way."""
+        return pb.StreamEnd(
+            code=self.code.value[0],
+            message=self.message,
+            leader=self.leader or "",
+            error=self.error or "",
+        )
+
+    async def abort(self, context: Ctx) -> NoReturn:
+        await context.abort(
+            self.code, self.message, trailing_metadata=codec.trailers(self.leader, self.error)
+        )
+        raise AssertionError("unreachable")  # context.abort raises
+
+
+__all__ = ["Ctx", "Failure"]

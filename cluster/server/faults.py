@@ -6,10 +6,8 @@ with SIGKILL - a crash at exactly that point. Off (no file system access at all)
 unless the environment variable is set.
 
 Points: ``kill-before-send`` - the lease holder has outboxed rows ready for a client
-stream and dies before sending any of them (seed 000 §12 FTO-02).
-
-Conditions, checked without removing the file: ``no-session`` - the node answers
-``Session`` with UNIMPLEMENTED, as a node from before that call would.
+stream and dies before sending any of them (the crash between OUTBOX_WRITE and send
+of docs/emission.md, FTO-02).
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ from typing import Final
 
 ENV: Final = "SEVENDB_TEST_FAULTS"
 KILL_BEFORE_SEND: Final = "kill-before-send"
-NO_SESSION: Final = "no-session"
 
 
 def fault_file(node_dir: Path, name: str) -> Path:
@@ -48,9 +45,5 @@ class FaultPoints:
             return
         os.kill(os.getpid(), signal.SIGKILL)
 
-    def holds(self, name: str) -> bool:
-        """Is the condition `name` set (its file present)?"""
-        return self.enabled and fault_file(self._dir, name).exists()
 
-
-__all__ = ["ENV", "KILL_BEFORE_SEND", "NO_SESSION", "FaultPoints", "fault_file"]
+__all__ = ["ENV", "KILL_BEFORE_SEND", "FaultPoints", "fault_file"]

@@ -1,4 +1,4 @@
-"""A node's Prometheus metrics (seed 000 §11), served on its HTTP ``/metrics`` port.
+"""A node's Prometheus metrics (docs/emission.md, Metrics), served on its HTTP ``/metrics`` port.
 
 * ``emit_latency_seconds{bucket}`` (histogram): commit (the write's timestamp) to the
   event being handed to the client's stream;

@@ -32,7 +32,6 @@ from sevendb.cluster.server.metrics import NodeMetrics
 from sevendb.cluster.server.service import NodeService
 from sevendb.notifier.host import BucketNotifier, NotifierSettings
 from sevendb.outbox.model import Applied
-from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 
 log = logging.getLogger("sevendb.node")
 
@@ -171,7 +170,7 @@ class Node:
         except BaseException:
             self.stop_replicas()
             raise
-        self.service = NodeService(self, self.metrics, self._faults)
+        self.service = NodeService(self, self.metrics)
 
     # ---- replicas follow the spec ------------------------------------------------------
 
@@ -337,7 +336,7 @@ class Node:
                 ("grpc.max_concurrent_streams", 100_000),
             ]
         )
-        pb_grpc.add_SevenDBServicer_to_server(self.service, server)
+        self.service.serve_on(server)
         if server.add_insecure_port(self.me.grpc_address) == 0:
             log.critical("cannot bind gRPC on %s", self.me.grpc_address)
             return 1

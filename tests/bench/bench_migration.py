@@ -26,7 +26,7 @@ from bench_writes import machine, pct
 from sevendb.cluster.common.topology import ClusterSpec
 from sevendb.cluster.ops.local import add_node, cluster_down, cluster_up, local_token, node_status
 from sevendb.cluster.ops.migrate import migrate_bucket
-from sevendb.sdk.client import Client, set_op
+from sevendb.sdk import Client, set_op
 
 VALUE = b"x" * 100
 

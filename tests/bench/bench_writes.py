@@ -35,7 +35,7 @@ from typing import Any
 from sevendb.cluster.common.topology import ClusterSpec
 from sevendb.cluster.ops.local import cluster_down, cluster_up, local_token, node_status
 from sevendb.cluster.raft.replica import RaftTuning
-from sevendb.sdk.client import Client, set_op
+from sevendb.sdk import Client, set_op
 
 HERE = Path(__file__).resolve().parent
 VALUE = b"x" * 100

@@ -15,8 +15,7 @@ import sys
 import threading
 import time
 
-from sevendb.sdk.client import Client
-from sevendb.sdk.subscription import SubscribeOptions, Subscription
+from sevendb.sdk import Client, SubscribeOptions, Subscription
 
 
 def main() -> int:

@@ -185,14 +185,14 @@ class SevendbWriter:
         self.client: Any = None
 
     async def open(self) -> JsonDict:
-        from sevendb.sdk.client import Client
+        from sevendb.sdk import Client
 
         self.client = Client(self.conf["endpoints"], token=self.conf["token"])
         layout = await asyncio.to_thread(self.client.layout)
         return {"buckets": layout.buckets}
 
     def send(self, prefix: str, seq: int, cycle: int, done: Done) -> None:
-        from sevendb.sdk.client import set_op
+        from sevendb.sdk import set_op
 
         future = self.client.write_async([set_op(key_of(prefix, seq, cycle), value_of(seq))])
         future.add_done_callback(lambda f: done(f.exception() is None))
@@ -505,7 +505,7 @@ class SevendbSubscriber:
         self.retries = 0
 
     async def open(self, spec: JsonDict, on_event: OnEvent) -> JsonDict:
-        from sevendb.sdk.client import Client
+        from sevendb.sdk import Client
 
         self.client = Client(self.conf["endpoints"], token=self.conf["token"])
         prefix: str = spec["prefix"]
@@ -531,7 +531,7 @@ class SevendbSubscriber:
     def _subscribe(self, query: str, name: str) -> Any:
         """`Client.subscribe`, retried (and counted) when a stream is not up within the
         SDK's 30 s: seen with thousands of subscriptions on a starved host."""
-        from sevendb.sdk.subscription import SubscriptionBroken
+        from sevendb.sdk import SubscriptionBroken
 
         for attempt in range(SUBSCRIBE_ATTEMPTS):
             try:

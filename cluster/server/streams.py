@@ -1,0 +1,287 @@
+"""Subscription streams: `Subscribe` and `Reconnect`, on calls of their own or as the
+streams of a `Session` (`session.py`). Served by the bucket's notifier lease holder;
+any other node sends the client there.
+
+A stream attaches to the holder's notifier, then sends its opening (SubAck or
+ReconnectAck), its events and, on a Reconnect, `CaughtUp` where catch-up ends.
+One stream per subscription: a newer one fences the older, which ends
+FAILED_PRECONDITION with the `STREAM_SUPERSEDED` error (docs/wire.md). A Reconnect
+from a position beyond what the holder applied is judged only once the holder is
+current (a read barrier): a lagging holder answers after catching up, and a
+position beyond the log is INVALID_SEQUENCE, never an endless retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator, Callable, Sequence
+
+import grpc
+
+from sevendb.cluster.raft.replica import ReplicaUnavailable
+from sevendb.cluster.server.edge import Call, Edge, now_ms
+from sevendb.cluster.server.errors import Failure
+from sevendb.cluster.server.sinks import (
+    Encoder,
+    EventEncoder,
+    M,
+    NewBatch,
+    StreamSink,
+    event_message,
+)
+from sevendb.notifier.core import Attach, AttachStatus
+from sevendb.notifier.host import BucketNotifier
+from sevendb.outbox.emitseq import EmitSeq
+from sevendb.outbox.entries import Subscribe
+from sevendb.outbox.errors import SevenDBError
+from sevendb.outbox.model import OutboxRow, ReconnectStatus, SubscribeResult
+from sevendb.outbox.query import plan_query
+from sevendb.proto import codec
+from sevendb.proto import sevendb_pb2 as pb
+
+Push = Callable[[M | pb.StreamMessage], None]
+"""Where a Session's stream hands its messages (None: a call of its own, which
+yields them)."""
+
+
+class Streams:
+    """The subscription stream handlers of one node."""
+
+    def __init__(self, edge: Edge) -> None:
+        self._edge = edge
+        self._events = EventEncoder()
+        self._attached: dict[tuple[int, str], StreamSink] = {}
+        """(bucket, sub_id) -> the sink of the subscription's newest attached stream."""
+
+    async def subscribe_call(
+        self, request: pb.SubscribeRequest, call: Call
+    ) -> AsyncIterator[pb.StreamMessage]:
+        async for message in self.subscribe(call.principal, request, event_message, None):
+            yield message
+
+    async def reconnect_call(
+        self, request: pb.ReconnectRequest, call: Call
+    ) -> AsyncIterator[pb.StreamMessage]:
+        async for message in self.reconnect(call.principal, request, event_message, None):
+            yield message
+
+    def _holder(self, bucket: int) -> BucketNotifier:
+        """This node's notifier of `bucket` if it is emitting; otherwise the client is
+        sent to the holder (UNAVAILABLE with its address as the leader hint)."""
+        notifier = self._edge.notifiers.get(bucket)
+        if notifier is not None and notifier.emitting:
+            return notifier
+        if notifier is None:
+            hint: str | None = self._edge.some_host(bucket)
+        else:
+            hint = self._edge.client_address(bucket, notifier.holder())
+        me = self._edge.me
+        raise Failure(
+            grpc.StatusCode.UNAVAILABLE,
+            f"bucket {bucket}: this node does not hold the notifier lease"
+            + (f"; try {hint}" if hint and hint != me else "; retry shortly"),
+            leader=hint if hint != me else None,
+        )
+
+    def _fence(self, bucket: int, sub_id: str, sink: StreamSink) -> None:
+        """`sink`'s stream is the subscription's newest: end an older one."""
+        older = self._attached.get((bucket, sub_id))
+        self._attached[bucket, sub_id] = sink
+        if older is not None and older is not sink:
+            older.fence()
+
+    async def subscribe(
+        self,
+        principal: str,
+        request: pb.SubscribeRequest,
+        new_batch: NewBatch[M],
+        push: Push[M] | None,
+    ) -> AsyncIterator[M | pb.StreamMessage]:
+        bucket = request.bucket
+        self._edge.check_bucket(bucket)
+        sub_id = request.sub_id or secrets.token_hex(16)
+        try:
+            query = codec.query_from_pb(request.query)
+            entry = Subscribe(sub_id, principal, query, plan_query(query).plan_hash, now_ms())
+        except SevenDBError as exc:
+            raise Failure.domain(exc) from None
+        except ValueError as exc:
+            raise Failure.invalid(f"bad query: {exc}") from None
+        notifier = self._holder(bucket)
+        result, _ = await self._edge.commit(bucket, entry, SubscribeResult)
+        assert result.start is not None
+        sink = StreamSink(asyncio.get_running_loop())
+        attach, _ = notifier.attach(sub_id, principal, result.start, sink)
+        if attach.status is not AttachStatus.ATTACHED:
+            # The lease moved between the proposal and now: the client reconnects.
+            raise Failure(
+                grpc.StatusCode.UNAVAILABLE,
+                f"bucket {bucket}: subscribed, but the notifier moved ({attach.message}); "
+                "reconnect",
+                leader=self._edge.client_address(bucket, attach.holder),
+            )
+        self._fence(bucket, sub_id, sink)
+        ack = pb.SubAck(
+            sub_id=sub_id,
+            start_emit_seq=codec.seq_to_pb(result.start),
+            bucket=bucket,
+            plan_hash=result.plan_hash,
+        )
+        opening = [pb.StreamMessage(sub_ack=ack)]
+        async for message in self._pump(notifier, sub_id, sink, None, new_batch, push, opening):
+            yield message
+
+    async def reconnect(
+        self,
+        principal: str,
+        request: pb.ReconnectRequest,
+        new_batch: NewBatch[M],
+        push: Push[M] | None,
+    ) -> AsyncIterator[M | pb.StreamMessage]:
+        if not request.sub_id or not request.HasField("last_processed_emit_seq"):
+            raise Failure.invalid("Reconnect needs sub_id and last_processed_emit_seq")
+        after = codec.seq_from_pb(request.last_processed_emit_seq)
+        if request.HasField("bucket"):
+            bucket: int | None = request.bucket
+            self._edge.check_bucket(request.bucket)
+        else:
+            bucket = self._edge.bucket_of_uuid.get(after.bucket_uuid)
+        if bucket is None:
+            self._count_reconnect(ReconnectStatus.INVALID_SEQUENCE)
+            status = pb.ReconnectAck.INVALID_SEQUENCE
+            yield pb.StreamMessage(reconnect_ack=pb.ReconnectAck(status=status))
+            return
+        notifier = self._holder(bucket)
+        sink = StreamSink(asyncio.get_running_loop())
+        attach, head = await self._attach(notifier, request.sub_id, principal, after, sink)
+        if attach.status is AttachStatus.NOT_HOLDER:
+            raise Failure(
+                grpc.StatusCode.UNAVAILABLE,
+                f"bucket {bucket}: {attach.status}: {attach.message}; retry",
+                leader=self._edge.client_address(bucket, attach.holder),
+            )
+        decision = attach.decision
+        assert decision is not None
+        if decision.not_owner:
+            raise Failure(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"subscription {request.sub_id} belongs to another principal",
+                error="NOT_OWNER",
+            )
+        self._count_reconnect(decision.status)
+        reply = pb.StreamMessage(
+            reconnect_ack=pb.ReconnectAck(
+                status=codec.RECONNECT_STATUS[decision.status],
+                current_epoch_id=codec.epoch_to_pb(decision.current_epoch),
+                next_commit_index=decision.next_commit_index,
+            )
+        )
+        if attach.status is not AttachStatus.ATTACHED:
+            yield reply
+            return
+        self._fence(bucket, request.sub_id, sink)
+        # Catch-up ends with the last event committed for the subscription when it
+        # attached (outboxed or still pending), so every event committed before the
+        # Reconnect precedes CaughtUp, and every later one follows it.
+        opening = [reply]
+        if head <= after:
+            caught_up = pb.CaughtUp(sub_id=request.sub_id, head_emit_seq=codec.seq_to_pb(head))
+            opening.append(pb.StreamMessage(caught_up=caught_up))
+        catch_up_head = head if head > after else None
+        async for message in self._pump(
+            notifier, request.sub_id, sink, catch_up_head, new_batch, push, opening
+        ):
+            yield message
+
+    async def _attach(
+        self,
+        notifier: BucketNotifier,
+        sub_id: str,
+        principal: str,
+        after: EmitSeq,
+        sink: StreamSink,
+    ) -> tuple[Attach, EmitSeq]:
+        """Attach a Reconnect's stream (`BucketNotifier.attach`). A client ahead of what
+        this holder applied is judged only once the holder is current: after a read
+        barrier it has applied everything committed before the request, so a client
+        still ahead is ahead of the log (refused INVALID_SEQUENCE by the core's
+        `decide_reconnect`), not ahead of a lagging holder. Never BEHIND."""
+        attach, head = notifier.attach(sub_id, principal, after, sink)
+        if attach.status is not AttachStatus.BEHIND:
+            return attach, head
+        await self._edge.read_barrier(notifier.bucket)
+        attach, head = notifier.attach(sub_id, principal, after, sink)
+        if attach.status is not AttachStatus.BEHIND:
+            return attach, head
+        try:
+            decision = notifier.replica.read(
+                lambda sm: sm.decide_reconnect(sub_id, principal, after)
+            )
+        except ReplicaUnavailable as exc:
+            raise self._edge.unavailable(notifier.bucket, exc) from None
+        assert decision.status is not ReconnectStatus.OK, decision
+        return Attach(AttachStatus.REFUSED, decision, message=decision.message), head
+
+    async def _pump(
+        self,
+        notifier: BucketNotifier,
+        sub_id: str,
+        sink: StreamSink,
+        catch_up_head: EmitSeq | None,
+        new_batch: NewBatch[M],
+        push: Push[M] | None,
+        opening: Sequence[pb.StreamMessage],
+    ) -> AsyncIterator[M | pb.StreamMessage]:
+        """An attached stream: `opening` (its SubAck or ReconnectAck), then its events
+        (`Encoder`) until the notifier closes it, a newer stream fences it or the
+        client leaves, and detached however it ends. With `push` (a Session's
+        stream), events are handed to it where the rows land on the loop, without
+        waking this generator's task for every delivery: the generator then only
+        waits for the stream to close."""
+        encode = Encoder(self._events, sub_id, catch_up_head, new_batch)
+        try:
+            for first in opening:
+                yield first
+            if push is not None:
+
+                def deliver(rows: Sequence[OutboxRow]) -> None:
+                    for message in encode(rows):
+                        push(message)
+
+                reason = await sink.push_to(deliver)
+            else:
+                while not isinstance(item := await sink.get(), str):
+                    for message in encode(item):
+                        yield message
+                reason = item
+            raise self._closed(notifier, sub_id, sink, reason)
+        finally:
+            sink.stop()
+            notifier.detach(sub_id, sink)
+            if self._attached.get((notifier.bucket, sub_id)) is sink:
+                del self._attached[notifier.bucket, sub_id]
+
+    def _closed(
+        self, notifier: BucketNotifier, sub_id: str, sink: StreamSink, reason: str
+    ) -> Failure:
+        """How a stream the node closed ends."""
+        if sink.fenced:
+            return Failure(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"subscription {sub_id} was resumed on a newer stream; this one is over",
+                error=codec.STREAM_SUPERSEDED,
+            )
+        holder = self._edge.client_address(notifier.bucket, notifier.holder())
+        return Failure(
+            grpc.StatusCode.UNAVAILABLE,
+            f"stream closed: {reason}; reconnect",
+            leader=holder if holder != self._edge.me else None,
+        )
+
+    def _count_reconnect(self, status: ReconnectStatus) -> None:
+        if self._edge.metrics is not None:
+            self._edge.metrics.reconnected(status.name)
+
+
+__all__ = ["Streams"]

@@ -1,0 +1,191 @@
+"""The wire codec: protobuf messages to and from the core's types, and how an error
+travels (gRPC status, `sevendb-error` and `sevendb-leader` trailers).
+
+The one place both ends of the wire convert: the nodes (`cluster/server`), the SDK
+and the tests import these functions instead of building messages field by field.
+Decoding validates through the core's constructors, so a bad message raises the
+core's `InvalidArgument` (or `ValueError` for an unknown enum value), never a half
+built value. docs/wire.md describes the contract itself.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import grpc
+
+from sevendb.outbox.emitseq import EmitSeq, EpochId
+from sevendb.outbox.entries import (
+    ANY,
+    Expected,
+    ExpectKind,
+    Op,
+    ProducerRef,
+    check_key,
+    op_kind,
+)
+from sevendb.outbox.errors import ErrorCode
+from sevendb.outbox.model import AckStatus, Delta, ReconnectStatus
+from sevendb.outbox.query import Query, QueryKind
+from sevendb.proto import sevendb_pb2 as pb
+
+# ---- errors and trailers -----------------------------------------------------------------
+
+LEADER_HINT_KEY: Final = "sevendb-leader"
+"""Trailer: the client address of the node to try next (a leader or lease holder)."""
+ERROR_CODE_KEY: Final = "sevendb-error"
+"""Trailer: the domain error (an `ErrorCode` name, or one of the values below)."""
+STREAM_SUPERSEDED: Final = "STREAM_SUPERSEDED"
+"""`sevendb-error` of a subscription stream fenced by a newer stream of the same
+subscription (status FAILED_PRECONDITION): another consumer resumed it."""
+
+STATUS_OF: Final[dict[ErrorCode, grpc.StatusCode]] = {
+    ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.LIMIT_EXCEEDED: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.PRECONDITION_FAILED: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorCode.UNKNOWN_PRODUCER: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorCode.PRODUCER_FENCED: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorCode.INVALID_PRODUCER_EPOCH: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorCode.OUT_OF_ORDER_SEQUENCE: grpc.StatusCode.OUT_OF_RANGE,
+    ErrorCode.DUPLICATE_SEQUENCE: grpc.StatusCode.ALREADY_EXISTS,
+    ErrorCode.SUBSCRIPTION_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.SUBSCRIPTION_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    ErrorCode.NOT_OWNER: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorCode.STALE_SUBSCRIPTION: grpc.StatusCode.OUT_OF_RANGE,
+    ErrorCode.REGRESSIVE_ACK: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.DUPLICATE_ACK: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.FUTURE_ACK: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.STALE_LEASE: grpc.StatusCode.ABORTED,
+    ErrorCode.STALE_RANGE: grpc.StatusCode.ABORTED,
+    ErrorCode.STALE_EPOCH: grpc.StatusCode.ABORTED,
+}
+"""The gRPC status of each domain error. Not-leader / no-quorum / quarantined
+replicas answer UNAVAILABLE, with the leader's client address (when known) in the
+`sevendb-leader` trailer."""
+
+
+def trailers(leader: str | None, error: str | None) -> tuple[tuple[str, str], ...]:
+    """The trailing metadata of a failed call (or of a Session's `StreamEnd`)."""
+    out: list[tuple[str, str]] = []
+    if leader:
+        out.append((LEADER_HINT_KEY, leader))
+    if error:
+        out.append((ERROR_CODE_KEY, error))
+    return tuple(out)
+
+
+# ---- sequences -------------------------------------------------------------------------
+
+
+def epoch_to_pb(epoch: EpochId) -> pb.EmitSeq.EpochId:
+    return pb.EmitSeq.EpochId(bucket_uuid=epoch.bucket_uuid, epoch_counter=epoch.epoch_counter)
+
+
+def seq_to_pb(seq: EmitSeq) -> pb.EmitSeq:
+    return pb.EmitSeq(
+        epoch_id=pb.EmitSeq.EpochId(bucket_uuid=seq.bucket_uuid, epoch_counter=seq.epoch_counter),
+        commit_index=seq.commit_index,
+    )
+
+
+def seq_from_pb(msg: pb.EmitSeq) -> EmitSeq:
+    epoch = msg.epoch_id  # each nested read builds a wrapper: read it once
+    return EmitSeq(epoch.bucket_uuid, epoch.epoch_counter, msg.commit_index)
+
+
+# ---- changes, ops, queries ---------------------------------------------------------------
+
+
+def delta_to_pb(delta: Delta) -> pb.Delta:
+    return pb.Delta(
+        changes=[
+            pb.Change(key=c.key, op=int(c.op), value=c.value, version=c.version)  # type: ignore[arg-type]
+            for c in delta.changes
+        ],
+        commit_time_ms=delta.commit_time_ms,
+    )
+
+
+def op_to_pb(op: Op) -> pb.Op:
+    msg = pb.Op(kind=int(op.kind), key=op.key, value=op.value)  # type: ignore[arg-type]
+    if op.expected.kind is ExpectKind.NOT_EXISTS:
+        msg.expected.not_exists = True
+    elif op.expected.kind is ExpectKind.EXACT:
+        msg.expected.exact = op.expected.version
+    return msg
+
+
+def op_from_pb(msg: pb.Op) -> Op:
+    """Raises `InvalidArgument` (a bad key, value or precondition) or ValueError (an
+    unknown kind)."""
+    expected = ANY
+    if msg.HasField("expected"):
+        which = msg.expected.WhichOneof("kind")
+        if which == "not_exists":
+            expected = Expected(ExpectKind.NOT_EXISTS)
+        elif which == "exact":
+            expected = Expected.exact(msg.expected.exact)
+    return Op(op_kind(msg.kind), msg.key, msg.value, expected)
+
+
+def producer_from_pb(msg: pb.ProducerRef) -> ProducerRef:
+    return ProducerRef(msg.producer_id, msg.producer_epoch, msg.sequence)
+
+
+def query_to_pb(query: Query) -> pb.Query:
+    return pb.Query(kind=int(query.kind), arg=query.arg)  # type: ignore[arg-type]
+
+
+def query_from_pb(msg: pb.Query) -> Query:
+    """Raises ValueError for an unknown kind, `InvalidArgument` for a bad key."""
+    kind = QueryKind(msg.kind)
+    if kind is QueryKind.KEY or (kind is QueryKind.PREFIX and msg.arg):
+        check_key(msg.arg)
+    return Query(kind, msg.arg)
+
+
+# ---- verdicts and requests -------------------------------------------------------------
+
+ACK_STATUS: Final[dict[AckStatus, pb.AckResult.Status]] = {
+    AckStatus.ACCEPTED: pb.AckResult.ACCEPTED,
+    AckStatus.REGRESSIVE: pb.AckResult.REGRESSIVE,
+    AckStatus.DUPLICATE: pb.AckResult.DUPLICATE,
+    AckStatus.FUTURE: pb.AckResult.FUTURE,
+    AckStatus.NOT_OWNER: pb.AckResult.NOT_OWNER,
+    AckStatus.SUBSCRIPTION_NOT_FOUND: pb.AckResult.SUBSCRIPTION_NOT_FOUND,
+    AckStatus.STALE: pb.AckResult.STALE,
+}
+RECONNECT_STATUS: Final[dict[ReconnectStatus, pb.ReconnectAck.Status]] = {
+    ReconnectStatus.OK: pb.ReconnectAck.OK,
+    ReconnectStatus.STALE_SEQUENCE: pb.ReconnectAck.STALE_SEQUENCE,
+    ReconnectStatus.INVALID_SEQUENCE: pb.ReconnectAck.INVALID_SEQUENCE,
+    ReconnectStatus.SUBSCRIPTION_NOT_FOUND: pb.ReconnectAck.SUBSCRIPTION_NOT_FOUND,
+}
+
+
+def reconnect_request(sub_id: str, bucket: int, after: EmitSeq) -> pb.ReconnectRequest:
+    """Resume `sub_id`, which lives on `bucket`, after `after`."""
+    return pb.ReconnectRequest(
+        sub_id=sub_id, last_processed_emit_seq=seq_to_pb(after), bucket=bucket
+    )
+
+
+__all__ = [
+    "ACK_STATUS",
+    "ERROR_CODE_KEY",
+    "LEADER_HINT_KEY",
+    "RECONNECT_STATUS",
+    "STATUS_OF",
+    "STREAM_SUPERSEDED",
+    "delta_to_pb",
+    "epoch_to_pb",
+    "op_from_pb",
+    "op_to_pb",
+    "producer_from_pb",
+    "query_from_pb",
+    "query_to_pb",
+    "reconnect_request",
+    "seq_from_pb",
+    "seq_to_pb",
+    "trailers",
+]
