@@ -22,7 +22,7 @@ from typing import Final
 
 from sevendb.cluster.common.auth import ADMIN_PRINCIPAL, mint_token
 from sevendb.cluster.common.files import fsync_dir, write_synced
-from sevendb.cluster.common.topology import ClusterSpec, ConfigError
+from sevendb.cluster.common.topology import ClusterSpec, ConfigError, NodeSpec
 
 __all__ = [
     "CLIENT_FILE",
@@ -140,28 +140,31 @@ class ClientConfig:
 
 def write_node_bundle(
     out: Path,
-    spec: ClusterSpec,
-    node_id: str,
+    genesis: ClusterSpec,
+    node: NodeSpec,
     cluster_secrets: ClusterSecrets,
     *,
+    seeds: Sequence[str] = (),
     listen_host: str | None = None,
     data_dir: str = "data",
     extra: str = "",
 ) -> Path:
-    """Write node `node_id`'s bundle into `out` (created); returns its node.toml.
-    `listen_host` defaults to the node's advertised host; `extra` is appended to
-    node.toml (more sections)."""
-    node = spec.node(node_id)
-    seeds = [n.grpc_address for n in spec.meta_voters if n.node_id != node_id] or [
-        n.grpc_address for n in spec.nodes if n.node_id != node_id
-    ]
-    write_file(out / GENESIS_FILE, spec.to_json() + "\n")
+    """Write `node`'s bundle into `out` (created); returns its node.toml. `genesis` is
+    the cluster as created (the same file on every node, whenever it joined); `seeds`
+    default to the metadata voters' client addresses; `listen_host` to the node's
+    advertised host; `extra` is appended to node.toml's [node] section."""
+    seeds = (
+        list(seeds)
+        or [n.grpc_address for n in genesis.meta_voters if n.node_id != node.node_id]
+        or [n.grpc_address for n in genesis.nodes if n.node_id != node.node_id]
+    )
+    write_file(out / GENESIS_FILE, genesis.to_json() + "\n")
     write_file(out / SECRETS_FILE, cluster_secrets.to_toml(), secret=True)
     text = (
-        f"# sevendb node {node_id} of cluster {spec.cluster_id} "
+        f"# sevendb node {node.node_id} of cluster {genesis.cluster_id} "
         "(sevendb node run --config THIS_FILE)\n"
         "[node]\n"
-        f"id = {_toml_str(node_id)}\n"
+        f"id = {_toml_str(node.node_id)}\n"
         f"data_dir = {_toml_str(data_dir)}\n"
         f"listen_host = {_toml_str(listen_host or node.host)}\n"
         f"seeds = {_toml_list(seeds)}\n"

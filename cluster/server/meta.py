@@ -30,7 +30,7 @@ from sevendb.cluster.common.files import fsync_dir, write_synced
 from sevendb.cluster.common.meta import overlay
 from sevendb.cluster.common.topology import ClusterSpec, ConfigError
 from sevendb.cluster.raft.replica import BucketReplica, RaftLoop, RaftTuning
-from sevendb.outbox.entries import ExpectKind, Expected, Op, OpKind, Write, encode_entry
+from sevendb.outbox.entries import Expected, ExpectKind, Op, OpKind, Write, encode_entry
 from sevendb.outbox.model import WriteResult
 from sevendb.outbox.state import BucketStateMachine
 from sevendb.proto import sevendb_pb2 as pb
@@ -132,11 +132,15 @@ class ClusterView:
                 raise ConfigError(f"it is cluster {body['cluster_id']}'s")
             records = {k: (v.encode(), int(ver)) for k, (v, ver) in body["records"].items()}
             version = int(body["version"])
-            return MetaState(version, records, overlay(self.genesis, {k: v for k, (v, _) in records.items()}))
+            return MetaState(
+                version, records, overlay(self.genesis, {k: v for k, (v, _) in records.items()})
+            )
         except FileNotFoundError:
             return None
         except (ValueError, KeyError, TypeError, ConfigError) as exc:
-            log.error("ignoring the metadata cache %s (%s): starting from the genesis", self._cache, exc)
+            log.error(
+                "ignoring the metadata cache %s (%s): starting from the genesis", self._cache, exc
+            )
             return None
 
 
@@ -186,8 +190,9 @@ class MetaMember:
         if version:
             self._view.offer(version, records)
 
-    def write(self, ops: Sequence[Op], now_ms: int) -> WriteResult:
-        """Replicate a compare-and-set write of metadata records; raises
+    def write(self, ops: Sequence[Op], now_ms: int) -> tuple[WriteResult, int]:
+        """Replicate a compare-and-set write of metadata records (blocking): its
+        result (`error` set when a precondition failed) and commit index. Raises
         ReplicaUnavailable when the group cannot commit it now."""
         outcome = self.replica.propose(encode_entry(Write(tuple(ops), now_ms=now_ms)))
         applied = outcome.applied
@@ -195,7 +200,7 @@ class MetaMember:
             raise ConfigError(f"metadata write refused: {outcome.error}")
         result = applied.result
         assert isinstance(result, WriteResult)
-        return result
+        return result, outcome.commit_index
 
     def close(self) -> None:
         self.replica.close()
@@ -218,7 +223,9 @@ def cas_op(key: str, value: bytes | None, expected_version: int | None) -> Op:
 class MetaFollower:
     """Keeps a non-voter's view current by long-polling the voters' `MetaRead`."""
 
-    def __init__(self, view: ClusterView, metadata: Sequence[tuple[str, str]], seeds: Sequence[str]) -> None:
+    def __init__(
+        self, view: ClusterView, metadata: Sequence[tuple[str, str]], seeds: Sequence[str]
+    ) -> None:
         self._view = view
         self._metadata = tuple(metadata)
         self._seeds = tuple(seeds)
@@ -230,6 +237,34 @@ class MetaFollower:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def fetch(self, until: Callable[[ClusterSpec], bool], timeout_s: float) -> None:
+        """Ask the voters and seeds (each in turn, without waiting for a newer version)
+        until the view satisfies `until`; ConfigError at the timeout. For a node that
+        joined after the genesis: it learns its own place before it starts."""
+        deadline = time.monotonic() + timeout_s
+        i = 0
+        while not until(self._view.spec):
+            endpoints = self._endpoints()
+            endpoint = endpoints[i % len(endpoints)]
+            i += 1
+            try:
+                with grpc.insecure_channel(endpoint) as channel:
+                    response = pb_grpc.SevenDBStub(channel).MetaRead(
+                        pb.MetaReadRequest(), metadata=self._metadata, timeout=5
+                    )
+                self._view.offer(
+                    response.version, {r.key: (r.value, r.version) for r in response.records}
+                )
+            except grpc.RpcError as exc:
+                log.info("metadata from %s: %s", endpoint, exc.code().name)
+            if time.monotonic() > deadline:
+                raise ConfigError(
+                    f"could not learn this node's place in the cluster from {endpoints} "
+                    f"within {timeout_s:.0f} s (is it registered? `sevendb node init`)"
+                )
+            if not until(self._view.spec):
+                time.sleep(0.2)
 
     def _endpoints(self) -> list[str]:
         voters = [n.grpc_address for n in self._view.spec.meta_voters]
@@ -251,10 +286,11 @@ class MetaFollower:
         with grpc.insecure_channel(endpoint) as channel:
             stub = pb_grpc.SevenDBStub(channel)
             while not self._stop.is_set():
-                request = pb.MetaReadRequest(after_version=self._view.state.version, wait_ms=POLL_WAIT_MS)
-                response = stub.MetaRead(request, metadata=self._metadata, timeout=POLL_WAIT_MS / 1000 + 5)
+                request = pb.MetaReadRequest(
+                    after_version=self._view.state.version, wait_ms=POLL_WAIT_MS
+                )
+                response = stub.MetaRead(
+                    request, metadata=self._metadata, timeout=POLL_WAIT_MS / 1000 + 5
+                )
                 records = {r.key: (r.value, r.version) for r in response.records}
                 self._view.offer(response.version, records)
-
-
-
