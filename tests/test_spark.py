@@ -597,9 +597,12 @@ def test_bad_paths_are_reported(
 def test_audit_passes_on_an_archive_from_a_real_cluster(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Nodes started by `cluster_up` archive purged rows under <data>/archive; every
-    node replicates both buckets, so each row is archived three times and counted once."""
+    """Nodes started by `cluster_up` archive purged rows under the root
+    `SEVENDB_ARCHIVE_ROOT` names (a `file://` URI here: a shared mount); every node
+    replicates both buckets, so each row is archived three times and counted once."""
     monkeypatch.setenv("SEVENDB_ARCHIVE_SEGMENT_AGE_S_MAX", "0.2")
+    root = tmp_path / "shared mount" / "archive"
+    monkeypatch.setenv("SEVENDB_ARCHIVE_ROOT", root.as_uri())
     cluster = LocalCluster.start(tmp_path / "data", nodes=3, buckets=2)
     keys = [f"orders/{i:03d}" for i in range(40)]
     try:
@@ -617,7 +620,7 @@ def test_audit_passes_on_an_archive_from_a_real_cluster(
 
             wait_for(delivered, 60, "every write delivered", interval_s=0)
         # closing the subscription acked everything: purged rows reach every node's archive
-        root = archive_root(cluster.data_dir)
+        assert not archive_root(cluster.data_dir).exists()
 
         def archived_everywhere() -> bool:
             if not root.is_dir():
@@ -635,7 +638,7 @@ def test_audit_passes_on_an_archive_from_a_real_cluster(
         wait_for(archived_everywhere, 60, "every node to archive every purged row")
     finally:
         cluster.stop()
-    report = audit(spark, root)
+    report = audit(spark, root.as_uri())
     assert report.ok, report.examples
     assert report.events == len(keys) and report.nodes == 3 and report.rows == 3 * len(keys)
 

@@ -22,6 +22,7 @@ import os
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -159,18 +160,24 @@ def _jvm_path_exists(spark: SparkSession, path: str) -> bool:
 
 
 def _spark_path(path: str | Path) -> str:
-    """A URL (scheme://...) unchanged; a local path made absolute."""
+    """A URL (scheme://...) unchanged; a local path made absolute. A `file:` URI is
+    given to Spark unescaped (`file:///a b`, not `file:///a%20b`): Hadoop's paths do
+    not decode percent-escapes, pyarrow's `from_uri` does, and both must name one
+    directory."""
     text = str(path)
-    if "://" in text or text.startswith("file:"):
+    local = _local(text)
+    if text.startswith("file:") and local is not None:
+        return "file://" + str(local)
+    if "://" in text:
         return text
     return str(Path(text).expanduser().resolve())
 
 
 def _local(path: str) -> Path | None:
-    if path.startswith("file://"):
-        return Path(path[len("file://") :])
+    """The local path a `file:` URI (percent-escapes decoded) or a plain path names;
+    None for any other URL."""
     if path.startswith("file:"):
-        return Path(path[len("file:") :])
+        return Path(urllib.parse.unquote(urllib.parse.urlparse(path).path))
     return None if "://" in path else Path(path)
 
 
