@@ -256,6 +256,27 @@ def test_retention_by_bytes_deletes_the_oldest_until_under_the_budget(tmp_path: 
     w.close()
 
 
+def test_segments_listed_before_ack_times_were_recorded_are_not_taken_for_ancient(
+    tmp_path: Path,
+) -> None:
+    """A manifest written before `ack_ms_max` existed: the restart reads each file's
+    newest ack time from its statistics, so retention by age keeps recent segments."""
+    root = tmp_path / "archive"
+    w = small_segments(root)
+    newest = {s.path: s.ack_ms_max for s in w.segments()}
+    w.close()
+    old = manifest(root)
+    for entry in old["segments"]:
+        del entry["ack_ms_max"]
+    (root / "_manifests" / "n1.json").write_text(json.dumps(old))
+    a_day_later = (max(newest.values()) + 86_400_000) / 1000
+    with writer(root, wall_clock=lambda: a_day_later, retention_age_s=7 * 86_400) as again:
+        assert {s.path: s.ack_ms_max for s in again.segments()} == newest
+        assert again.maintain().deleted == 0
+    assert all(s["ack_ms_max"] for s in manifest(root)["segments"])
+    assert archived(root) == EXPECTED
+
+
 def test_a_stream_consumer_holds_what_it_has_not_consumed(tmp_path: Path) -> None:
     root = tmp_path / "archive"
     w = small_segments(root, compact_target_bytes=0, retention_age_s=1.0)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pyarrow.fs as pafs
 
 from sevendb.cluster.archive.format import (
+    FILE_SCHEMA,
     ORPHANS_DIR,
     SEGMENT_SUFFIX,
     ArchiveError,
@@ -79,11 +80,25 @@ class Recovery:
         if self.state.retired:
             self.state.retired = []
             self.changed = True
+        self._fill_ack_times()
         for info in compacted:
             self._adopt_compacted(info)
         for (bucket, first, last), parts in sorted(plain.items()):
             self._adopt(bucket, first, last, parts)
         return self.state
+
+    def _fill_ack_times(self) -> None:
+        """Segments listed before `ack_ms_max` was recorded get it from their files'
+        statistics, so retention by age never takes them for ancient."""
+        for i, s in enumerate(self.state.segments):
+            if s.ack_ms_max == 0 and s.rows > 0:
+                newest = self.store.column_max(s.path, "ack_time_ms")
+                if newest is None:  # no statistics: read the column
+                    newest = max(
+                        self.store.read_table(s.path, FILE_SCHEMA)["ack_time_ms"].to_pylist()
+                    )
+                self.state.segments[i] = dataclasses.replace(s, ack_ms_max=newest)
+                self.changed = True
 
     def _footer(self, file: pafs.FileInfo) -> SegmentInfo:
         where = self.store.describe(file.path)
@@ -95,7 +110,12 @@ class Recovery:
                 f"unreadable ({exc}); segments are synced before they are renamed, so "
                 "this is damage from outside: inspect it and move it aside"
             ) from exc
-        return dataclasses.replace(info, path=file.path, bytes=int(file.size or 0))
+        info = dataclasses.replace(info, path=file.path, bytes=int(file.size or 0))
+        if info.ack_ms_max == 0 and info.rows > 0:
+            info = dataclasses.replace(
+                info, ack_ms_max=self.store.column_max(file.path, "ack_time_ms") or 0
+            )
+        return info
 
     def _adopt_compacted(self, info: SegmentInfo) -> None:
         """A compacted segment renamed into place before the manifest recorded it: it

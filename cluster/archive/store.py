@@ -209,6 +209,23 @@ class ArchiveStore:
         """A Parquet file's footer key-value metadata."""
         return pq.read_schema(self.path(rel), filesystem=self.fs).metadata
 
+    def column_max(self, rel: str, column: str) -> int | None:
+        """The largest value of an integer column, from the footer's statistics (None
+        when a row group has none)."""
+        meta = pq.read_metadata(self.path(rel), filesystem=self.fs)
+        best: int | None = None
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            for c in range(group.num_columns):
+                chunk = group.column(c)
+                if chunk.path_in_schema != column:
+                    continue
+                stats = chunk.statistics
+                if stats is None or not stats.has_min_max:
+                    return None
+                best = int(stats.max) if best is None else max(best, int(stats.max))
+        return best
+
     def read_table(self, rel: str, schema: pa.Schema) -> pa.Table:
         return pq.read_table(self.path(rel), filesystem=self.fs, schema=schema)
 
