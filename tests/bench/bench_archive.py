@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -155,7 +154,9 @@ def _timed_audit(spark: Any, root: Path) -> float:
 
 def generate(root: Path, rows: int) -> int:
     """Write `rows` archived rows (every event in each of NODES) straight with pyarrow;
-    returns the number of distinct events."""
+    returns the number of distinct events (needs numpy)."""
+    import numpy as np
+
     events = rows // len(NODES)
     per_bucket = events // BUCKETS
     subs = 2_500  # per bucket
