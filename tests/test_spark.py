@@ -500,6 +500,12 @@ def test_the_jobs_on_an_archive_caught_mid_compaction(
     assert (
         spark_events(spark.read.schema(EXPORT_SCHEMA).parquet(str(tmp_path / "table"))) == EXPECTED
     )
+    # ...but the same rows once more in a plain segment (a writer that archived them
+    # twice) are a duplicate: only a compacted segment's cover excuses an overlap
+    (merged,) = compacted
+    twice = merged.with_name(merged.name.replace(".c.parquet", ".parquet"))
+    twice.write_bytes(merged.read_bytes())
+    assert audit(spark, root).duplicates == pq.read_metadata(twice).num_rows > 0
 
 
 def archived_rows(root: Path) -> Counter[Event]:
