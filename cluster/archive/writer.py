@@ -629,8 +629,12 @@ class ArchiveWriter:
 
 
 __all__ = [
+    "ArchiveConfigError",
+    "ArchiveError",
+    "ArchiveSettings",
     "ArchiveWriter",
     "MaintenanceReport",
+    "SegmentInfo",
     "WriterStats",
     "archive_root",
     "read_archive",
