@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import signal
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import Driver, replay
 
-from sevendb.cluster.archive.writer import (
-    FILE_SCHEMA,
-    ArchiveConfigError,
-    ArchiveError,
-    ArchiveSettings,
-    ArchiveWriter,
-    escape_partition_value,
-    read_archive,
-    read_segment_info,
-)
+from sevendb.cluster.archive.format import FILE_SCHEMA, ArchiveError, escape_partition_value
+from sevendb.cluster.archive.settings import ArchiveSettings
+from sevendb.cluster.archive.store import ArchiveConfigError
+from sevendb.cluster.archive.writer import ArchiveWriter, read_archive, read_segment_info
 from sevendb.outbox.entries import Ack, OutboxPurge
 from sevendb.outbox.model import Applied, OutboxRow, RowsPurged
 from sevendb.outbox.state import BucketStateMachine
@@ -361,9 +356,8 @@ def test_the_dedupe_boundary_is_archived_through(root: Path) -> None:
 CHILD_ROWS_MAX = 6
 
 
-def _child(root: str, point: str | None, hit: int, holds: str) -> None:
-    """A node process: applies the log, publishing by size as it goes, and SIGKILLs
-    itself at the `hit`-th time it reaches fault point `point` (or after the log)."""
+def kill_at(point: str | None, hit: int) -> Callable[[str], None]:
+    """A fault hook that SIGKILLs this process the `hit`-th time it reaches `point`."""
     count = 0
 
     def fault(name: str) -> None:
@@ -373,6 +367,13 @@ def _child(root: str, point: str | None, hit: int, holds: str) -> None:
             if count == hit:
                 os.kill(os.getpid(), signal.SIGKILL)
 
+    return fault
+
+
+def _child(root: str, point: str | None, hit: int, holds: str) -> None:
+    """A node process: applies the log, publishing by size as it goes, and SIGKILLs
+    itself at the `hit`-th time it reaches fault point `point` (or after the log)."""
+    fault = kill_at(point, hit)
     w = ArchiveWriter(root, "n1", background=False, segment_rows_max=CHILD_ROWS_MAX, fault=fault)
     sm = BucketStateMachine("bucket-0000")
     with open(holds, "a") as out:
@@ -452,12 +453,12 @@ def test_a_multi_epoch_batch_caught_half_renamed_is_completed_not_rewritten(root
     feed(w, up_to(last))
     with pytest.raises(Crash):
         w.flush()  # one batch, purges up to `last`: its epoch-1 part is renamed, then "crash"
-    os.close(w._lock_fd)  # the crashed process's lock goes with it
+    w._release.close()  # the crashed process's lock goes with it
     (part,) = visible_files(root)
     assert read_segment_info(part).batch_epochs == (1, 2)
     w = writer(root)
     assert w.stats().segments_adopted == 1
-    manifest = json.loads(w.manifest_path.read_text())
+    manifest = json.loads((root / "_manifests" / "n1.json").read_text())
     assert manifest["buckets"]["0"]["partial"] == {
         "first": PURGE_INDEXES[0],
         "last": last,
@@ -470,7 +471,9 @@ def test_a_multi_epoch_batch_caught_half_renamed_is_completed_not_rewritten(root
     )
     w.close()
     assert archived(root) == Counter(event(*p) for p in purged(APPLIED) if p[0] <= last)
-    assert "partial" not in json.loads(w.manifest_path.read_text())["buckets"]["0"]
+    assert (
+        "partial" not in json.loads((root / "_manifests" / "n1.json").read_text())["buckets"]["0"]
+    )
 
 
 def test_every_node_archives_its_own_copy(root: Path) -> None:

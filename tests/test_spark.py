@@ -1,24 +1,38 @@
 """The PySpark jobs (cluster/archive/spark_jobs.py) on archives written by the real archive
 writer from real `BucketStateMachine` applies, in one shared local SparkSession:
-audit, stats, export, the incremental stream, partition pruning, and an archive from
-a real local cluster."""
+audit, stats, export, the incremental stream (with retention and compaction under it),
+partition pruning, an archive from a real local cluster, and the same jobs on a real
+Spark standalone cluster."""
 
 from __future__ import annotations
 
 import math
 import re
+import subprocess
+import sys
+import time
 import urllib.parse
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pyarrow.dataset as pa_ds
 import pyarrow.parquet as pq
 import pytest
 from cluster_harness import LocalCluster, wait_for
 from helpers import Driver
 from test_archive import Event, event, purge, purged
 
+from sevendb.cluster.archive import format as fmt
+from sevendb.cluster.archive.format import (
+    FILE_SCHEMA,
+    ConsumerMark,
+    archive_root,
+    partition_dir,
+    spark_ddl,
+)
+from sevendb.cluster.archive.segments import rows_table
 from sevendb.cluster.archive.spark_jobs import (
     ARCHIVE_SCHEMA,
     EVENT_KEY,
@@ -36,14 +50,7 @@ from sevendb.cluster.archive.spark_jobs import (
     stats,
     stream,
 )
-from sevendb.cluster.archive.writer import (
-    FILE_SCHEMA,
-    ArchiveWriter,
-    archive_root,
-    partition_dir,
-    read_archive,
-    rows_table,
-)
+from sevendb.cluster.archive.writer import ArchiveWriter, read_archive
 from sevendb.outbox.model import Applied, OutboxRow
 from sevendb.outbox.state import BucketStateMachine
 
@@ -111,9 +118,10 @@ class Archive:
     """One writer per node over a shared root, each fed every bucket's entries (as
     every replica of a bucket applies the same log)."""
 
-    def __init__(self, root: Path, nodes: tuple[str, ...] = NODES) -> None:
+    def __init__(self, root: Path | str, nodes: tuple[str, ...] = NODES, **settings: Any) -> None:
         self.root = root
-        self.writers = [ArchiveWriter(root, n, background=False) for n in nodes]
+        settings.setdefault("retention_age_s", 0)  # the log's times are from 1970
+        self.writers = [ArchiveWriter(root, n, background=False, **settings) for n in nodes]
 
     def phase(self, phase: int) -> None:
         for w in self.writers:
@@ -127,8 +135,9 @@ class Archive:
             w.close()
 
 
-def build(root: Path, nodes: tuple[str, ...] = NODES) -> Path:
-    archive = Archive(root, nodes)
+def build(root: Path, nodes: tuple[str, ...] = NODES, **settings: Any) -> Path:
+    """Both phases of every bucket archived by each of `nodes` under `root`."""
+    archive = Archive(root, nodes, **settings)
     archive.phase(0)
     archive.phase(1)
     archive.close()
@@ -292,6 +301,14 @@ def test_export_is_deduplicated_and_idempotent(
     assert spark_events(table) == EXPECTED and first.events == sum(EXPECTED.values())
     assert first.partitions == 4 and len(table_files(out)) == 4
     assert "node_id" not in spark.read.parquet(str(out)).columns
+    # what Spark wrote, read back with pyarrow, has the one defined export schema
+    written = pa_ds.dataset(
+        str(out),
+        format="parquet",
+        partitioning=pa_ds.partitioning(fmt.PARTITION_SCHEMA, flavor="hive"),
+        ignore_prefixes=["_", "."],
+    )
+    assert spark_ddl(written.schema) == spark_ddl(fmt.EXPORT_SCHEMA)
 
     again = export(spark, clean, out)  # a rerun changes nothing
     assert again == first
@@ -340,7 +357,8 @@ def test_stream_resumes_from_its_checkpoint_without_skipping_or_repeating_a_segm
     crashed: list[int] = []
 
     def crash(point: str, batch_id: int) -> None:
-        assert point == "events-written"
+        if point != "events-written":
+            return
         crashed.append(batch_id)
         raise RuntimeError("simulated crash after the batch's events were written")
 
@@ -366,6 +384,135 @@ def test_stream_resumes_from_its_checkpoint_without_skipping_or_repeating_a_segm
         batches_of[local_path(row.segment)].add(row.batch_id)
     assert set(batches_of) == first_files | second_files
     assert all(len(ids) == 1 for ids in batches_of.values()), "a segment in two batches"
+
+
+def consumer_marks(root: Path) -> list[ConsumerMark]:
+    return [
+        ConsumerMark.from_bytes(p.read_bytes(), str(p))
+        for p in sorted((root / "_consumers").glob("*.json"))
+    ]
+
+
+@pytest.mark.slow
+def test_a_registered_stream_holds_retention_and_compaction(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Retention and compaction take only what the stream has consumed; what it has
+    not read waits for it, so the table ends complete."""
+    root, out, checkpoint = tmp_path / "archive", tmp_path / "table", tmp_path / "checkpoint"
+    archive = Archive(root, ("n1", "n2"), segment_rows_max=1, compact_min_files=2)
+    archive.phase(0)
+    first_files = segment_files(root)
+    stream(spark, root, out, checkpoint)
+    (mark,) = consumer_marks(root)
+    assert mark.name.startswith("stream-")
+    assert all(
+        mark.covers(s.node_id, s.bucket_uuid, s.epoch, s.last_index)
+        for w in archive.writers
+        for s in w.segments()
+    )
+    archive.phase(1)
+    second_files = segment_files(root) - first_files
+    for w in archive.writers:
+        w.settings = w.settings.replace(retention_age_s=1.0)  # the log's times are from 1970
+        report = w.maintain()
+        assert report.written > 0  # the consumed segments were merged, then deleted
+        assert report.held == len([p for p in second_files if p.name.startswith(w.node_id + "-")])
+    assert segment_files(root) == second_files  # only what the stream has not read
+    run = stream(spark, root, out, checkpoint)
+    assert {local_path(s) for b in run.batches for s in b.segments} == second_files
+    table = spark.read.schema(EXPORT_SCHEMA).parquet(str(out))
+    assert spark_events(table) == EXPECTED
+    for w in archive.writers:  # consumed now: all of it goes
+        assert w.maintain().held == 0
+    archive.close()
+    assert segment_files(root) == set()
+
+
+@pytest.mark.slow
+def test_a_stream_resumes_past_segments_compacted_under_it(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """An unregistered stream crashes in a batch; meanwhile the node compacts the
+    segments that batch had listed. The rerun skips the vanished files and reads their
+    rows from the compacted segments: nothing missing, nothing twice."""
+    root, out, checkpoint = tmp_path / "archive", tmp_path / "table", tmp_path / "checkpoint"
+    archive = Archive(root, ("n1",), segment_rows_max=1, compact_min_files=2)
+    archive.phase(0)
+    archive.phase(1)
+    listed = segment_files(root)
+
+    def crash(point: str, batch_id: int) -> None:
+        if point == "batch-started":
+            raise RuntimeError("simulated crash before the batch wrote anything")
+
+    with pytest.raises(SparkJobError, match="simulated crash"):
+        stream(spark, root, out, checkpoint, consumer=None, fault=crash)
+    assert not (root / "_consumers").exists()
+    (w,) = archive.writers
+    assert w.maintain().written == 4  # two buckets x two epochs
+    archive.close()
+    assert segment_files(root).isdisjoint(listed)
+    run = stream(spark, root, out, checkpoint, consumer=None)
+    assert [b.batch_id for b in run.batches] == [0, 1]
+    assert run.batches[0].rows == 0  # its files are gone
+    assert all(local_path(s).name.endswith(".c.parquet") for s in run.batches[1].segments)
+    table = spark.read.schema(EXPORT_SCHEMA).parquet(str(out))
+    assert spark_events(table) == EXPECTED
+    assert table.groupBy(*EVENT_KEY).count().where("count > 1").count() == 0
+
+
+@pytest.mark.slow
+def test_the_jobs_on_an_archive_caught_mid_compaction(
+    spark: SparkSession, clean: Path, tmp_path: Path
+) -> None:
+    """A node crashed after publishing a compacted segment and before deleting its
+    sources: both are visible. Nothing is counted twice, and the audit does not call
+    the overlap a duplicate."""
+
+    class Crash(BaseException):
+        pass
+
+    def fault(point: str) -> None:
+        if point == "compacted-published":
+            raise Crash
+
+    root = (tmp_path / "archive").as_uri()  # a file:// root, for both sides
+    archive = Archive(root, NODES, segment_rows_max=1, compact_min_files=2)
+    archive.phase(0)
+    archive.phase(1)
+    n1 = archive.writers[0]
+    n1._fault = fault
+    with pytest.raises(Crash):
+        n1.maintain()
+    n1._release.close()  # the crashed process's lock goes with it
+    for w in archive.writers[1:]:
+        w.close()
+    local = tmp_path / "archive"
+    compacted = [p for p in segment_files(local) if p.name.endswith(".c.parquet")]
+    assert len(compacted) == 1
+    assert sum(archived_rows(local).values()) > 3 * len(ALL_ROWS)  # the overlap is there
+    report = audit(spark, root)
+    assert report.ok, report.examples
+    assert report.events == len(ALL_ROWS) and report.duplicates == 0
+    assert stats(spark, root) == stats(spark, clean)
+    assert export(spark, root, tmp_path / "table").events == len(ALL_ROWS)
+    assert (
+        spark_events(spark.read.schema(EXPORT_SCHEMA).parquet(str(tmp_path / "table"))) == EXPECTED
+    )
+    # ...but the same rows once more in a plain segment (a writer that archived them
+    # twice) are a duplicate: only a compacted segment's cover excuses an overlap
+    (merged,) = compacted
+    twice = merged.with_name(merged.name.replace(".c.parquet", ".parquet"))
+    twice.write_bytes(merged.read_bytes())
+    assert audit(spark, root).duplicates == pq.read_metadata(twice).num_rows > 0
+
+
+def archived_rows(root: Path) -> Counter[Event]:
+    return Counter(
+        (r["bucket_uuid"], r["epoch"], r["commit_index"], r["sub_id"], r["node_id"])
+        for r in read_archive(root).to_pylist()
+    )
 
 
 # ---- partition pruning ------------------------------------------------------------------
@@ -456,9 +603,12 @@ def test_bad_paths_are_reported(
 def test_audit_passes_on_an_archive_from_a_real_cluster(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Nodes started by `cluster_up` archive purged rows under <data>/archive; every
-    node replicates both buckets, so each row is archived three times and counted once."""
+    """Nodes started by `cluster_up` archive purged rows under the root
+    `SEVENDB_ARCHIVE_ROOT` names (a `file://` URI here: a shared mount); every node
+    replicates both buckets, so each row is archived three times and counted once."""
     monkeypatch.setenv("SEVENDB_ARCHIVE_SEGMENT_AGE_S_MAX", "0.2")
+    root = tmp_path / "shared mount" / "archive"
+    monkeypatch.setenv("SEVENDB_ARCHIVE_ROOT", root.as_uri())
     cluster = LocalCluster.start(tmp_path / "data", nodes=3, buckets=2)
     keys = [f"orders/{i:03d}" for i in range(40)]
     try:
@@ -476,7 +626,7 @@ def test_audit_passes_on_an_archive_from_a_real_cluster(
 
             wait_for(delivered, 60, "every write delivered", interval_s=0)
         # closing the subscription acked everything: purged rows reach every node's archive
-        root = archive_root(cluster.data_dir)
+        assert not archive_root(cluster.data_dir).exists()
 
         def archived_everywhere() -> bool:
             if not root.is_dir():
@@ -494,6 +644,148 @@ def test_audit_passes_on_an_archive_from_a_real_cluster(
         wait_for(archived_everywhere, 60, "every node to archive every purged row")
     finally:
         cluster.stop()
-    report = audit(spark, root)
+    report = audit(spark, root.as_uri())
     assert report.ok, report.examples
     assert report.events == len(keys) and report.nodes == 3 and report.rows == 3 * len(keys)
+
+
+# ---- a real Spark cluster ------------------------------------------------------------------
+
+CLUSTER_DRIVER = """
+import sys, time
+from sevendb.cluster.archive.spark_jobs import main, spark_session
+
+master, jobs = sys.argv[1], [line.split("\\t") for line in sys.argv[2].splitlines()]
+conf = {
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.driver.memory": "512m",
+    "spark.executor.memory": "512m",
+    "spark.executor.cores": "1",
+    "spark.cores.max": "2",
+    "spark.sql.shuffle.partitions": "2",
+}
+spark = spark_session(master, app_name="sevendb-standalone-test", conf=conf)
+sc = spark.sparkContext
+deadline = time.monotonic() + 180
+while sc._jsc.sc().getExecutorMemoryStatus().size() < 3:  # the driver and two executors
+    if time.monotonic() > deadline:
+        raise SystemExit("the executors did not register")
+    time.sleep(0.2)
+print("MASTER", sc.master, flush=True)
+for argv in jobs:  # one session for every job, each as the CLI runs it
+    print("== " + argv[0], flush=True)
+    print("EXIT", main([*argv, "--master", master], spark=spark), flush=True)
+spark.stop()
+"""
+
+
+def cluster_jobs(root: str, work: Path) -> list[list[str]]:
+    quiet = ["--progress-s", "600"]
+    return [
+        ["audit", root, *quiet],
+        ["stats", root, "--out", str(work / "stats"), *quiet],
+        ["export", root, "--out", str(work / "export"), *quiet],
+        [
+            "stream",
+            root,
+            "--out",
+            str(work / "stream"),
+            "--checkpoint",
+            str(work / "checkpoint"),
+            "--available-now",
+            *quiet,
+        ],
+    ]
+
+
+def job_outputs(stdout: str, work: Path) -> dict[str, str]:
+    """Each job's stdout, with its work directory written as WORK."""
+    outputs: dict[str, str] = {}
+    job = ""
+    for line in stdout.replace(str(work), "WORK").splitlines():
+        if line.startswith("== "):
+            job = line[3:]
+            outputs[job] = ""
+        elif job:
+            outputs[job] += line + "\n"
+    return outputs
+
+
+@pytest.mark.slow
+def test_the_jobs_on_a_standalone_spark_cluster_give_the_local_results(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A master and two workers from the installed pyspark (`spark-class`), the four
+    jobs in one driver session against `spark://...` over a `file://` archive root,
+    and the same jobs in local mode: the same output, tables and figures."""
+    from spark_standalone import SPARK_HOME, StandaloneCluster, spark_env
+
+    from sevendb.cluster.archive import spark_jobs as spark_jobs_module
+
+    root = build(tmp_path / "archive").as_uri()
+    remote, local = tmp_path / "remote", tmp_path / "local"
+    remote.mkdir()
+    started = time.monotonic()
+    cluster = StandaloneCluster.start(tmp_path / "spark")
+    try:
+        up = time.monotonic() - started
+        jobs = cluster_jobs(root, remote)
+        driver = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                CLUSTER_DRIVER,
+                cluster.url,
+                "\n".join("\t".join(j) for j in jobs),
+            ],
+            env=spark_env(tmp_path / "spark"),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert driver.returncode == 0, driver.stderr[-4000:]
+        # the same jobs file as docs/spark.md submits it: master and settings from spark-submit
+        submit = subprocess.run(
+            [
+                str(SPARK_HOME / "bin" / "spark-submit"),
+                *("--master", cluster.url, "--driver-memory", "512m"),
+                *("--conf", "spark.executor.memory=512m", "--conf", "spark.cores.max=2"),
+                *("--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.ui.enabled=false"),
+                str(Path(spark_jobs_module.__file__)),
+                *cluster_jobs(root, remote)[0],
+            ],
+            env=spark_env(tmp_path / "spark"),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert submit.returncode == 0, submit.stderr[-4000:]
+        ran = cluster.executor_logs()
+    finally:
+        cluster.stop()
+    print(f"standalone cluster up in {up:.1f}s, whole test {time.monotonic() - started:.1f}s")
+    assert f"MASTER {cluster.url}" in driver.stdout
+    assert len(ran) == 2 and all("Running task" in log for log in ran.values()), ran.keys()
+    on_cluster = job_outputs(driver.stdout, remote)
+
+    capsys.readouterr()
+    lines = []
+    for argv in cluster_jobs(root, local):
+        lines.append(f"== {argv[0]}")
+        code = main(argv, spark=spark)
+        lines += capsys.readouterr().out.splitlines()
+        lines.append(f"EXIT {code}")
+    # spark-submit merges the driver's stderr into its stdout
+    assert f"audit: Spark {spark.version} at {cluster.url}" in submit.stdout + submit.stderr
+    expected = on_cluster["audit"].splitlines()[:-1]  # all but its EXIT line
+    assert [line for line in submit.stdout.splitlines() if line in expected] == expected
+    assert on_cluster == job_outputs("\n".join(lines), local)
+    assert [o.splitlines()[-1] for o in on_cluster.values()] == ["EXIT 0"] * 4
+    assert "audit: OK" in on_cluster["audit"]
+    assert (remote / "stats" / "stats.json").read_text() == (
+        local / "stats" / "stats.json"
+    ).read_text()
+    for table in ("export", "stream"):
+        got = spark_events(spark.read.schema(EXPORT_SCHEMA).parquet(str(remote / table)))
+        assert got == EXPECTED, table

@@ -15,57 +15,42 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import io
 import json
 import os
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
+
+from sevendb.cluster.archive import format as fmt
+from sevendb.cluster.archive.format import (
+    EVENT_KEY,
+    PARTITION_COLUMNS,
+    SEGMENT_NAME_REGEX,
+    ConsumerMark,
+    consumer_path,
+    parse_segment_name,
+    spark_ddl,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-#: The archive as Spark reads it: the segment columns (archive.FILE_SCHEMA) plus the
-#: hive partition columns. Given explicitly, so partition values are never inferred
-#: (a bucket uuid is always a string, an epoch always a bigint).
-ARCHIVE_SCHEMA: Final = (
-    "commit_index BIGINT, sub_id STRING, prev_bucket_uuid STRING, prev_epoch BIGINT, "
-    "prev_commit_index BIGINT, "
-    "changes ARRAY<STRUCT<key: STRING, op: STRING, value: BINARY, version: BIGINT>>, "
-    "commit_time_ms BIGINT, ack_time_ms BIGINT, purge_index BIGINT, node_id STRING, "
-    "bucket_uuid STRING, epoch BIGINT"
-)
-#: One archived event; all nodes' copies of it share this key (and their content).
-EVENT_KEY: Final = ("bucket_uuid", "sub_id", "epoch", "commit_index")
-PARTITION_COLUMNS: Final = ("bucket_uuid", "epoch")
+#: The archive as Spark reads it: the segment columns plus the hive partition
+#: columns, derived from the one definition in `fmt.ARCHIVE_SCHEMA`. Given explicitly, so
+#: partition values are never inferred (a bucket uuid is always a string, an epoch
+#: always a bigint).
+ARCHIVE_SCHEMA: Final = spark_ddl(fmt.ARCHIVE_SCHEMA)
 #: The exported (and streamed) warehouse table: one row per event, deduplicated.
-EXPORT_COLUMNS: Final = (
-    "bucket_uuid",
-    "epoch",
-    "commit_index",
-    "sub_id",
-    "prev_bucket_uuid",
-    "prev_epoch",
-    "prev_commit_index",
-    "changes",
-    "commit_time_ms",
-    "ack_time_ms",
-    "commit_time",
-    "ack_time",
-    "purge_index",
-)
-EXPORT_SCHEMA: Final = (
-    "commit_index BIGINT, sub_id STRING, prev_bucket_uuid STRING, prev_epoch BIGINT, "
-    "prev_commit_index BIGINT, "
-    "changes ARRAY<STRUCT<key: STRING, op: STRING, value: BINARY, version: BIGINT>>, "
-    "commit_time_ms BIGINT, ack_time_ms BIGINT, commit_time TIMESTAMP, "
-    "ack_time TIMESTAMP, purge_index BIGINT, bucket_uuid STRING, epoch BIGINT"
-)
+EXPORT_SCHEMA: Final = spark_ddl(fmt.EXPORT_SCHEMA)
+EXPORT_COLUMNS: Final = tuple(fmt.EXPORT_SCHEMA.names)
 STREAM_LOG_DIR: Final = "_stream_log"
 STREAM_LOG_SCHEMA: Final = (
     "run_id STRING, batch_id BIGINT, segment STRING, node_id STRING, "
@@ -93,23 +78,34 @@ def _stdout(line: str) -> None:
 # ------------------------------------------------------------------------------ session
 
 
+def submitted(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether this process was started by `spark-submit` (which passes its JVM)."""
+    return "PYSPARK_GATEWAY_PORT" in environ
+
+
 def spark_session(
-    master: str = DEFAULT_MASTER,
+    master: str | None = None,
     *,
     app_name: str = "sevendb",
     conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
-    """A SparkSession for the jobs. Python workers run this interpreter (PySpark
-    otherwise starts `python3` from PATH, which may lack pyarrow); a local master stays
-    on loopback. Existing `PYSPARK_PYTHON` / `SPARK_LOCAL_IP` settings win."""
+    """A SparkSession for the jobs. Without `master`: spark-submit's when this process
+    was started by `spark-submit` (its `--master` and `--conf` settings win over the
+    defaults here), else `local[*]`. Outside spark-submit, Python workers run this
+    interpreter (PySpark otherwise starts `python3` from PATH, which may lack
+    pyarrow) and a local master stays on loopback; existing `PYSPARK_PYTHON` /
+    `SPARK_LOCAL_IP` settings win."""
     try:
+        from pyspark import SparkConf
         from pyspark.sql import SparkSession
     except ImportError as exc:
         raise SparkJobError(
             f"PySpark is not installed ({exc}); install the extra: pip install 'sevendb[spark]'"
         ) from None
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    if master.startswith("local"):
+    if not submitted():
+        master = master or DEFAULT_MASTER
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if master is not None and master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     settings = {
         "spark.ui.enabled": "false",
@@ -117,11 +113,18 @@ def spark_session(
         "spark.sql.shuffle.partitions": "8",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.sources.partitionOverwriteMode": "dynamic",
+        # the export's timestamps as standard Parquet (not the legacy INT96)
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         # show whole partition filters in explain() output
         "spark.sql.maxMetadataStringLength": "1000",
     }
+    if submitted():  # spark-submit's settings (--conf, spark-defaults.conf) win
+        given = SparkConf()
+        settings = {k: v for k, v in settings.items() if not given.contains(k)}
     settings.update(conf or {})
-    builder = SparkSession.builder.master(master).appName(app_name)
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
     try:
@@ -144,26 +147,37 @@ def spark_session(
     return spark
 
 
-def _jvm_path_exists(spark: SparkSession, path: str) -> bool:
+def _jvm_fs(spark: SparkSession, path: str) -> tuple[Any, Any]:
+    """Spark's (Hadoop's) filesystem for `path`, and the path as a Hadoop Path."""
     sc: Any = spark.sparkContext
     jpath = sc._jvm.org.apache.hadoop.fs.Path(path)
-    fs = jpath.getFileSystem(sc._jsc.hadoopConfiguration())
+    return jpath.getFileSystem(sc._jsc.hadoopConfiguration()), jpath
+
+
+def _jvm_path_exists(spark: SparkSession, path: str) -> bool:
+    fs, jpath = _jvm_fs(spark, path)
     return bool(fs.exists(jpath))
 
 
 def _spark_path(path: str | Path) -> str:
-    """A URL (scheme://...) unchanged; a local path made absolute."""
+    """A URL (scheme://...) unchanged; a local path made absolute. A `file:` URI is
+    given to Spark unescaped (`file:///a b`, not `file:///a%20b`): Hadoop's paths do
+    not decode percent-escapes, pyarrow's `from_uri` does, and both must name one
+    directory."""
     text = str(path)
-    if "://" in text or text.startswith("file:"):
+    local = _local(text)
+    if text.startswith("file:") and local is not None:
+        return "file://" + str(local)
+    if "://" in text:
         return text
     return str(Path(text).expanduser().resolve())
 
 
 def _local(path: str) -> Path | None:
-    if path.startswith("file://"):
-        return Path(path[len("file://") :])
+    """The local path a `file:` URI (percent-escapes decoded) or a plain path names;
+    None for any other URL."""
     if path.startswith("file:"):
-        return Path(path[len("file:") :])
+        return Path(urllib.parse.unquote(urllib.parse.urlparse(path).path))
     return None if "://" in path else Path(path)
 
 
@@ -262,11 +276,8 @@ def physical_plan(df: DataFrame) -> str:
 def _export_frame(events: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
-    return events.select(
-        *[c for c in EXPORT_COLUMNS if c not in ("commit_time", "ack_time")],
-        F.timestamp_millis("commit_time_ms").alias("commit_time"),
-        F.timestamp_millis("ack_time_ms").alias("ack_time"),
-    ).select(*EXPORT_COLUMNS)
+    times = {name: F.timestamp_millis(src).alias(name) for name, src in fmt.EXPORT_TIMES.items()}
+    return events.select(*[times.get(c, F.col(c)) for c in EXPORT_COLUMNS])
 
 
 # -------------------------------------------------------------------------------- audit
@@ -304,8 +315,9 @@ def _audit_frame(raw: DataFrame) -> DataFrame:
 
     One shuffle: rows are hashed (content) and slimmed first, partitioned by
     `(bucket_uuid, sub_id)`, and both aggregations and the chain window reuse that
-    partitioning."""
-    from pyspark.sql import Window
+    partitioning. Copies one node holds in several files are not duplicates when one
+    of them is in a compacted segment whose range covers the others' (a compaction
+    caught between publishing its segment and deleting the sources)."""
     from pyspark.sql import functions as F
 
     content = F.xxhash64(
@@ -318,7 +330,18 @@ def _audit_frame(raw: DataFrame) -> DataFrame:
         "purge_index",
     )
     prev_struct = F.struct("prev_bucket_uuid", "prev_epoch", "prev_commit_index", "purge_index")
-    slim = raw.select(*EVENT_KEY, "node_id", content.alias("h"), prev_struct.alias("p"))
+    name = F.col("_metadata.file_name")
+    first = F.regexp_extract(name, SEGMENT_NAME_REGEX, 1).try_cast("bigint")
+    last = F.regexp_extract(name, SEGMENT_NAME_REGEX, 2).try_cast("bigint")
+    compacted = F.regexp_extract(name, SEGMENT_NAME_REGEX, 3) != F.lit("")
+    slim = raw.select(
+        *EVENT_KEY,
+        "node_id",
+        content.alias("h"),
+        prev_struct.alias("p"),
+        F.struct(first.alias("first"), last.alias("last")).alias("file"),
+        F.when(compacted, last - first).alias("cover"),
+    )
     per_node = (
         slim.repartition("bucket_uuid", "sub_id")
         .groupBy(*EVENT_KEY, "node_id")
@@ -327,16 +350,33 @@ def _audit_frame(raw: DataFrame) -> DataFrame:
             F.min("h").alias("h_min"),
             F.max("h").alias("h_max"),
             F.min("p").alias("p"),  # min over a struct: one whole copy, deterministically
+            F.size(F.collect_set("file")).alias("files"),
+            (F.max("file.last") - F.min("file.first")).alias("span"),
+            F.max("cover").alias("cover"),
+        )
+        .withColumn(
+            "extra",
+            F.when((F.col("files") == F.col("n")) & (F.col("cover") == F.col("span")), 0).otherwise(
+                F.col("n") - 1
+            ),
         )
     )
     events = per_node.groupBy(*EVENT_KEY).agg(
         F.sum("n").alias("copies"),
         F.count(F.lit(1)).alias("nodes"),
-        F.max("n").alias("most"),
+        F.max("extra").alias("extra"),
         F.min("h_min").alias("hash_min"),
         F.max("h_max").alias("hash_max"),
         F.min("p").alias("p"),
     )
+    return _chain_checks(events)
+
+
+def _chain_checks(events: DataFrame) -> DataFrame:
+    """The duplicate, conflict, gap and out-of-order flags over one row per event."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
     order = Window.partitionBy("bucket_uuid", "sub_id").orderBy("epoch", "commit_index")
     seq = F.struct(F.col("epoch").alias("e"), F.col("commit_index").alias("c"))
     prev = F.struct(F.col("p.prev_epoch").alias("e"), F.col("p.prev_commit_index").alias("c"))
@@ -354,7 +394,7 @@ def _audit_frame(raw: DataFrame) -> DataFrame:
             F.col("before.e").alias("before_epoch"),
             F.col("before.c").alias("before_commit_index"),
             "purge_before",
-            (F.col("most") > 1).alias("duplicate"),
+            (F.col("extra") > 0).alias("duplicate"),
             (F.col("hash_min") != F.col("hash_max")).alias("conflict"),
             (F.col("before").isNotNull() & (prev > F.col("before"))).alias("gap"),
             (
@@ -685,9 +725,157 @@ class StreamResult:
         return sum(b.new_events for b in self.batches)
 
 
-#: `fault(point, batch_id)` is called at ``events-written`` (the batch's new events are
-#: in the table, its log entry not yet): a crash test raises there.
+#: `fault(point, batch_id)` is called at ``batch-started`` (nothing of the batch is
+#: written yet) and ``events-written`` (the batch's new events are in the table, its
+#: log entry and consumer mark not yet): a crash test raises there.
 StreamFault = Callable[[str, int], None]
+
+
+def default_consumer(checkpoint: str) -> str:
+    """The consumer name a stream registers under unless told: one per checkpoint."""
+    return "stream-" + hashlib.sha1(checkpoint.encode()).hexdigest()[:12]
+
+
+def _jvm_read(spark: SparkSession, path: str) -> bytes | None:
+    fs, jpath = _jvm_fs(spark, path)
+    if not fs.exists(jpath):
+        return None
+    sc: Any = spark.sparkContext
+    stream = fs.open(jpath)
+    try:
+        data: bytes = sc._jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
+        return data
+    finally:
+        stream.close()
+
+
+def _jvm_write(spark: SparkSession, path: str, data: bytes) -> None:
+    """Write (replace) a small file through Spark's filesystem. Not atomic: a reader
+    of a torn mark treats it as holding everything, which is safe."""
+    fs, jpath = _jvm_fs(spark, path)
+    out = fs.create(jpath, True)
+    try:
+        out.write(bytearray(data))
+    finally:
+        out.close()
+
+
+class _StreamRun:
+    """One `stream` run's `foreachBatch` function and what it reports."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        root: str,
+        dest: str,
+        consumer: str | None,
+        echo: Echo,
+        fault: StreamFault | None,
+    ) -> None:
+        self.spark, self.dest, self.echo, self.fault = spark, dest, echo, fault
+        self.log_path = dest.rstrip("/") + "/" + STREAM_LOG_DIR
+        self.run_id = str(uuid.uuid4())
+        self.batches: list[BatchReport] = []
+        self.mark: ConsumerMark | None = None
+        self.mark_path = ""
+        if consumer is not None:
+            self.mark_path = root.rstrip("/") + "/" + consumer_path(consumer)
+            data = _jvm_read(spark, self.mark_path)
+            self.mark = (
+                ConsumerMark(consumer, 0, {})
+                if data is None
+                else ConsumerMark.from_bytes(data, self.mark_path)
+            )
+            self._save_mark()  # registered before the first batch lists a file
+
+    def _save_mark(self) -> None:
+        if self.mark is not None:
+            self.mark = replace(self.mark, updated_ms=int(time.time() * 1000))
+            _jvm_write(self.spark, self.mark_path, self.mark.to_bytes())
+
+    def process(self, batch: DataFrame, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        started = time.monotonic()
+        if self.fault is not None:
+            self.fault("batch-started", batch_id)
+        batch.persist()
+        try:
+            segments = (
+                batch.groupBy("segment", "node_id", "bucket_uuid", "epoch")
+                .agg(F.count(F.lit(1)).alias("rows"))
+                .orderBy("segment")
+                .collect()
+            )
+            new = self._append_new(batch.drop("segment"), segments)
+            if self.fault is not None:
+                self.fault("events-written", batch_id)
+            self._record(batch_id, segments, new)
+        finally:
+            batch.unpersist()
+        rows = sum(int(s.rows) for s in segments)
+        self.batches.append(BatchReport(batch_id, tuple(s.segment for s in segments), rows, new))
+        self.echo(
+            f"stream: batch {batch_id}: {len(segments)} segments, {rows} rows, "
+            f"{new} new events ({time.monotonic() - started:.1f}s)"
+        )
+
+    def _append_new(self, batch: DataFrame, segments: Sequence[Any]) -> int:
+        """Append the batch's events not yet in the table; returns how many."""
+        from pyspark.sql import functions as F
+
+        spark, dest = self.spark, self.dest
+        events = _export_frame(deduplicated(batch))
+        partitions = sorted({(s.bucket_uuid, int(s.epoch)) for s in segments})
+        if partitions and _jvm_path_exists(spark, dest):
+            existing = spark.read.schema(EXPORT_SCHEMA).parquet(dest)
+            wanted = F.lit(False)
+            for b, e in partitions:
+                wanted = wanted | ((F.col("bucket_uuid") == b) & (F.col("epoch") == e))
+            keys = existing.where(wanted).select(*EVENT_KEY)
+            events = events.join(keys, list(EVENT_KEY), "left_anti")
+        events = events.persist()
+        try:
+            new = events.count()
+            if new:
+                (
+                    events.repartition(*PARTITION_COLUMNS)
+                    .sortWithinPartitions("sub_id", "epoch", "commit_index")
+                    .write.mode("append")
+                    .partitionBy(*PARTITION_COLUMNS)
+                    .parquet(dest)
+                )
+            return int(new)
+        finally:
+            events.unpersist()
+
+    def _record(self, batch_id: int, segments: Sequence[Any], new: int) -> None:
+        """The batch's `_stream_log` rows, then the consumer mark."""
+        log_rows = [
+            (
+                self.run_id,
+                batch_id,
+                s.segment,
+                s.node_id,
+                s.bucket_uuid,
+                int(s.epoch),
+                int(s.rows),
+                new,
+            )
+            for s in segments
+        ]
+        if log_rows:
+            self.spark.createDataFrame(log_rows, STREAM_LOG_SCHEMA).coalesce(1).write.mode(
+                "append"
+            ).parquet(self.log_path)
+        if self.mark is not None and segments:
+            for s in segments:
+                name = parse_segment_name(s.segment)
+                if name is not None:
+                    self.mark = self.mark.advanced(
+                        s.node_id, s.bucket_uuid, int(s.epoch), name.last_index
+                    )
+            self._save_mark()
 
 
 def stream(
@@ -699,6 +887,7 @@ def stream(
     available_now: bool = True,
     interval_s: float = 30.0,
     max_files_per_trigger: int = 1000,
+    consumer: str | None = "",
     echo: Echo = _stderr,
     fault: StreamFault | None = None,
     until: threading.Event | None = None,
@@ -708,14 +897,18 @@ def stream(
     files each batch read, so a rerun after a crash re-runs the unfinished batch with the
     same files and then continues: no segment skipped or read twice by two batches),
     deduplicates them, drops events already in `out` (the same event from another
-    node's segment, or from the unfinished batch's partial write) and appends the rest
-    to `out` - the same table `export` writes. `out/_stream_log` records which batch read
-    which segment.
+    node's segment, a compacted segment, or the unfinished batch's partial write) and
+    appends the rest to `out` - the same table `export` writes. `out/_stream_log`
+    records which batch read which segment.
+
+    The stream registers as `consumer` (default: one name per checkpoint; None: not
+    registered) in `<root>/_consumers/`, and after each batch records there what it
+    has consumed: nodes neither compact nor delete a segment it has not consumed. A
+    segment a node deleted after a batch listed it (compacted into another, whose rows
+    come in a later batch) is skipped, not an error.
 
     `available_now` processes what is there and returns; otherwise it runs every
     `interval_s` until `until` is set (or Ctrl-C)."""
-    from pyspark.sql import functions as F
-
     if max_files_per_trigger < 1:
         raise SparkJobError(f"--max-files-per-trigger must be >= 1, got {max_files_per_trigger}")
     if interval_s <= 0:
@@ -724,86 +917,57 @@ def stream(
     _check_root(spark, path)
     _check_out(path, dest, "--out")
     _check_out(path, ckpt, "--checkpoint")
-    log_path = dest.rstrip("/") + "/" + STREAM_LOG_DIR
-    run_id = str(uuid.uuid4())
-    batches: list[BatchReport] = []
-    echo(f"stream: run {run_id[:8]}: {path} -> {dest} (checkpoint {ckpt})")
+    name = default_consumer(ckpt) if consumer == "" else consumer
+    try:
+        run = _StreamRun(spark, path, dest, name, echo, fault)
+    except fmt.ArchiveError as exc:
+        raise SparkJobError(str(exc)) from None
+    echo(f"stream: run {run.run_id[:8]}: {path} -> {dest} (checkpoint {ckpt}, consumer {name})")
+    query = _start_query(spark, path, ckpt, run, available_now, interval_s, max_files_per_trigger)
+    failure = _await_query(query, available_now, until, echo)
+    if failure is not None:
+        raise SparkJobError(
+            f"stream failed (a rerun with the same --checkpoint resumes): {failure}"
+        ) from None
+    echo(f"stream: run {run.run_id[:8]} done: {len(run.batches)} batches")
+    return StreamResult(run.run_id, tuple(run.batches))
 
-    def process(batch: DataFrame, batch_id: int) -> None:
-        started = time.monotonic()
-        batch.persist()
-        try:
-            segments = (
-                batch.groupBy("segment", "node_id", "bucket_uuid", "epoch")
-                .agg(F.count(F.lit(1)).alias("rows"))
-                .orderBy("segment")
-                .collect()
-            )
-            rows = sum(int(s.rows) for s in segments)
-            events = _export_frame(deduplicated(batch.drop("segment")))
-            partitions = sorted({(s.bucket_uuid, int(s.epoch)) for s in segments})
-            if partitions and _jvm_path_exists(spark, dest):
-                existing = spark.read.schema(EXPORT_SCHEMA).parquet(dest)
-                wanted = F.lit(False)
-                for b, e in partitions:
-                    wanted = wanted | ((F.col("bucket_uuid") == b) & (F.col("epoch") == e))
-                keys = existing.where(wanted).select(*EVENT_KEY)
-                events = events.join(keys, list(EVENT_KEY), "left_anti")
-            events = events.persist()
-            try:
-                new = events.count()
-                if new:
-                    (
-                        events.repartition(*PARTITION_COLUMNS)
-                        .sortWithinPartitions("sub_id", "epoch", "commit_index")
-                        .write.mode("append")
-                        .partitionBy(*PARTITION_COLUMNS)
-                        .parquet(dest)
-                    )
-            finally:
-                events.unpersist()
-            if fault is not None:
-                fault("events-written", batch_id)
-            log_rows = [
-                (
-                    run_id,
-                    batch_id,
-                    s.segment,
-                    s.node_id,
-                    s.bucket_uuid,
-                    int(s.epoch),
-                    int(s.rows),
-                    new,
-                )
-                for s in segments
-            ]
-            if log_rows:
-                spark.createDataFrame(log_rows, STREAM_LOG_SCHEMA).coalesce(1).write.mode(
-                    "append"
-                ).parquet(log_path)
-        finally:
-            batch.unpersist()
-        batches.append(BatchReport(batch_id, tuple(s.segment for s in segments), rows, new))
-        echo(
-            f"stream: batch {batch_id}: {len(segments)} segments, {rows} rows, "
-            f"{new} new events ({time.monotonic() - started:.1f}s)"
-        )
+
+def _start_query(
+    spark: SparkSession,
+    path: str,
+    checkpoint: str,
+    run: _StreamRun,
+    available_now: bool,
+    interval_s: float,
+    max_files_per_trigger: int,
+) -> Any:
+    from pyspark.sql import functions as F
 
     source = (
         spark.readStream.schema(ARCHIVE_SCHEMA)
         .option("maxFilesPerTrigger", max_files_per_trigger)
         # Segments are judged by the file log, not their age: never skip an old file.
         .option("maxFileAge", "36500d")
+        # A listed segment compacted away before its batch ran: its rows are in the
+        # compacted segment, which a later batch reads.
+        .option("ignoreMissingFiles", "true")
         .parquet(path)
         .select("*", F.col("_metadata.file_path").alias("segment"))
     )
-    writer = source.writeStream.foreachBatch(process).option("checkpointLocation", ckpt)
+    writer = source.writeStream.foreachBatch(run.process).option("checkpointLocation", checkpoint)
     writer = (
         writer.trigger(availableNow=True)
         if available_now
         else writer.trigger(processingTime=f"{interval_s} seconds")
     )
-    query = writer.queryName(f"sevendb_archive_{run_id[:8]}").start()
+    return writer.queryName(f"sevendb_archive_{run.run_id[:8]}").start()
+
+
+def _await_query(
+    query: Any, available_now: bool, until: threading.Event | None, echo: Echo
+) -> Exception | None:
+    """Wait for the query to finish (or `until`, or Ctrl-C); returns its failure."""
     failure: Exception | None = None
     try:
         if available_now:
@@ -820,12 +984,7 @@ def stream(
             query.stop()
     if failure is None:
         failure = query.exception()
-    if failure is not None:
-        raise SparkJobError(
-            f"stream failed (a rerun with the same --checkpoint resumes): {failure}"
-        ) from None
-    echo(f"stream: run {run_id[:8]} done: {len(batches)} batches")
-    return StreamResult(run_id, tuple(batches))
+    return failure
 
 
 # ---------------------------------------------------------------------------------- CLI
@@ -840,7 +999,8 @@ def build_parser(prog: str = "sevendb spark") -> argparse.ArgumentParser:
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("path", nargs="?", help="archive root (a directory or a Spark URL)")
         p.add_argument(
-            "--master", default=DEFAULT_MASTER, help="Spark master (default %(default)s)"
+            "--master",
+            help=f"Spark master (default: spark-submit's, else {DEFAULT_MASTER})",
         )
         p.add_argument(
             "--conf", action="append", default=[], metavar="KEY=VALUE", help="a Spark setting"
@@ -881,6 +1041,17 @@ def build_parser(prog: str = "sevendb spark") -> argparse.ArgumentParser:
     )
     p.add_argument("--interval", type=float, default=30.0, help="seconds between micro-batches")
     p.add_argument("--max-files-per-trigger", type=int, default=1000)
+    p.add_argument(
+        "--consumer",
+        metavar="NAME",
+        help="register in the archive as NAME (default: stream-<hash of the checkpoint>): "
+        "nodes keep every segment this stream has not consumed",
+    )
+    p.add_argument(
+        "--no-hold",
+        action="store_true",
+        help="do not register: nodes may compact or delete segments before this stream reads them",
+    )
     return parser
 
 
@@ -904,10 +1075,11 @@ def main(argv: Sequence[str] | None = None, *, spark: SparkSession | None = None
     own = spark is None
     try:
         if spark is None:
-            _stderr(f"{args.job}: starting Spark ({args.master})")
+            _stderr(f"{args.job}: starting Spark ({args.master or 'default master'})")
             session = spark_session(
                 args.master, app_name=f"sevendb-{args.job}", conf=_conf(args.conf)
             )
+            _stderr(f"{args.job}: Spark {session.version} at {session.sparkContext.master}")
         else:
             session = spark
     except SparkJobError as exc:
@@ -962,6 +1134,7 @@ def _run(spark: SparkSession, args: argparse.Namespace) -> int:
         available_now=args.available_now,
         interval_s=args.interval,
         max_files_per_trigger=args.max_files_per_trigger,
+        consumer=None if args.no_hold else (args.consumer or ""),
     )
     _stdout(
         f"stream: {len(result_stream.batches)} batches, "
@@ -988,6 +1161,7 @@ __all__ = [
     "audit",
     "build_parser",
     "deduplicated",
+    "default_consumer",
     "export",
     "load_archive",
     "main",

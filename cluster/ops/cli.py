@@ -583,7 +583,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_spark(argv: list[str]) -> int:
     """`sevendb spark JOB [PATH] ...`: the PySpark jobs (cluster/archive/spark_jobs.py). With no
-    PATH they read the archive of the local cluster found through the data dir."""
+    PATH they read `SEVENDB_ARCHIVE_ROOT`, else the archive of the local cluster found
+    through the data dir."""
     from sevendb.cluster.archive import spark_jobs
     from sevendb.cluster.archive.writer import archive_root
 
@@ -598,8 +599,9 @@ def cmd_spark(argv: list[str]) -> int:
         del args[i : i + 2]
     parsed = spark_jobs.build_parser().parse_args(args)  # --help and usage errors exit here
     if not parsed.path:
-        root = archive_root(Path(data or os.environ.get("SEVENDB_DATA") or DEFAULT_DATA).resolve())
-        args.insert(1, str(root))
+        data_dir = Path(data or os.environ.get("SEVENDB_DATA") or DEFAULT_DATA).resolve()
+        root = os.environ.get("SEVENDB_ARCHIVE_ROOT") or str(archive_root(data_dir))
+        args.insert(1, root)
     return spark_jobs.main(args)
 
 

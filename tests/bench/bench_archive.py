@@ -2,11 +2,15 @@
 
 1. the archive writer: rows/s from `on_applied` (generated OUTBOX_PURGE effects) to
    published, fsynced Parquet segments and manifest;
-2. the Spark audit: rows/s over a 10-million-row archive (generated with pyarrow
+2. compaction: small segments merged by one maintenance pass (files/s, rows/s), and
+   with `--compaction-spark` the Spark audit over the files before and after;
+3. the Spark audit: rows/s over a 10-million-row archive (generated with pyarrow
    directly: 4 buckets, 2 node copies of every event, 1 change per event).
 
     python tests/bench/bench_archive.py [--rows 10000000] [--writer-rows 500000]
                                         [--master local[*]] [--dir DIR] [--keep] [--stats]
+                                        [--compaction-segments 2000] [--compaction-spark]
+                                        [--skip-spark]
 """
 
 from __future__ import annotations
@@ -18,19 +22,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sevendb.cluster.archive.format import CHANGE_TYPE, FILE_SCHEMA, partition_dir, segment_name
 from sevendb.cluster.archive.spark_jobs import audit, spark_session, stats
-from sevendb.cluster.archive.writer import (
-    CHANGE_TYPE,
-    FILE_SCHEMA,
-    ArchiveWriter,
-    partition_dir,
-    segment_name,
-)
+from sevendb.cluster.archive.writer import ArchiveWriter
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import OpKind
 from sevendb.outbox.model import (
@@ -104,12 +103,60 @@ def bench_writer(root: Path, rows: int, repeat: int) -> None:
     say(f"writer: best {max(rates):,.0f} rows/s, median {sorted(rates)[len(rates) // 2]:,.0f}")
 
 
-# ---- 2. the Spark audit ---------------------------------------------------------------
+# ---- 2. compaction ----------------------------------------------------------------------
+
+
+def bench_compaction(root: Path, segments: int, per_segment: int, master: str | None) -> None:
+    """`segments` small segments (one per purge entry) merged by one maintenance
+    pass; with `master`, the Spark audit before and after, to show what fewer files buy."""
+    rows = segments * per_segment
+    say(f"compaction: {segments:,} segments of {per_segment} rows ...")
+    applied = purge_effects(rows, per_entry=per_segment, subs=1000)
+    with ArchiveWriter(
+        root, "n1", background=False, segment_rows_max=per_segment, retention_age_s=0
+    ) as writer:
+        for a in applied:
+            writer.on_applied(0, a)
+            writer.publish_due()
+        writer.flush()
+        before = writer.segments()
+        spark = None
+        if master:
+            spark = spark_session(master, app_name="sevendb-bench")
+            took = _timed_audit(spark, root)
+            say(f"compaction: Spark audit over {len(before):,} files: {took:.1f}s")
+        start = time.perf_counter()
+        report = writer.maintain()
+        took = time.perf_counter() - start
+        after = writer.segments()
+    size = sum(s.bytes for s in before) / 1e6
+    say(
+        f"compaction: {report.compacted:,} segments ({size:.1f} MB) -> {len(after)} in "
+        f"{took:.2f}s = {rows / took:,.0f} rows/s, {report.compacted / took:,.0f} files/s"
+    )
+    if spark is not None:
+        try:
+            took = _timed_audit(spark, root)
+            say(f"compaction: Spark audit over {len(after)} files: {took:.1f}s")
+        finally:
+            spark.stop()
+
+
+def _timed_audit(spark: Any, root: Path) -> float:
+    start = time.perf_counter()
+    report = audit(spark, root, progress_s=60.0, echo=lambda _: None)
+    assert report.ok, report
+    return time.perf_counter() - start
+
+
+# ---- 3. the Spark audit ---------------------------------------------------------------
 
 
 def generate(root: Path, rows: int) -> int:
     """Write `rows` archived rows (every event in each of NODES) straight with pyarrow;
-    returns the number of distinct events."""
+    returns the number of distinct events (needs numpy)."""
+    import numpy as np
+
     events = rows // len(NODES)
     per_bucket = events // BUCKETS
     subs = 2_500  # per bucket
@@ -212,12 +259,24 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the generated archives")
     parser.add_argument("--stats", action="store_true", help="also time the stats job")
     parser.add_argument("--repeat", type=int, default=3, help="writer runs (default 3)")
+    parser.add_argument(
+        "--compaction-segments", type=int, default=2_000, help="small segments to compact"
+    )
+    parser.add_argument("--compaction-spark", action="store_true", help="audit before/after")
+    parser.add_argument("--skip-spark", action="store_true", help="no 10M-row Spark audit")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench-archive-", dir=args.dir))
     say(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (a shared machine)")
     try:
         bench_writer(work / "writer", args.writer_rows, args.repeat)
-        bench_spark(work / "spark", args.rows, args.master, args.stats)
+        bench_compaction(
+            work / "compaction",
+            args.compaction_segments,
+            250,
+            args.master if args.compaction_spark else None,
+        )
+        if not args.skip_spark:
+            bench_spark(work / "spark", args.rows, args.master, args.stats)
         say(f"load average {os.getloadavg()[0]:.1f} at the end")
     finally:
         if args.keep:
