@@ -72,7 +72,7 @@ def test_load_without_a_file_says_which(tmp_path: Path) -> None:
         (lambda d: d["buckets"][1].update(nodes=["n1", "n2", "n9"]), "no node 'n9'"),
         (lambda d: d["nodes"][1].update(grpc_port=d["nodes"][0]["grpc_port"]), "used twice"),
         (lambda d: d.update(format=99), "format"),
-        (lambda d: d.pop("password"), "unreadable"),
+        (lambda d: d.pop("replicas"), "unreadable"),
     ],
 )
 def test_invalid_specs_are_refused_with_clear_errors(mutate: object, message: str) -> None:
@@ -119,10 +119,18 @@ def test_local_clusters_listen_outside_the_ephemeral_range(
     monkeypatch.setattr(local, "EPHEMERAL_RANGE_FILE", setting)
     setting.write_text("21500\t64000\n")  # leaves 21000-21499 and 64001-64999
     ports = local.allocate_ports(3, 32)
+    per = local.PORTS_PER_NODE
     listening = [
-        p for n in range(3) for p in (ports[3 * n], *range(ports[3 * n + 1], ports[3 * n + 1] + 32))
-    ] + ports[2::3]
-    assert len(set(listening)) == len(listening) == 3 * 34
+        p
+        for n in range(3)
+        for p in (
+            ports[per * n],
+            *range(ports[per * n + 1], ports[per * n + 1] + 32),
+            ports[per * n + 2],
+            ports[per * n + 3],
+        )
+    ]
+    assert len(set(listening)) == len(listening) == 3 * 35
     assert all(p < 21500 or 64000 < p < 65000 for p in listening)
 
     setting.write_text("1024 65535\n")

@@ -220,7 +220,7 @@ def _write_node(
         secrets,
         seeds=[n.grpc_address for n in genesis.nodes if n.node_id != node.node_id],
         data_dir=".",
-        extra=f'archive_root = "{data_dir / "archive"}"\n',
+        extra=f'\n[archive]\nroot = "{data_dir / "archive"}"\n',
     )
 
 

@@ -45,9 +45,6 @@ class NodeSettings:
     """The cluster as `sevendb cluster init` created it (the same file on every node)."""
     secrets: Path = Path("secrets.toml")
     """The cluster's secrets (mode 0600)."""
-    archive_root: str = ""
-    """Where this node archives drained outbox rows (default: `archive` in the data
-    dir); nodes may share one root (each writes its own files)."""
 
     def __post_init__(self) -> None:
         if not self.id:

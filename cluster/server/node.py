@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import functools
 import gc
 import logging
@@ -130,8 +129,8 @@ class Node:
         self.raft_loop = RaftLoop()
         """Ticks every replica of this node (see `RaftLoop`)."""
         self._started = False
-        root = Path(settings.archive_root) if settings.archive_root else self.home / "archive"
-        self.archive = ArchiveWriter(root, self.node_id, **dataclasses.asdict(config.archive))
+        root = config.archive.root or self.home / "archive"
+        self.archive = ArchiveWriter(root, self.node_id, config.archive)
         self.metrics = NodeMetrics(
             plan_mismatches=lambda: sum(r.plan_mismatches for r in self.replicas.values())
         )
