@@ -149,8 +149,13 @@ class NetLab:
         if delay_ms or jitter_ms:
             queue = 1000 + len(host.procs)
             delayer = host.popen(
-                [sys.executable, str(Path(__file__).with_name("netdelay.py")), str(queue),
-                 str(delay_ms), str(jitter_ms)],
+                [
+                    sys.executable,
+                    str(Path(__file__).with_name("netdelay.py")),
+                    str(queue),
+                    str(delay_ms),
+                    str(jitter_ms),
+                ],
                 stdout=subprocess.PIPE,
                 text=True,
             )
