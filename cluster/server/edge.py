@@ -94,7 +94,7 @@ class Edge:
         self.bucket_of_uuid = {b.bucket_uuid: b.bucket for b in node.spec.buckets}
         self._channels: dict[str, aio.Channel] = {}
 
-    # The node's spec, replicas and notifiers change when it reloads cluster.json
+    # The node's spec, replicas and notifiers change when the cluster's metadata does
     # (migrations); each access sees one consistent version of each.
     @property
     def spec(self) -> ClusterSpec:
