@@ -485,12 +485,18 @@ class ReplicaStatus(_message.Message):
     def __init__(self, bucket: _Optional[int] = ..., bucket_uuid: _Optional[str] = ..., address: _Optional[str] = ..., leader: _Optional[str] = ..., is_leader: _Optional[bool] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., log_len: _Optional[int] = ..., epoch_counter: _Optional[int] = ..., digest: _Optional[str] = ..., quarantined: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., fsyncs: _Optional[int] = ..., lease_holder: _Optional[str] = ..., emitting: _Optional[bool] = ..., subscriptions: _Optional[int] = ..., outbox_rows: _Optional[int] = ..., connected: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("node_id", "replicas")
+    __slots__ = ("node_id", "replicas", "meta_version", "meta_voter", "meta")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    META_VERSION_FIELD_NUMBER: _ClassVar[int]
+    META_VOTER_FIELD_NUMBER: _ClassVar[int]
+    META_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
-    def __init__(self, node_id: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ...) -> None: ...
+    meta_version: int
+    meta_voter: bool
+    meta: ReplicaStatus
+    def __init__(self, node_id: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., meta_version: _Optional[int] = ..., meta_voter: _Optional[bool] = ..., meta: _Optional[_Union[ReplicaStatus, _Mapping]] = ...) -> None: ...
 
 class ClusterInfoRequest(_message.Message):
     __slots__ = ()
@@ -546,12 +552,66 @@ class EpochResponse(_message.Message):
     commit_index: int
     def __init__(self, epoch_id: _Optional[_Union[EmitSeq.EpochId, _Mapping]] = ..., commit_index: _Optional[int] = ...) -> None: ...
 
-class ReloadRequest(_message.Message):
+class MetaRecord(_message.Message):
+    __slots__ = ("key", "value", "version")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: bytes
+    version: int
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ..., version: _Optional[int] = ...) -> None: ...
+
+class MetaReadRequest(_message.Message):
+    __slots__ = ("after_version", "wait_ms")
+    AFTER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    after_version: int
+    wait_ms: int
+    def __init__(self, after_version: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+
+class MetaReadResponse(_message.Message):
+    __slots__ = ("version", "records", "genesis")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    GENESIS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    records: _containers.RepeatedCompositeFieldContainer[MetaRecord]
+    genesis: str
+    def __init__(self, version: _Optional[int] = ..., records: _Optional[_Iterable[_Union[MetaRecord, _Mapping]]] = ..., genesis: _Optional[str] = ...) -> None: ...
+
+class MetaOp(_message.Message):
+    __slots__ = ("key", "value", "delete", "expected_version")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    DELETE_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: bytes
+    delete: bool
+    expected_version: int
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ..., delete: _Optional[bool] = ..., expected_version: _Optional[int] = ...) -> None: ...
+
+class MetaWriteRequest(_message.Message):
+    __slots__ = ("ops",)
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    ops: _containers.RepeatedCompositeFieldContainer[MetaOp]
+    def __init__(self, ops: _Optional[_Iterable[_Union[MetaOp, _Mapping]]] = ...) -> None: ...
+
+class MetaWriteResponse(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    def __init__(self, version: _Optional[int] = ...) -> None: ...
+
+class JoinBundleRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
-class ReloadResponse(_message.Message):
-    __slots__ = ("buckets",)
-    BUCKETS_FIELD_NUMBER: _ClassVar[int]
-    buckets: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, buckets: _Optional[_Iterable[int]] = ...) -> None: ...
+class JoinBundleResponse(_message.Message):
+    __slots__ = ("genesis", "secrets")
+    GENESIS_FIELD_NUMBER: _ClassVar[int]
+    SECRETS_FIELD_NUMBER: _ClassVar[int]
+    genesis: str
+    secrets: str
+    def __init__(self, genesis: _Optional[str] = ..., secrets: _Optional[str] = ...) -> None: ...

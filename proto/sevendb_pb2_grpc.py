@@ -120,10 +120,20 @@ class SevenDBStub:
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.EpochRequest.SerializeToString,
                 response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.EpochResponse.FromString,
                 _registered_method=True)
-        self.Reload = channel.unary_unary(
-                '/sevendb.v1.SevenDB/Reload',
-                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.ReloadRequest.SerializeToString,
-                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.ReloadResponse.FromString,
+        self.MetaRead = channel.unary_unary(
+                '/sevendb.v1.SevenDB/MetaRead',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.MetaReadRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.MetaReadResponse.FromString,
+                _registered_method=True)
+        self.MetaWrite = channel.unary_unary(
+                '/sevendb.v1.SevenDB/MetaWrite',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.MetaWriteRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.MetaWriteResponse.FromString,
+                _registered_method=True)
+        self.JoinBundle = channel.unary_unary(
+                '/sevendb.v1.SevenDB/JoinBundle',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.JoinBundleRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.JoinBundleResponse.FromString,
                 _registered_method=True)
 
 
@@ -252,8 +262,22 @@ class SevenDBServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Reload(self, request, context):
-        """Re-read cluster.json.
+    def MetaRead(self, request, context):
+        """The cluster's metadata, optionally waiting for a newer version.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MetaWrite(self, request, context):
+        """Compare-and-set metadata records (admin).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def JoinBundle(self, request, context):
+        """The genesis and secrets a new node joins with (admin).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -347,10 +371,20 @@ def add_SevenDBServicer_to_server(servicer, server):
                     request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.EpochRequest.FromString,
                     response_serializer=sevendb_dot_proto_dot_sevendb__pb2.EpochResponse.SerializeToString,
             ),
-            'Reload': grpc.unary_unary_rpc_method_handler(
-                    servicer.Reload,
-                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.ReloadRequest.FromString,
-                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.ReloadResponse.SerializeToString,
+            'MetaRead': grpc.unary_unary_rpc_method_handler(
+                    servicer.MetaRead,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.MetaReadRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.MetaReadResponse.SerializeToString,
+            ),
+            'MetaWrite': grpc.unary_unary_rpc_method_handler(
+                    servicer.MetaWrite,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.MetaWriteRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.MetaWriteResponse.SerializeToString,
+            ),
+            'JoinBundle': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinBundle,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.JoinBundleRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.JoinBundleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -824,7 +858,7 @@ class SevenDB:
             _registered_method=True)
 
     @staticmethod
-    def Reload(request,
+    def MetaRead(request,
             target,
             options=(),
             channel_credentials=None,
@@ -837,9 +871,63 @@ class SevenDB:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/sevendb.v1.SevenDB/Reload',
-            sevendb_dot_proto_dot_sevendb__pb2.ReloadRequest.SerializeToString,
-            sevendb_dot_proto_dot_sevendb__pb2.ReloadResponse.FromString,
+            '/sevendb.v1.SevenDB/MetaRead',
+            sevendb_dot_proto_dot_sevendb__pb2.MetaReadRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.MetaReadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MetaWrite(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sevendb.v1.SevenDB/MetaWrite',
+            sevendb_dot_proto_dot_sevendb__pb2.MetaWriteRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.MetaWriteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JoinBundle(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sevendb.v1.SevenDB/JoinBundle',
+            sevendb_dot_proto_dot_sevendb__pb2.JoinBundleRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.JoinBundleResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -12,9 +12,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from sevendb.cluster.common.topology import ClusterSpec
+from sevendb.cluster.ops.admin import ClusterAdmin
 from sevendb.cluster.ops.local import (
     cluster_down,
     cluster_up,
+    local_admin,
+    local_spec,
     local_token,
     node_status,
     running_pid,
@@ -55,8 +58,13 @@ class LocalCluster:
 
     @property
     def spec(self) -> ClusterSpec:
-        """cluster.json as it is now (nodes and placement change with migrations)."""
-        return ClusterSpec.load(self.data_dir)
+        """The cluster's metadata as it is now (nodes and placement change with
+        migrations), read from its nodes."""
+        return local_spec(self.data_dir)
+
+    def admin(self) -> ClusterAdmin:
+        """An admin connection to the cluster (close it, or use it in a `with`)."""
+        return local_admin(self.data_dir)
 
     def token(self, principal: str = "default") -> str:
         return local_token(self.data_dir, principal)

@@ -19,7 +19,6 @@ import pytest
 from cluster_harness import LocalCluster, wait_for
 from test_emission import Collector, Writer, check_delivery, committed
 
-from sevendb.cluster.common.topology import ClusterSpec
 from sevendb.cluster.ops.local import add_node
 from sevendb.cluster.ops.migrate import migrate_bucket, plan_rebalance, rebalance
 from sevendb.proto import sevendb_pb2 as pb
@@ -61,7 +60,7 @@ class Load:
 
 
 def replicas_of(cluster: LocalCluster, bucket: int) -> dict[str, pb.ReplicaStatus]:
-    spec = ClusterSpec.load(cluster.data_dir)
+    spec = cluster.spec
     out = {}
     for node in spec.nodes:
         status = cluster.status(node.node_id)
@@ -79,7 +78,7 @@ def target_without_leader(cluster: LocalCluster, new_node: str) -> tuple[str, ..
 
 
 def target_without(cluster: LocalCluster, new_node: str, leaving: str) -> tuple[str, ...]:
-    keep = [n for n in ClusterSpec.load(cluster.data_dir).buckets[BUCKET].nodes if n != leaving]
+    keep = [n for n in cluster.spec.buckets[BUCKET].nodes if n != leaving]
     return (new_node, *keep[:2])
 
 
@@ -120,7 +119,7 @@ def check_epoch_rollover(collector: Collector, bucket: int, epoch: int) -> None:
 
 
 def check_moved(cluster: LocalCluster, target: tuple[str, ...], epoch: int) -> None:
-    spec = ClusterSpec.load(cluster.data_dir)
+    spec = cluster.spec
     assert set(spec.buckets[BUCKET].nodes) == set(target) and not spec.migrations
     addresses = sorted(spec.node(n).raft_address(BUCKET) for n in target)
 
@@ -150,7 +149,7 @@ def test_mig01_migration_under_load_delivers_every_delta_once_across_the_epoch(
         wait_for(lambda: len(collector.keys()) >= 30, 30, "the load to be flowing")
         leader = cluster.leader_node(BUCKET)
         target = target_without_leader(cluster, new)
-        summary = migrate_bucket(cluster.data_dir, BUCKET, target, progress=print)
+        summary = migrate_bucket(cluster.admin(), BUCKET, target, progress=print)
         seen = len(collector.keys())
         wait_for(lambda: len(collector.keys()) >= seen + 30, 60, "writes after the migration")
         attempted = load.stop()
@@ -200,7 +199,7 @@ def test_an_interrupted_migration_is_resumed_by_running_it_again(
         ).stdout
         if command.returncode != 0:
             assert "UNFINISHED MIGRATION" in status, status
-        summary = migrate_bucket(cluster.data_dir, BUCKET, target, progress=print)
+        summary = migrate_bucket(cluster.admin(), BUCKET, target, progress=print)
         attempted = load.stop()
         collector.wait_keys(set(attempted))
         collector.stop()
@@ -213,7 +212,7 @@ def test_a_migration_rolled_back_returns_the_bucket_and_loses_nothing(
     cluster: LocalCluster,
 ) -> None:
     new = add_node(cluster.data_dir).node_id
-    original = ClusterSpec.load(cluster.data_dir).buckets[BUCKET].nodes
+    original = cluster.spec.buckets[BUCKET].nodes
     target = target_without_leader(cluster, new)
     with cluster.client() as client:
         collector = Collector(client.subscribe("prefix:b/"))
@@ -221,7 +220,7 @@ def test_a_migration_rolled_back_returns_the_bucket_and_loses_nothing(
         command = start_migration(cluster, target)
         command.kill()
         command.wait()
-        summary = migrate_bucket(cluster.data_dir, BUCKET, None, rollback=True, progress=print)
+        summary = migrate_bucket(cluster.admin(), BUCKET, None, rollback=True, progress=print)
         attempted = load.stop()
         collector.wait_keys(set(attempted))
         collector.stop()
@@ -235,9 +234,9 @@ def test_rebalance_after_adding_a_node_moves_only_what_rendezvous_says(
 ) -> None:
     cluster = LocalCluster.start(tmp_path / "data", buckets=6)
     try:
-        before = ClusterSpec.load(cluster.data_dir)
+        before = cluster.spec
         add_node(cluster.data_dir)
-        spec = ClusterSpec.load(cluster.data_dir)
+        spec = cluster.spec
         expected = {b.bucket: tuple(spec.placement(b.bucket_uuid)) for b in spec.buckets}
         moves = plan_rebalance(spec)
         assert {m.bucket for m in moves} == {
@@ -247,9 +246,9 @@ def test_rebalance_after_adding_a_node_moves_only_what_rendezvous_says(
         with cluster.client() as client:
             for i in range(30):
                 client.put(f"x/{i}", b"v")
-            done = rebalance(cluster.data_dir)
+            done = rebalance(cluster.admin())
             assert sorted(s.bucket for s in done) == sorted(m.bucket for m in moves)
-            after = ClusterSpec.load(cluster.data_dir)
+            after = cluster.spec
             moved = {m.bucket for m in moves}
             for b in after.buckets:
                 assert set(b.nodes) == set(expected[b.bucket])

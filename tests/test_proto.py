@@ -184,7 +184,9 @@ def test_service_methods() -> None:
         "RemoveMember": ("MemberRequest", "MemberResponse", False, False),
         "TransferLeader": ("MemberRequest", "MemberResponse", False, False),
         "CreateEpoch": ("EpochRequest", "EpochResponse", False, False),
-        "Reload": ("ReloadRequest", "ReloadResponse", False, False),
+        "MetaRead": ("MetaReadRequest", "MetaReadResponse", False, False),
+        "MetaWrite": ("MetaWriteRequest", "MetaWriteResponse", False, False),
+        "JoinBundle": ("JoinBundleRequest", "JoinBundleResponse", False, False),
     }
 
 
@@ -287,8 +289,16 @@ MESSAGES: dict[str, Message] = {
     "EpochResponse": pb.EpochResponse(
         epoch_id=pb.EmitSeq.EpochId(bucket_uuid="u", epoch_counter=2), commit_index=9
     ),
-    "ReloadRequest": pb.ReloadRequest(),
-    "ReloadResponse": pb.ReloadResponse(buckets=[0, 3]),
+    "MetaRecord": pb.MetaRecord(key="node/n4", value=b"{}", version=3),
+    "MetaReadRequest": pb.MetaReadRequest(after_version=4, wait_ms=10_000),
+    "MetaReadResponse": pb.MetaReadResponse(
+        version=5, records=[pb.MetaRecord(key="bucket/1", value=b"{}", version=2)], genesis="{}"
+    ),
+    "MetaOp": pb.MetaOp(key="bucket/1", value=b"{}", expected_version=2),
+    "MetaWriteRequest": pb.MetaWriteRequest(ops=[pb.MetaOp(key="migration/1", delete=True)]),
+    "MetaWriteResponse": pb.MetaWriteResponse(version=6),
+    "JoinBundleRequest": pb.JoinBundleRequest(),
+    "JoinBundleResponse": pb.JoinBundleResponse(genesis="{}", secrets="raft_password = 'x'"),
     "WriteManyRequest": pb.WriteManyRequest(id=5, writes=[pb.WriteRequest(ops=[pb.Op(key="a")])]),
     "WriteOutcome": pb.WriteOutcome(code=9, message="m", error="PRECONDITION_FAILED"),
     "WriteManyResponse": pb.WriteManyResponse(

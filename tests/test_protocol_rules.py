@@ -6,13 +6,17 @@ once per interval; every method of the service has a route."""
 from __future__ import annotations
 
 import logging
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from helpers import BUCKET, Driver
 
+from sevendb.cluster.common.bundle import ClusterSecrets
 from sevendb.cluster.common.topology import ClusterSpec, NodeSpec, new_cluster
 from sevendb.cluster.raft.replica import BucketReplica
+from sevendb.cluster.server.meta import ClusterView, MetaMember
 from sevendb.cluster.server.rpc import MalformedLog, Route, method_handlers
 from sevendb.cluster.server.service import NodeService
 from sevendb.notifier.host import BucketNotifier
@@ -67,16 +71,22 @@ class _Node:
     replicas: dict[int, BucketReplica] = field(default_factory=dict)
     notifiers: dict[int, BucketNotifier] = field(default_factory=dict)
     me: NodeSpec = field(init=False)
+    view: ClusterView = field(init=False)
+    meta: MetaMember | None = None
+    secrets: ClusterSecrets = field(default_factory=ClusterSecrets.new)
 
     def __post_init__(self) -> None:
         self.me = self.spec.node(self.node_id)
+        self.view = ClusterView(self.spec, Path(tempfile.mkdtemp()))
 
-    def reload(self) -> list[int]:
-        return []
+    @property
+    def token_secret(self) -> str:
+        return self.secrets.token_secret
 
 
 def test_every_method_of_the_service_has_a_route_and_no_route_is_extra() -> None:
-    spec = new_cluster(nodes=1, buckets=1, replicas=1, host="127.0.0.1", ports=[9001, 9002, 9003])
+    node = NodeSpec("n1", "127.0.0.1", 9001, 9002, 9003)
+    spec = new_cluster(nodes=[node], buckets=1, replicas=1, meta_voters=0)
     service = NodeService(_Node(spec))
     routes = service.routes()
     names = {m.name for m in pb.DESCRIPTOR.services_by_name["SevenDB"].methods}

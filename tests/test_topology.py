@@ -11,6 +11,7 @@ import pytest
 from sevendb.cluster.common.topology import (
     ClusterSpec,
     ConfigError,
+    NodeSpec,
     new_cluster,
     rendezvous,
 )
@@ -19,10 +20,11 @@ from sevendb.outbox.keys import bucket_of
 
 
 def spec(nodes: int = 3, buckets: int = 8, replicas: int = 3) -> ClusterSpec:
-    ports = [30000 + i * 100 for i in range(3 * nodes)]
-    return new_cluster(
-        nodes=nodes, buckets=buckets, replicas=replicas, host="127.0.0.1", ports=ports
-    )
+    specs = [
+        NodeSpec(f"n{i + 1}", "127.0.0.1", 30000 + i * 100, 30010 + i * 100, 30002 + i * 100)
+        for i in range(nodes)
+    ]
+    return new_cluster(nodes=specs, buckets=buckets, replicas=replicas, meta_voters=0)
 
 
 def test_bucket_of_is_stable_and_spreads_keys() -> None:
@@ -51,15 +53,15 @@ def test_rendezvous_moves_only_buckets_whose_top_set_changes() -> None:
 def test_new_cluster_mints_ids_once_and_round_trips(tmp_path: Path) -> None:
     s = spec()
     assert len({b.bucket_uuid for b in s.buckets}) == 8
-    s.save(tmp_path)
-    loaded = ClusterSpec.load(tmp_path)
+    s.save(tmp_path / "genesis.json")
+    loaded = ClusterSpec.load(tmp_path / "genesis.json")
     assert loaded == s
     assert loaded.replica_addresses(2) == [s.node(n).raft_address(2) for n in s.buckets[2].nodes]
 
 
-def test_load_without_a_cluster_says_how_to_make_one(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="sevendb cluster up"):
-        ClusterSpec.load(tmp_path)
+def test_load_without_a_file_says_which(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"genesis\.json: no such file"):
+        ClusterSpec.load(tmp_path / "genesis.json")
 
 
 @pytest.mark.parametrize(
@@ -70,7 +72,7 @@ def test_load_without_a_cluster_says_how_to_make_one(tmp_path: Path) -> None:
         (lambda d: d["buckets"][1].update(nodes=["n1", "n2", "n9"]), "no node 'n9'"),
         (lambda d: d["nodes"][1].update(grpc_port=d["nodes"][0]["grpc_port"]), "used twice"),
         (lambda d: d.update(format=99), "format"),
-        (lambda d: d.pop("password"), "unreadable"),
+        (lambda d: d.pop("replicas"), "unreadable"),
     ],
 )
 def test_invalid_specs_are_refused_with_clear_errors(mutate: object, message: str) -> None:
@@ -117,10 +119,18 @@ def test_local_clusters_listen_outside_the_ephemeral_range(
     monkeypatch.setattr(local, "EPHEMERAL_RANGE_FILE", setting)
     setting.write_text("21500\t64000\n")  # leaves 21000-21499 and 64001-64999
     ports = local.allocate_ports(3, 32)
+    per = local.PORTS_PER_NODE
     listening = [
-        p for n in range(3) for p in (ports[3 * n], *range(ports[3 * n + 1], ports[3 * n + 1] + 32))
-    ] + ports[2::3]
-    assert len(set(listening)) == len(listening) == 3 * 34
+        p
+        for n in range(3)
+        for p in (
+            ports[per * n],
+            *range(ports[per * n + 1], ports[per * n + 1] + 32),
+            ports[per * n + 2],
+            ports[per * n + 3],
+        )
+    ]
+    assert len(set(listening)) == len(listening) == 3 * 35
     assert all(p < 21500 or 64000 < p < 65000 for p in listening)
 
     setting.write_text("1024 65535\n")

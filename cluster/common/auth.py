@@ -23,6 +23,8 @@ PRINCIPAL_RE: Final = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
 DEFAULT_PRINCIPAL: Final = "default"
 ADMIN_PRINCIPAL: Final = "admin"
 """The principal allowed to change membership, epochs and placement."""
+NODE_PRINCIPAL: Final = "node"
+"""How nodes identify themselves to each other (following the metadata)."""
 _MAC_HEX_CHARS: Final = 40
 
 

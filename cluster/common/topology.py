@@ -1,15 +1,14 @@
-"""Cluster layout: buckets, nodes, rendezvous placement, and the persisted spec.
+"""Cluster layout: buckets, nodes, rendezvous placement, migrations.
 
-`cluster.json` in the data dir is written once when a cluster is created (that is
-when each `bucket_uuid` is minted) and read by every node process and client
-command afterwards.
+A `ClusterSpec` is minted once by `new_cluster` (that is when each `bucket_uuid` is
+chosen) and given to every node as its genesis (`sevendb cluster init`); every later
+change goes through the metadata Raft group (`sevendb.cluster.common.meta`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
 import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
@@ -21,7 +20,6 @@ import xxhash
 from sevendb.cluster.common.files import fsync_dir, write_synced
 from sevendb.outbox.keys import bucket_of
 
-SPEC_FILE: Final = "cluster.json"
 SPEC_FORMAT_VERSION: Final = 1
 BUCKETS_MAX: Final = 1024
 NODES_MAX: Final = 64
@@ -56,6 +54,9 @@ class NodeSpec:
     draining: bool = False
     """Being removed (`sevendb node remove`): placement skips it; `sevendb rebalance`
     moves its buckets away and then drops it from the cluster."""
+    meta_port: int = 0
+    """Port of this node's member of the metadata Raft group (0: not a voter; the
+    node follows the metadata through a voter's gRPC port)."""
 
     @property
     def grpc_address(self) -> str:
@@ -63,6 +64,10 @@ class NodeSpec:
 
     def raft_address(self, bucket: int) -> str:
         return f"{self.host}:{self.raft_port_base + bucket}"
+
+    @property
+    def meta_address(self) -> str:
+        return f"{self.host}:{self.meta_port}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,13 +95,18 @@ class MigrationSpec:
 
 @dataclass(frozen=True, slots=True)
 class ClusterSpec:
+    """The cluster's topology: nodes, where each bucket's replicas are, migrations in
+    flight. Created by `sevendb cluster init` (the genesis every node is given) and
+    changed since through the metadata Raft group (`sevendb.cluster.common.meta`).
+    Holds no secret."""
+
     cluster_id: str
-    password: str
-    """Shared secret of the Raft transport (pysyncobj encrypts with it)."""
     replicas: int
     nodes: tuple[NodeSpec, ...]
     buckets: tuple[BucketSpec, ...]
     migrations: tuple[MigrationSpec, ...] = ()
+    meta_uuid: str = ""
+    """The metadata group's identity (its bucket uuid)."""
 
     def node(self, node_id: str) -> NodeSpec:
         for node in self.nodes:
@@ -145,6 +155,11 @@ class ClusterSpec:
     def migration(self, bucket: int) -> MigrationSpec | None:
         return next((m for m in self.migrations if m.bucket == bucket), None)
 
+    @property
+    def meta_voters(self) -> list[NodeSpec]:
+        """The nodes holding a member of the metadata Raft group."""
+        return [n for n in self.nodes if n.meta_port]
+
     # ---- edits (new specs; the caller saves them) ----------------------------------
 
     def with_bucket_nodes(self, bucket: int, nodes: Sequence[str]) -> ClusterSpec:
@@ -184,7 +199,6 @@ class ClusterSpec:
                 )
             spec = cls(
                 cluster_id=str(raw["cluster_id"]),
-                password=str(raw["password"]),
                 replicas=int(raw["replicas"]),
                 nodes=tuple(
                     NodeSpec(
@@ -194,6 +208,7 @@ class ClusterSpec:
                         int(n["raft_port_base"]),
                         int(n.get("metrics_port", 0)),
                         bool(n.get("draining", False)),
+                        int(n.get("meta_port", 0)),
                     )
                     for n in raw["nodes"]
                 ),
@@ -214,6 +229,7 @@ class ClusterSpec:
                     )
                     for m in raw.get("migrations", ())
                 ),
+                meta_uuid=str(raw.get("meta_uuid", "")),
             )
         except ConfigError:
             raise
@@ -249,55 +265,62 @@ class ClusterSpec:
                 raise ConfigError(f"{origin}: a migration names bucket {m.bucket}")
             for node_id in (*m.from_nodes, *m.to_nodes):
                 self.node(node_id)
-        ports: set[int] = set()
+        ports: set[tuple[str, int]] = set()
         for n in self.nodes:
             for port in (
                 n.grpc_port,
                 *range(n.raft_port_base, n.raft_port_base + len(self.buckets)),
                 *([n.metrics_port] if n.metrics_port else []),
+                *([n.meta_port] if n.meta_port else []),
             ):
                 if not 1 <= port <= 65535:
                     raise ConfigError(f"{origin}: node {n.node_id} port {port} out of range")
-                if port in ports:
-                    raise ConfigError(f"{origin}: port {port} is used twice")
-                ports.add(port)
+                if (n.host, port) in ports:
+                    raise ConfigError(f"{origin}: port {port} is used twice on {n.host}")
+                ports.add((n.host, port))
 
-    def save(self, data_dir: Path) -> Path:
-        """Write atomically (tmp + fsync + rename): a crash never leaves half a spec."""
-        data_dir.mkdir(parents=True, exist_ok=True)
-        path = data_dir / SPEC_FILE
+    def save(self, path: Path) -> Path:
+        """Write to `path` atomically (tmp + fsync + rename): a crash never leaves half
+        a spec."""
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         write_synced(tmp, self.to_json().encode())
         os.replace(tmp, path)
-        fsync_dir(data_dir)
+        fsync_dir(path.parent)
         return path
 
     @classmethod
-    def load(cls, data_dir: Path) -> ClusterSpec:
-        path = data_dir / SPEC_FILE
-        if not path.exists():
-            raise ConfigError(
-                f"no cluster in {data_dir} (no {SPEC_FILE}); start one with "
-                f"`sevendb cluster up --data {data_dir}`"
-            )
-        return cls.from_json(path.read_text(), str(path))
+    def load(cls, path: Path) -> ClusterSpec:
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: unreadable ({exc})") from None
+        return cls.from_json(text, str(path))
+
+
+META_VOTERS_DEFAULT: Final = 3
 
 
 def new_cluster(
-    *, nodes: int, buckets: int, replicas: int, host: str, ports: Sequence[int]
+    *,
+    nodes: Sequence[NodeSpec],
+    buckets: int,
+    replicas: int,
+    meta_voters: int = META_VOTERS_DEFAULT,
 ) -> ClusterSpec:
-    """Mint a cluster: ids, password and bucket uuids are chosen once, here.
-
-    `ports` gives each node its gRPC port, its Raft port base and its metrics port
-    (3 per node); every node's Raft ports are base..base+buckets-1.
-    """
-    if len(ports) != 3 * nodes:
-        raise ConfigError(f"need {3 * nodes} ports for {nodes} nodes, got {len(ports)}")
-    node_specs = tuple(
-        NodeSpec(f"n{i + 1}", host, ports[3 * i], ports[3 * i + 1], ports[3 * i + 2])
-        for i in range(nodes)
-    )
-    node_ids = [n.node_id for n in node_specs]
+    """Mint a cluster: its id and every bucket's uuid are chosen once, here, and
+    buckets placed by rendezvous hashing. The first `meta_voters` nodes (at most the
+    node count; their `meta_port` must be set, the others' must be 0) hold the
+    metadata Raft group."""
+    voters = min(meta_voters, len(nodes))
+    for i, node in enumerate(nodes):
+        if bool(node.meta_port) != (i < voters):
+            raise ConfigError(
+                f"node {node.node_id}: the first {voters} nodes, and only they, need a meta port"
+            )
+    node_ids = [n.node_id for n in nodes]
     bucket_specs = []
     for b in range(buckets):
         bucket_uuid = str(uuid.uuid4())
@@ -305,7 +328,7 @@ def new_cluster(
             BucketSpec(b, bucket_uuid, tuple(rendezvous(bucket_uuid, node_ids, replicas)))
         )
     spec = ClusterSpec(
-        str(uuid.uuid4()), secrets.token_urlsafe(24), replicas, node_specs, tuple(bucket_specs)
+        str(uuid.uuid4()), replicas, tuple(nodes), tuple(bucket_specs), meta_uuid=str(uuid.uuid4())
     )
     spec.validate()
     return spec

@@ -1,7 +1,9 @@
 """The `sevendb` command line.
 
-Client commands find a local cluster through its data dir (default ./.sevendb,
-or $SEVENDB_DATA) or take --endpoints host:port,... (or $SEVENDB_ENDPOINTS).
+Client and admin commands find the cluster through a client bundle (`--config
+FILE` or $SEVENDB_CONFIG: endpoints and a token, written by `sevendb cluster init`),
+or a local cluster's data dir (`--data DIR`, $SEVENDB_DATA, default ./.sevendb),
+or `--endpoints host:port,...` ($SEVENDB_ENDPOINTS) with `--token` ($SEVENDB_TOKEN).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from sevendb.cluster.common.bundle import ClientConfig
     from sevendb.cluster.common.topology import MigrationSpec
+    from sevendb.cluster.ops.admin import ClusterAdmin
     from sevendb.sdk import Client, Event
 
 DEFAULT_DATA = ".sevendb"
@@ -26,29 +30,62 @@ def _data_dir(args: argparse.Namespace) -> Path:
     return Path(args.data or os.environ.get("SEVENDB_DATA") or DEFAULT_DATA)
 
 
+def _client_config(args: argparse.Namespace) -> ClientConfig | None:
+    """The client bundle named by --config / $SEVENDB_CONFIG, else the local data
+    dir's client.toml if there is one."""
+    from sevendb.cluster.common.bundle import CLIENT_FILE, ClientConfig
+
+    named = getattr(args, "config", None) or os.environ.get("SEVENDB_CONFIG")
+    if named:
+        return ClientConfig.load(Path(named))
+    local = _data_dir(args) / CLIENT_FILE
+    return ClientConfig.load(local) if local.exists() else None
+
+
 def _endpoints(args: argparse.Namespace) -> list[str]:
-    from sevendb.cluster.common.topology import ClusterSpec
+    from sevendb.cluster.common.topology import ConfigError
 
     raw = args.endpoints or os.environ.get("SEVENDB_ENDPOINTS")
     if raw:
         return [e.strip() for e in raw.split(",") if e.strip()]
-    spec = ClusterSpec.load(_data_dir(args))
-    return [n.grpc_address for n in spec.nodes]
+    config = _client_config(args)
+    if config is None:
+        raise ConfigError(
+            f"no cluster found: give --config FILE (a client bundle), --endpoints "
+            f"HOST:PORT,..., or --data DIR of a local cluster (none in {_data_dir(args)})"
+        )
+    return list(config.endpoints)
 
 
 def _token(args: argparse.Namespace) -> str | None:
-    """--token, else $SEVENDB_TOKEN, else one minted for --principal from the data dir's
-    cluster secret (a local cluster), else none."""
+    """--token, else $SEVENDB_TOKEN, else the client bundle's token when --config
+    names one, else one minted for --principal from a local cluster's secret, else
+    none."""
     token = getattr(args, "token", None) or os.environ.get("SEVENDB_TOKEN")
     if token:
         return str(token)
     from sevendb.cluster.common.topology import ConfigError
     from sevendb.cluster.ops.local import local_token
 
+    if getattr(args, "config", None) or os.environ.get("SEVENDB_CONFIG"):
+        config = _client_config(args)
+        return None if config is None else config.token
     try:
         return local_token(_data_dir(args), args.principal)
     except ConfigError:
         return None
+
+
+def _admin(args: argparse.Namespace) -> ClusterAdmin:
+    """An admin connection: the bundle's (or the local cluster's) admin token unless
+    --token / $SEVENDB_TOKEN says otherwise."""
+    from sevendb.cluster.ops.admin import ClusterAdmin
+
+    token = getattr(args, "token", None) or os.environ.get("SEVENDB_TOKEN")
+    config = _client_config(args)
+    if not token and config is not None:
+        token = config.token
+    return ClusterAdmin(_endpoints(args), token, progress=_progress)
 
 
 def _client(args: argparse.Namespace) -> Client:
@@ -94,7 +131,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     rows: dict[int, list[tuple[str, pb.ReplicaStatus]]] = {}
     down = []
-    for endpoint in _endpoints(args):
+    for endpoint in _all_nodes(args):
         status = node_status(endpoint, digests=args.json)
         if status is None:
             down.append(endpoint)
@@ -160,13 +197,27 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0 if not down else 1
 
 
+def _all_nodes(args: argparse.Namespace) -> list[str]:
+    """Every node's client address, as the cluster's metadata has them (the
+    endpoints given, if no node answers)."""
+    from sevendb.cluster.common.topology import ConfigError
+
+    endpoints = _endpoints(args)
+    try:
+        with _admin(args) as admin:
+            return [n.grpc_address for n in admin.read().spec.nodes]
+    except ConfigError:
+        return endpoints
+
+
 def _migrations(args: argparse.Namespace) -> list[MigrationSpec]:
-    from sevendb.cluster.common.topology import ClusterSpec, ConfigError
+    from sevendb.cluster.common.topology import ConfigError
 
     try:
-        return list(ClusterSpec.load(_data_dir(args)).migrations)
+        with _admin(args) as admin:
+            return list(admin.read().spec.migrations)
     except ConfigError:
-        return []  # --endpoints without a data dir: no cluster.json to read
+        return []  # no node answers: the buckets' lines say so
 
 
 def _bucket_number(text: str) -> int:
@@ -179,23 +230,26 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from sevendb.cluster.ops.migrate import migrate_bucket
 
     to = tuple(n.strip() for n in args.to.split(",") if n.strip()) if args.to else None
-    migrate_bucket(
-        _data_dir(args).resolve(), args.bucket, to, rollback=args.rollback, progress=_progress
-    )
+    with _admin(args) as admin:
+        migrate_bucket(admin, args.bucket, to, rollback=args.rollback, progress=_progress)
     return 0
 
 
 def cmd_rebalance(args: argparse.Namespace) -> int:
-    from sevendb.cluster.ops.local import stop_nodes
+    from sevendb.cluster.ops.local import retire_node
     from sevendb.cluster.ops.migrate import rebalance
 
     data = _data_dir(args).resolve()
-    done = rebalance(
-        data,
-        dry_run=args.dry_run,
-        progress=_progress,
-        stop_node=lambda node_id: stop_nodes(data, [node_id], progress=_progress),
-    )
+    local = (data / "nodes").is_dir() and not (args.config or os.environ.get("SEVENDB_CONFIG"))
+    with _admin(args) as admin:
+        done = rebalance(
+            admin,
+            dry_run=args.dry_run,
+            progress=_progress,
+            # A local cluster's drained nodes are stopped here; elsewhere the operator
+            # stops the process on its machine.
+            stop_node=(lambda n: retire_node(data, n, _progress)) if local else None,
+        )
     if not args.dry_run:
         print(f"rebalanced: {len(done)} bucket(s) moved")
     return 0
@@ -215,7 +269,8 @@ def cmd_node_add(args: argparse.Namespace) -> int:
 def cmd_node_remove(args: argparse.Namespace) -> int:
     from sevendb.cluster.ops.migrate import mark_draining
 
-    node = mark_draining(_data_dir(args), args.node)
+    with _admin(args) as admin:
+        node = mark_draining(admin, args.node)
     print(
         f"node {node.node_id} is draining: placement skips it; `sevendb rebalance` moves its "
         "buckets away and then stops it"
@@ -321,6 +376,85 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_cluster_init(args: argparse.Namespace) -> int:
+    from sevendb.cluster.ops.deploy import cluster_init, port_plan
+
+    spec = cluster_init(
+        Path(args.out),
+        args.node,
+        buckets=args.buckets,
+        replicas=args.replicas,
+        meta_voters=args.meta_voters,
+        ports=port_plan(args),
+        listen_host=args.listen_host,
+        progress=_progress,
+    )
+    print(
+        f"cluster {spec.cluster_id}: {len(spec.nodes)} node bundles and client.toml in "
+        f"{args.out}; copy each node's directory to its machine and run "
+        "`sevendb node run --config DIR/node.toml` there (docs/deploy.md)"
+    )
+    return 0
+
+
+def _init_parser(cluster: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from sevendb.cluster.ops.deploy import add_port_arguments
+
+    init = cluster.add_parser(
+        "init", help="create a cluster across machines: one bundle per node and a client bundle"
+    )
+    init.add_argument("--out", required=True, help="a new directory for the bundles")
+    init.add_argument(
+        "--node",
+        action="append",
+        default=[],
+        metavar="ID=HOST[:PORT]",
+        help="a node and the address others reach it at (repeat; the first 3 or 5 are "
+        "metadata voters)",
+    )
+    init.add_argument("--buckets", type=int, default=8, help="buckets (fixed; default %(default)s)")
+    init.add_argument(
+        "--replicas", type=int, default=3, help="replicas per bucket (default %(default)s)"
+    )
+    init.add_argument("--meta-voters", type=int, default=3, help="1, 3 or 5 (default %(default)s)")
+    add_port_arguments(init)
+    init.set_defaults(fn=cmd_cluster_init)
+
+
+def cmd_node_init(args: argparse.Namespace) -> int:
+    from sevendb.cluster.ops.deploy import node_init, port_plan
+
+    with _admin(args) as admin:
+        node = node_init(
+            admin,
+            Path(args.out),
+            args.node,
+            ports=port_plan(args),
+            listen_host=args.listen_host,
+            progress=_progress,
+        )
+    print(
+        f"node {node.node_id} is registered; run `sevendb node run --config "
+        f"{Path(args.out) / node.node_id / 'node.toml'}` on its machine, then "
+        "`sevendb rebalance` to move buckets to it"
+    )
+    return 0
+
+
+def _node_init_parser(
+    node: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    from sevendb.cluster.ops.deploy import add_port_arguments
+
+    init = node.add_parser(
+        "init", parents=[common], help="register a new machine's node and write its bundle"
+    )
+    init.add_argument("--node", required=True, metavar="ID=HOST[:PORT]")
+    init.add_argument("--out", required=True, help="where to write the bundle (OUT/ID/)")
+    add_port_arguments(init)
+    init.set_defaults(fn=cmd_node_init)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sevendb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -328,6 +462,10 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--data", help=f"cluster data dir (default ${{SEVENDB_DATA}} or ./{DEFAULT_DATA})"
+    )
+    common.add_argument(
+        "--config",
+        help="a client bundle: client.toml from `sevendb cluster init` (default $SEVENDB_CONFIG)",
     )
     common.add_argument("--endpoints", help="client endpoints host:port,... (instead of --data)")
     common.add_argument(
@@ -358,6 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_parser("down", parents=[common], help="stop the local cluster").set_defaults(
         fn=cmd_down
     )
+    _init_parser(cluster)
     status = sub.add_parser("status", parents=[common], help="per-bucket leader, commit, lag")
     status.add_argument("--json", action="store_true")
     status.set_defaults(fn=cmd_status)
@@ -394,8 +533,14 @@ def build_parser() -> argparse.ArgumentParser:
     node = sub.add_parser("node", help="add or remove nodes").add_subparsers(
         dest="action", required=True
     )
-    node.add_parser("add", parents=[common], help="add and start a node").set_defaults(
-        fn=cmd_node_add
+    node.add_parser(
+        "add", parents=[common], help="add and start a node (a local cluster)"
+    ).set_defaults(fn=cmd_node_add)
+    _node_init_parser(node, common)
+    node.add_parser(
+        "run",
+        add_help=False,
+        help="run a node in the foreground: node run --config node.toml (`node run --help`)",
     )
     remove = node.add_parser(
         "remove", parents=[common], help="drain NODE (rebalance then moves its buckets)"
@@ -464,6 +609,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["spark"]:
         return cmd_spark(argv[1:])
+    if argv[:2] == ["node", "run"]:
+        from sevendb.cluster.ops.deploy import node_run
+
+        return node_run(argv[2:])
     args = build_parser().parse_args(argv)
     if args.command == "demo":
         from sevendb.cluster.ops.demo import run_demo

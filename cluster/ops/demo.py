@@ -170,9 +170,14 @@ def run_cluster_demo(data_dir: Path, out: Callable[[str], None] = print) -> int:
     crash of the lease holder, a subscriber killed and resumed from its cursor."""
     import shutil
 
-    from sevendb.cluster.common.topology import ClusterSpec
     from sevendb.cluster.ops.cli import main as cli
-    from sevendb.cluster.ops.local import cluster_down, local_token, node_status, running_pid
+    from sevendb.cluster.ops.local import (
+        cluster_down,
+        local_spec,
+        local_token,
+        node_status,
+        running_pid,
+    )
     from sevendb.sdk import Client
 
     def run(*args: str) -> int:
@@ -180,7 +185,7 @@ def run_cluster_demo(data_dir: Path, out: Callable[[str], None] = print) -> int:
         sys.stdout.flush()
         return cli([*args, "--data", str(data_dir)])
 
-    if (data_dir / "cluster.json").exists():
+    if (data_dir / "client.toml").exists():
         with contextlib.suppress(Exception):
             cluster_down(data_dir)
         shutil.rmtree(data_dir)
@@ -189,7 +194,7 @@ def run_cluster_demo(data_dir: Path, out: Callable[[str], None] = print) -> int:
     try:
         if run("cluster", "up", "--nodes", "3", "--buckets", "4") != 0:
             return 1
-        spec = ClusterSpec.load(data_dir)
+        spec = local_spec(data_dir)
         out("\n== a subscriber tails prefix:orders/ in its own process (every bucket)")
         out(f"$ sevendb subscribe prefix:orders/ --cursor {data_dir / 'demo-subscriber.cursor'} &")
         subscriber = _Subscriber(data_dir, "prefix:orders/", out)
@@ -253,7 +258,7 @@ def run_cluster_demo(data_dir: Path, out: Callable[[str], None] = print) -> int:
 
             out(f"\n== add a node, and migrate bucket {bucket} to it under the write load")
             run("node", "add")
-            spec = ClusterSpec.load(data_dir)
+            spec = local_spec(data_dir)
             leader = next(
                 n.node_id
                 for n in spec.nodes

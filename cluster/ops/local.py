@@ -1,4 +1,8 @@
-"""The embedded default: a local cluster of node processes under one data dir."""
+"""The embedded default: a local cluster of node processes on 127.0.0.1 under one
+data dir, built from the same pieces as a cluster across machines (docs/deploy.md):
+`sevendb cluster up` writes a bundle per node (nodes/<id>/node.toml, its genesis and
+secrets) and a client.toml, then runs each node as `python -m
+sevendb.cluster.server.node --config nodes/<id>/node.toml`."""
 
 from __future__ import annotations
 
@@ -15,18 +19,31 @@ from pathlib import Path
 import grpc
 
 from sevendb.cluster.common.auth import DEFAULT_PRINCIPAL, mint_token
+from sevendb.cluster.common.bundle import (
+    CLIENT_FILE,
+    NODE_FILE,
+    SECRETS_FILE,
+    ClientConfig,
+    ClusterSecrets,
+    write_client_config,
+    write_file,
+    write_node_bundle,
+)
 from sevendb.cluster.common.layout import node_dir
 from sevendb.cluster.common.topology import (
+    META_VOTERS_DEFAULT,
     NODES_MAX,
     ClusterSpec,
     ConfigError,
     NodeSpec,
     new_cluster,
 )
+from sevendb.cluster.ops.admin import ClusterAdmin, Unreachable
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 
 HOST = "127.0.0.1"
+NODE_MODULE = "sevendb.cluster.server.node"
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 
@@ -42,6 +59,8 @@ def _port_free(port: int) -> bool:
 
 
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+PORTS_PER_NODE = 4
+"""gRPC, the first of the Raft block, metrics, metadata group (`allocate_ports`)."""
 PORTS_END = 65000
 
 
@@ -60,10 +79,11 @@ def ephemeral_ports() -> range:
 def allocate_ports(
     nodes: int, buckets: int, start: int = 21000, avoid: frozenset[int] = frozenset()
 ) -> list[int]:
-    """Per node: a free gRPC port, a free block of `buckets` Raft ports and a free
-    metrics port, none of them in `avoid` (ports other nodes own while stopped) or in
-    the kernel's ephemeral range. Where to begin depends on this process's id, so
-    that clusters created side by side (tests) rarely probe the same ports.
+    """Per node: a free gRPC port, a free block of `buckets` Raft ports, a free
+    metrics port and a free metadata-group port, none of them in `avoid` (ports
+    other nodes own while stopped) or in the kernel's ephemeral range. Where to begin
+    depends on this process's id, so that clusters created side by side (tests)
+    rarely probe the same ports.
 
     :raises ConfigError: no such ports are free between `start` and 65000.
     """
@@ -88,10 +108,10 @@ def allocate_ports(
     ports: list[int] = []
     i = os.getpid() * 7
     for _ in range(2 * span):
-        if len(ports) == 3 * nodes:
+        if len(ports) == PORTS_PER_NODE * nodes:
             break
         port, end = locate(i)
-        if len(ports) % 3 != 1:
+        if len(ports) % PORTS_PER_NODE != 1:
             if free(port):
                 ports.append(port)
             i += 1
@@ -100,7 +120,7 @@ def allocate_ports(
             i += buckets
         else:
             i += 1
-    if len(ports) < 3 * nodes:
+    if len(ports) < PORTS_PER_NODE * nodes:
         raise ConfigError(
             f"not enough free ports for {nodes} node(s) of {buckets} bucket(s) between "
             f"{start} and {PORTS_END} outside the ephemeral range "
@@ -109,9 +129,34 @@ def allocate_ports(
     return ports
 
 
+def local_secrets(data_dir: Path) -> ClusterSecrets:
+    """The secrets of the local cluster in `data_dir`."""
+    path = data_dir / SECRETS_FILE
+    if not path.exists():
+        raise ConfigError(
+            f"no cluster in {data_dir} (no {SECRETS_FILE}); start one with "
+            f"`sevendb cluster up --data {data_dir}`"
+        )
+    return ClusterSecrets.load(path)
+
+
 def local_token(data_dir: Path, principal: str = DEFAULT_PRINCIPAL) -> str:
     """A token for `principal`, minted with the secret of the cluster in `data_dir`."""
-    return mint_token(ClusterSpec.load(data_dir).password, principal)
+    return mint_token(local_secrets(data_dir).token_secret, principal)
+
+
+def local_admin(data_dir: Path, progress: Callable[[str], None] = lambda _: None) -> ClusterAdmin:
+    """An admin connection to the local cluster in `data_dir` (its client.toml)."""
+    config = ClientConfig.load(data_dir / CLIENT_FILE)
+    return ClusterAdmin(list(config.endpoints), config.token, progress=progress)
+
+
+def local_nodes(data_dir: Path) -> list[str]:
+    """The ids of the nodes the local cluster in `data_dir` has bundles for."""
+    return sorted(
+        (p.parent.name for p in (data_dir / "nodes").glob(f"*/{NODE_FILE}")),
+        key=lambda n: (len(n), n),
+    )
 
 
 def pid_file(data_dir: Path, node_id: str) -> Path:
@@ -138,17 +183,14 @@ def running_pid(data_dir: Path, node_id: str) -> int | None:
 
 def start_node(data_dir: Path, node_id: str) -> int:
     home = node_dir(data_dir, node_id)
-    home.mkdir(parents=True, exist_ok=True)
     with open(log_file(data_dir, node_id), "ab") as out:
         proc = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
                 "sevendb.cluster.server.node",
-                "--data",
-                str(data_dir),
-                "--node-id",
-                node_id,
+                "--config",
+                str(home / NODE_FILE),
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -166,6 +208,48 @@ class UpResult:
     started: list[str]
 
 
+def _write_node(
+    data_dir: Path, genesis: ClusterSpec, node: NodeSpec, secrets: ClusterSecrets
+) -> None:
+    """A local node's bundle: its data dir is its bundle's dir, and every node archives
+    under the cluster's one archive root."""
+    write_node_bundle(
+        node_dir(data_dir, node.node_id),
+        genesis,
+        node,
+        secrets,
+        seeds=[n.grpc_address for n in genesis.nodes if n.node_id != node.node_id],
+        data_dir=".",
+        extra=f'\n[archive]\nroot = "{data_dir / "archive"}"\n',
+    )
+
+
+def create_local_cluster(data_dir: Path, *, nodes: int, buckets: int, replicas: int) -> ClusterSpec:
+    """Mint a cluster on 127.0.0.1 and write its bundles under `data_dir`: one per
+    node in nodes/<id>/, the secrets and a client.toml with an admin token."""
+    if replicas > nodes:
+        raise ConfigError(f"--replicas {replicas} needs at least as many --nodes (got {nodes})")
+    ports = allocate_ports(nodes, buckets)
+    specs = [
+        NodeSpec(
+            f"n{i + 1}",
+            HOST,
+            ports[PORTS_PER_NODE * i],
+            ports[PORTS_PER_NODE * i + 1],
+            ports[PORTS_PER_NODE * i + 2],
+            meta_port=ports[PORTS_PER_NODE * i + 3] if i < META_VOTERS_DEFAULT else 0,
+        )
+        for i in range(nodes)
+    ]
+    spec = new_cluster(nodes=specs, buckets=buckets, replicas=replicas)
+    secrets = ClusterSecrets.new()
+    for node in spec.nodes:
+        _write_node(data_dir, spec, node, secrets)
+    write_file(data_dir / SECRETS_FILE, secrets.to_toml(), secret=True)
+    write_client_config(data_dir / CLIENT_FILE, spec, secrets)
+    return spec
+
+
 def cluster_up(
     data_dir: Path,
     *,
@@ -178,37 +262,22 @@ def cluster_up(
     """Create (or restart) the cluster in `data_dir`; returns once every bucket has a
     leader on every node's view."""
     data_dir = data_dir.resolve()
-    created = False
-    try:
-        spec = ClusterSpec.load(data_dir)
-        progress(f"restarting cluster {spec.cluster_id} from {data_dir}")
-    except ConfigError:
-        if (data_dir / "cluster.json").exists():
-            raise
-        if replicas > nodes:
-            raise ConfigError(
-                f"--replicas {replicas} needs at least as many --nodes (got {nodes})"
-            ) from None
-        spec = new_cluster(
-            nodes=nodes,
-            buckets=buckets,
-            replicas=replicas,
-            host=HOST,
-            ports=allocate_ports(nodes, buckets),
-        )
-        spec.save(data_dir)
-        created = True
+    created = not (data_dir / CLIENT_FILE).exists()
+    if created:
+        spec = create_local_cluster(data_dir, nodes=nodes, buckets=buckets, replicas=replicas)
         progress(
             f"created cluster {spec.cluster_id}: {nodes} nodes, {buckets} buckets, "
             f"{replicas} replicas each, in {data_dir}"
         )
+    else:
+        progress(f"restarting the cluster in {data_dir}")
     started = []
-    for node in spec.nodes:
-        if running_pid(data_dir, node.node_id) is None:
-            pid = start_node(data_dir, node.node_id)
-            started.append(node.node_id)
-            progress(f"started node {node.node_id} (pid {pid}) gRPC {node.grpc_address}")
-    wait_for_leaders(spec, data_dir, timeout_s, progress)
+    for node_id in local_nodes(data_dir):
+        if running_pid(data_dir, node_id) is None:
+            pid = start_node(data_dir, node_id)
+            started.append(node_id)
+            progress(f"started node {node_id} (pid {pid})")
+    spec = wait_for_leaders(data_dir, timeout_s, progress)
     return UpResult(spec, created, started)
 
 
@@ -227,17 +296,36 @@ def node_status(
             return None
 
 
+def local_spec(data_dir: Path, timeout_s: float = 10.0) -> ClusterSpec:
+    """The local cluster's current spec, read from any of its nodes (waits for one)."""
+    deadline = time.monotonic() + timeout_s
+    with local_admin(data_dir) as admin:
+        while True:
+            try:
+                return admin.read().spec
+            except (Unreachable, grpc.RpcError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+
 def wait_for_leaders(
-    spec: ClusterSpec,
     data_dir: Path,
     timeout_s: float,
     progress: Callable[[str], None] = lambda _: None,
-) -> None:
+) -> ClusterSpec:
+    """Until every running node answers and every bucket has a leader on each; returns
+    the cluster's spec."""
     deadline = time.monotonic() + timeout_s
     last = ""
     while True:
         missing = []
-        for node in spec.nodes:
+        try:
+            spec = local_spec(data_dir, timeout_s=0)
+        except (Unreachable, grpc.RpcError):
+            spec = None
+            missing.append("no node answers yet")
+        for node in [] if spec is None else spec.nodes:
             if running_pid(data_dir, node.node_id) is None:
                 missing.append(
                     f"{node.node_id}: not running (see {log_file(data_dir, node.node_id)})"
@@ -250,8 +338,8 @@ def wait_for_leaders(
             leaderless = [r.bucket for r in status.replicas if not r.leader]
             if leaderless:
                 missing.append(f"{node.node_id}: buckets {leaderless} have no leader yet")
-        if not missing:
-            return
+        if spec is not None and not missing:
+            return spec
         line = "; ".join(missing)
         if line != last:
             progress(f"waiting: {line}")
@@ -268,8 +356,8 @@ def cluster_down(
 ) -> list[str]:
     """SIGTERM every node (clean shutdown), SIGKILL what is still alive at the timeout."""
     data_dir = data_dir.resolve()
-    spec = ClusterSpec.load(data_dir)
-    return stop_nodes(data_dir, [n.node_id for n in spec.nodes], timeout_s, progress)
+    local_secrets(data_dir)  # a clear error if there is no cluster here
+    return stop_nodes(data_dir, local_nodes(data_dir), timeout_s, progress)
 
 
 def stop_nodes(
@@ -297,21 +385,32 @@ def stop_nodes(
     return [n for n, p in pids.items() if p is not None]
 
 
+def retire_node(
+    data_dir: Path, node_id: str, progress: Callable[[str], None] = lambda _: None
+) -> None:
+    """Stop a node the cluster dropped and set its directory aside (nodes/.<id>-removed),
+    so that `cluster up` no longer starts it."""
+    stop_nodes(data_dir, [node_id], progress=progress)
+    home = node_dir(data_dir, node_id)
+    if home.exists():
+        home.rename(home.with_name(f".{node_id}-removed-{time.time_ns()}"))
+
+
 def add_node(
     data_dir: Path,
     timeout_s: float = START_TIMEOUT_S,
     progress: Callable[[str], None] = lambda _: None,
 ) -> NodeSpec:
-    """Add a node to the local cluster and start it. It hosts nothing until buckets
-    are placed on it (`sevendb rebalance`, `sevendb bucket migrate`)."""
-    from sevendb.cluster.ops.migrate import spec_lock
-
+    """Add a node to the local cluster's metadata, write its bundle and start it. It
+    hosts nothing until buckets are placed on it (`sevendb rebalance`, `sevendb
+    bucket migrate`)."""
     data_dir = data_dir.resolve()
-    with spec_lock(data_dir):
-        spec = ClusterSpec.load(data_dir)
+    with local_admin(data_dir, progress) as admin:
+        meta = admin.read()
+        spec = meta.spec
         if len(spec.nodes) >= NODES_MAX:
             raise ConfigError(f"the cluster already has the most nodes allowed ({NODES_MAX})")
-        taken = {int(n.node_id[1:]) for n in spec.nodes if n.node_id[1:].isdigit()}
+        taken = {int(n[1:]) for n in [*spec.node_ids, *local_nodes(data_dir)] if n[1:].isdigit()}
         node_id = f"n{max(taken, default=0) + 1}"
         used = frozenset(
             port
@@ -319,14 +418,14 @@ def add_node(
             for port in (
                 n.grpc_port,
                 n.metrics_port,
+                n.meta_port,
                 *range(n.raft_port_base, n.raft_port_base + len(spec.buckets)),
             )
         )
-        grpc_port, raft_base, metrics_port = allocate_ports(1, len(spec.buckets), avoid=used)
+        grpc_port, raft_base, metrics_port, _ = allocate_ports(1, len(spec.buckets), avoid=used)
         node = NodeSpec(node_id, HOST, grpc_port, raft_base, metrics_port)
-        spec = spec.with_node(node)
-        spec.validate()
-        spec.save(data_dir)
+        admin.save(meta, spec.with_node(node), wait=False)
+    _write_node(data_dir, meta.genesis, node, local_secrets(data_dir))
     pid = start_node(data_dir, node_id)
     progress(f"started node {node_id} (pid {pid}) gRPC {node.grpc_address}")
     started = time.monotonic()

@@ -1,13 +1,14 @@
-"""Moving buckets between nodes (seed 000 §7): the operator's side of a migration.
+"""Moving buckets between nodes (docs/contract.md §7): the operator's side of a
+migration, run from any machine with an admin credential.
 
 `migrate_bucket` moves one bucket's replicas to a target set of nodes, one Raft
 membership change at a time, then commits EPOCH_CREATE:
 
-1. record the migration in `cluster.json` (from, to, the compaction hold point, the
-   epoch to create) - from now on it is visible in `sevendb status`, and nodes keep
-   their logs from the hold point on;
+1. record the migration in the cluster's metadata (from, to, the compaction hold
+   point, the epoch to create) - from now on it is visible in `sevendb status`, and
+   nodes keep their logs from the hold point on;
 2. repeat, reading the group's *actual* membership from its leader each time:
-   make the placement in `cluster.json` equal that membership (nodes start the
+   make the placement in the metadata equal that membership (nodes start the
    replica of a member just added, and stop and delete the replica of a member
    just removed), wait until every member has caught up, then either add one
    target node (while the group has R members: never fewer than R live replicas),
@@ -16,10 +17,12 @@ membership change at a time, then commits EPOCH_CREATE:
 
 Every step is idempotent and derived from the cluster's state, never from where a
 previous run stopped, so an interrupted migration (Ctrl-C, `kill -9` of the
-command, of the leader, of the joining or leaving replica) is resumed by running
-the command again, or rolled back with `--rollback` (the same procedure towards
-the original nodes). pysyncobj changes membership one server at a time and the
-replica refuses a change while another is uncommitted: never two in flight.
+command, of the leader, of the joining or leaving replica, of a metadata voter) is
+resumed by running the command again, from any machine, or rolled back with
+`--rollback` (the same procedure towards the original nodes). Every metadata write
+is a compare-and-set (`ClusterAdmin.save`): two operators cannot both change it.
+pysyncobj changes membership one server at a time and the replica refuses a change
+while another is uncommitted: never two in flight.
 
 `rebalance` recomputes rendezvous placement over the active nodes (after `sevendb
 node add`, or `node remove`, which marks a node as draining) and migrates only the
@@ -30,23 +33,19 @@ bucket are stopped and dropped from the cluster.
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, TypeVar
 
 import grpc
 
-from sevendb.cluster.common.auth import ADMIN_PRINCIPAL, auth_metadata, mint_token
 from sevendb.cluster.common.topology import ClusterSpec, ConfigError, MigrationSpec, NodeSpec
+from sevendb.cluster.ops.admin import ClusterAdmin
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 
 T = TypeVar("T")
-LOCK_FILE: Final = "cluster.lock"
 STEP_TIMEOUT_S: Final = 120.0
 CAUGHT_UP_LAG_MAX: Final = 0
 """A member counts as caught up once it applied what the leader had committed."""
@@ -61,25 +60,6 @@ _RETRYABLE: Final = (
 
 class MigrationError(Exception):
     """A migration cannot proceed; the message says why and what to do."""
-
-
-@contextlib.contextmanager
-def spec_lock(data_dir: Path) -> Iterator[None]:
-    """Exclusive right to change the cluster's layout (one migration at a time)."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise MigrationError(
-                f"another sevendb command is changing the cluster in {data_dir} "
-                "(a migration, rebalance or node add/remove); wait for it, or if it was "
-                "killed, simply run yours: the lock was released with it"
-            ) from None
-        yield
-    finally:
-        os.close(fd)
 
 
 @dataclass
@@ -104,37 +84,26 @@ class MigrationSummary:
 
 
 class _Admin:
-    """Synchronous admin calls to the cluster's nodes, following leader hints."""
+    """A migration's view of the cluster: its metadata (saved by compare-and-set) and
+    synchronous admin calls to its nodes, following leader hints."""
 
-    def __init__(self, data_dir: Path, progress: Callable[[str], None]) -> None:
-        self.data_dir = data_dir
+    def __init__(self, admin: ClusterAdmin, progress: Callable[[str], None]) -> None:
+        self.admin = admin
         self.progress = progress
-        self.spec = ClusterSpec.load(data_dir)
-        self.metadata = auth_metadata(mint_token(self.spec.password, ADMIN_PRINCIPAL))
-        self._channels: dict[str, grpc.Channel] = {}
+        self.meta = admin.read()
+        self.metadata = admin.metadata
 
-    def close(self) -> None:
-        for channel in self._channels.values():
-            channel.close()
+    @property
+    def spec(self) -> ClusterSpec:
+        return self.meta.spec
 
     def stub(self, address: str) -> pb_grpc.SevenDBStub:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = grpc.insecure_channel(address)
-        return pb_grpc.SevenDBStub(channel)
+        return self.admin.stub(address)
 
     def save(self, spec: ClusterSpec) -> None:
-        spec.save(self.data_dir)
-        self.spec = spec
-        self.reload_all()
-
-    def reload_all(self) -> None:
-        """Ask every node to re-read cluster.json now (they also notice within a second)."""
-        for node in self.spec.nodes:
-            with contextlib.suppress(grpc.RpcError):
-                self.stub(node.grpc_address).Reload(
-                    pb.ReloadRequest(), metadata=self.metadata, timeout=30
-                )
+        """Write `spec` to the metadata; the nodes converge on it before this returns
+        (those that answer)."""
+        self.meta = self.admin.save(self.meta, spec)
 
     def replica(self, node_id: str, bucket: int) -> pb.ReplicaStatus | None:
         address = self.spec.node(node_id).grpc_address
@@ -180,8 +149,8 @@ class _Admin:
         node = self.spec.node_of_raft_address(bucket, address)
         if node is None:
             raise MigrationError(
-                f"bucket {bucket} has a member {address} that no node of cluster.json "
-                "listens on; fix cluster.json or remove that member"
+                f"bucket {bucket} has a member {address} that no node of the cluster "
+                "listens on; remove that member"
             )
         return node.node_id
 
@@ -191,7 +160,7 @@ def _ordered(members: set[str], target: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def migrate_bucket(
-    data_dir: Path,
+    cluster: ClusterAdmin,
     bucket: int,
     to_nodes: tuple[str, ...] | None,
     *,
@@ -200,12 +169,7 @@ def migrate_bucket(
 ) -> MigrationSummary:
     """Move `bucket` to `to_nodes` (or resume / roll back its unfinished migration)."""
     started = time.monotonic()
-    with spec_lock(data_dir):
-        admin = _Admin(data_dir, progress)
-        try:
-            summary = _migrate(admin, bucket, to_nodes, rollback)
-        finally:
-            admin.close()
+    summary = _migrate(_Admin(cluster, progress), bucket, to_nodes, rollback)
     summary.seconds = time.monotonic() - started
     progress(summary.describe())
     return summary
@@ -443,7 +407,7 @@ def plan_rebalance(spec: ClusterSpec) -> list[Move]:
 
 
 def rebalance(
-    data_dir: Path,
+    cluster: ClusterAdmin,
     *,
     dry_run: bool = False,
     progress: Callable[[str], None] = lambda _: None,
@@ -451,7 +415,7 @@ def rebalance(
 ) -> list[MigrationSummary]:
     """Migrate, one at a time, every bucket whose placement changed; then drop
     draining nodes that hold no bucket (stopping them with `stop_node`)."""
-    spec = ClusterSpec.load(data_dir)
+    spec = cluster.read().spec
     unfinished = [m.bucket for m in spec.migrations]
     if unfinished:
         raise MigrationError(
@@ -468,36 +432,36 @@ def rebalance(
         )
     if dry_run:
         return []
-    done = [
-        migrate_bucket(data_dir, move.bucket, move.desired, progress=progress) for move in moves
-    ]
-    with spec_lock(data_dir):
-        spec = ClusterSpec.load(data_dir)
-        for node in spec.nodes:
-            if node.draining and not any(node.node_id in b.nodes for b in spec.buckets):
-                progress(f"node {node.node_id} holds no bucket any more: stopping and dropping it")
-                if stop_node is not None:
-                    stop_node(node.node_id)
-                spec = spec.without_node(node.node_id)
-        spec.save(data_dir)
+    done = [migrate_bucket(cluster, move.bucket, move.desired, progress=progress) for move in moves]
+    meta = cluster.read()
+    spec = meta.spec
+    for node in meta.spec.nodes:
+        if node.draining and not any(node.node_id in b.nodes for b in spec.buckets):
+            progress(f"node {node.node_id} holds no bucket any more: dropping it")
+            if stop_node is not None:
+                stop_node(node.node_id)
+            spec = spec.without_node(node.node_id)
+    cluster.save(meta, spec)
     return done
 
 
-def mark_draining(data_dir: Path, node_id: str) -> NodeSpec:
-    with spec_lock(data_dir):
-        spec = ClusterSpec.load(data_dir)
-        node = spec.node(node_id)
-        active = [n for n in spec.nodes if not n.draining and n.node_id != node_id]
-        if len(active) < spec.replicas:
-            raise MigrationError(
-                f"removing {node_id} would leave {len(active)} active nodes for "
-                f"{spec.replicas} replicas per bucket; add a node first"
-            )
-        node = NodeSpec(
-            node.node_id, node.host, node.grpc_port, node.raft_port_base, node.metrics_port, True
+def mark_draining(cluster: ClusterAdmin, node_id: str) -> NodeSpec:
+    meta = cluster.read()
+    spec = meta.spec
+    node = spec.node(node_id)
+    active = [n for n in spec.nodes if not n.draining and n.node_id != node_id]
+    if len(active) < spec.replicas:
+        raise MigrationError(
+            f"removing {node_id} would leave {len(active)} active nodes for "
+            f"{spec.replicas} replicas per bucket; add a node first"
         )
-        spec.with_node(node).save(data_dir)
-        return node
+    if node.meta_port:
+        raise MigrationError(
+            f"{node_id} is a metadata voter; voters cannot be removed yet (docs/deploy.md)"
+        )
+    node = replace(node, draining=True)
+    cluster.save(meta, spec.with_node(node))
+    return node
 
 
 __all__ = [
@@ -508,5 +472,4 @@ __all__ = [
     "migrate_bucket",
     "plan_rebalance",
     "rebalance",
-    "spec_lock",
 ]

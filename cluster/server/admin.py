@@ -1,6 +1,6 @@
-"""Administration (principal "admin": membership, leadership, epochs, reloading
-cluster.json) and operations (`Status`, `ClusterInfo`: no token). Served by the node
-asked; a membership change or an epoch needs the bucket's leader."""
+"""Administration (principal "admin": membership, leadership, epochs) and operations
+(`Status`, `ClusterInfo`: no token). Served by the node asked; a membership change or
+an epoch needs the bucket's leader. The metadata RPCs are in `metadata`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import time
 import grpc
 
 from sevendb.cluster.common.auth import ADMIN_PRINCIPAL
-from sevendb.cluster.common.topology import ConfigError
 from sevendb.cluster.raft.replica import (
     BucketReplica,
     MembershipChangeInProgress,
@@ -114,14 +113,6 @@ class Admin:
         result, commit_index = await self._edge.commit(bucket, entry, EpochResult)
         return pb.EpochResponse(epoch_id=codec.epoch_to_pb(result.epoch), commit_index=commit_index)
 
-    async def reload(self, request: pb.ReloadRequest, call: Call) -> pb.ReloadResponse:
-        self._admin(call)
-        try:
-            buckets = await asyncio.to_thread(self._edge.node.reload)
-        except ConfigError as exc:
-            raise Failure(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
-        return pb.ReloadResponse(buckets=buckets)
-
     # ---- operations (no token) ---------------------------------------------------------
 
     async def cluster_info(
@@ -144,7 +135,19 @@ class Admin:
     async def status(self, request: pb.StatusRequest, call: Call) -> pb.StatusResponse:
         # Digests snapshot the whole core: off the event loop, and only on request.
         replicas = await asyncio.to_thread(self._status, request.with_digests)
-        return pb.StatusResponse(node_id=self._edge.node_id, replicas=replicas)
+        node = self._edge.node
+        answer = pb.StatusResponse(
+            node_id=self._edge.node_id,
+            replicas=replicas,
+            meta_version=node.view.state.version,
+            meta_voter=node.meta is not None,
+        )
+        if node.meta is not None:
+            meta = node.meta.replica
+            answer.meta.CopyFrom(
+                await asyncio.to_thread(self._replica_status, meta.bucket, meta, False)
+            )
+        return answer
 
     def _status(self, with_digests: bool) -> list[pb.ReplicaStatus]:
         return [
@@ -171,8 +174,8 @@ class Admin:
         digest, holder, subs, outbox = core or ("", "", 0, 0)
         notifier = self._edge.notifiers.get(bucket)
         return pb.ReplicaStatus(
-            bucket=bucket,
-            bucket_uuid=self._edge.spec.buckets[bucket].bucket_uuid,
+            bucket=max(bucket, 0),
+            bucket_uuid=replica.bucket_uuid,
             address=replica.self_addr,
             leader=str(st.get("leader") or ""),
             is_leader=bool(st.get("is_leader")),

@@ -21,9 +21,11 @@ from google.protobuf.message import Message
 from grpc import aio
 
 from sevendb.cluster.common.auth import AUTH_METADATA_KEY, AuthError, principal_from_metadata
+from sevendb.cluster.common.bundle import ClusterSecrets
 from sevendb.cluster.common.topology import ClusterSpec, NodeSpec
 from sevendb.cluster.raft.replica import ApplyOutcome, BucketReplica, ReplicaUnavailable
 from sevendb.cluster.server.errors import Ctx, Failure
+from sevendb.cluster.server.meta import ClusterView, MetaMember
 from sevendb.cluster.server.metrics import NodeMetrics
 from sevendb.notifier.host import BucketNotifier
 from sevendb.outbox.entries import Entry, OutboxPurge, encode_entry
@@ -73,8 +75,12 @@ class NodeHost(Protocol):
     spec: ClusterSpec
     replicas: dict[int, BucketReplica]
     notifiers: dict[int, BucketNotifier]
+    view: ClusterView
+    meta: MetaMember | None
+    secrets: ClusterSecrets
 
-    def reload(self) -> list[int]: ...
+    @property
+    def token_secret(self) -> str: ...
 
 
 class Edge:
@@ -88,7 +94,7 @@ class Edge:
         self.bucket_of_uuid = {b.bucket_uuid: b.bucket for b in node.spec.buckets}
         self._channels: dict[str, aio.Channel] = {}
 
-    # The node's spec, replicas and notifiers change when it reloads cluster.json
+    # The node's spec, replicas and notifiers change when the cluster's metadata does
     # (migrations); each access sees one consistent version of each.
     @property
     def spec(self) -> ClusterSpec:
@@ -108,7 +114,7 @@ class Edge:
 
     def principal(self, metadata: Sequence[tuple[str, Any]]) -> str:
         try:
-            return principal_from_metadata(self.spec.password, metadata)
+            return principal_from_metadata(self.node.token_secret, metadata)
         except AuthError as exc:
             raise Failure(grpc.StatusCode.UNAUTHENTICATED, str(exc)) from None
 
@@ -147,11 +153,16 @@ class Edge:
 
     # ---- forwarding --------------------------------------------------------------------
 
-    def _stub(self, address: str) -> pb_grpc.SevenDBStub:
+    def stub(self, address: str) -> pb_grpc.SevenDBStub:
         channel = self._channels.get(address)
         if channel is None:
             channel = self._channels[address] = aio.insecure_channel(address)
         return pb_grpc.SevenDBStub(channel)
+
+    @staticmethod
+    def auth_of(call: Call) -> list[tuple[str, str]]:
+        """The call's credentials, to forward with it."""
+        return [(k, str(v)) for k, v in call.metadata if k == AUTH_METADATA_KEY]
 
     async def forward(
         self,
@@ -181,9 +192,8 @@ class Edge:
                 grpc.StatusCode.UNAVAILABLE,
                 f"bucket {bucket} has no known leader; retry shortly",
             )
-        forwarded = [(FORWARD_KEY, self.node_id)]
-        forwarded += [(k, str(v)) for k, v in call.metadata if k == AUTH_METADATA_KEY]
-        rpc = getattr(self._stub(target), method or call.method)
+        forwarded = [(FORWARD_KEY, self.node_id), *self.auth_of(call)]
+        rpc = getattr(self.stub(target), method or call.method)
         try:
             answer = await rpc(request, timeout=FORWARD_TIMEOUT_S, metadata=tuple(forwarded))
         except aio.AioRpcError as exc:

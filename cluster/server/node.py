@@ -1,13 +1,14 @@
 """A node process: hosts this node's replica of every bucket placed on it, their
-notifiers, the gRPC API and the metrics endpoint. Started by `sevendb cluster up`;
-`python -m sevendb.cluster.server.node --data DIR --node-id ID`.
+notifiers, its member of the metadata group (on a voter), the gRPC API and the
+metrics endpoint. Runs in the foreground from its own configuration:
+`sevendb node run --config node.toml` (`python -m sevendb.cluster.server.node
+--config node.toml`; see `sevendb.cluster.server.config` and docs/deploy.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import functools
 import gc
 import logging
@@ -17,28 +18,29 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
 
 from grpc import aio
 
-from sevendb.cluster.archive.writer import ArchiveWriter, archive_root
-from sevendb.cluster.common.layout import node_dir
-from sevendb.cluster.common.topology import SPEC_FILE, ClusterSpec, ConfigError
-from sevendb.cluster.raft.replica import BucketReplica, RaftLoop, RaftTuning
+from sevendb.cluster.archive.writer import ArchiveWriter
+from sevendb.cluster.common.auth import NODE_PRINCIPAL, auth_metadata, mint_token
+from sevendb.cluster.common.bundle import ClusterSecrets
+from sevendb.cluster.common.settings import flags_from_args, section_flags
+from sevendb.cluster.common.topology import ClusterSpec, ConfigError
+from sevendb.cluster.raft.replica import BucketReplica, RaftLoop
+from sevendb.cluster.server.config import SECTIONS, NodeConfig, load_node_config
 from sevendb.cluster.server.faults import KILL_BEFORE_SEND, FaultPoints
+from sevendb.cluster.server.meta import ClusterView, MetaFollower, MetaMember
 from sevendb.cluster.server.metrics import NodeMetrics
 from sevendb.cluster.server.service import NodeService
-from sevendb.notifier.host import BucketNotifier, NotifierSettings
+from sevendb.notifier.host import BucketNotifier
 from sevendb.outbox.model import Applied
 
 log = logging.getLogger("sevendb.node")
 
 GRPC_MESSAGE_BYTES_MAX = 4 * 1024 * 1024
 """Larger requests are refused by gRPC itself (RESOURCE_EXHAUSTED), before parsing."""
-TUNING_ENV_PREFIX = "SEVENDB_RAFT_"
-NOTIFIER_ENV_PREFIX = "SEVENDB_NOTIFIER_"
 GC_THRESHOLDS = (20_000, 10, 10)
 """CPython's collection thresholds for a serving node (default 700, 10, 10). Every
 open stream keeps ~100 tracked objects alive (10,000 subscriptions: ~1 million). With
@@ -48,52 +50,9 @@ thread of the node stopped (late heartbeats). With 20,000: one full collection i
 the same run instead of 12, no pause over 70 ms, and more events per CPU-second
 (docs/performance.md, stop 19)."""
 STOP_GRACE_S = 2.0
-SPEC_POLL_S = 1.0
-
-S = TypeVar("S")
-
-
-def settings_from_env(
-    cls: Callable[..., S], prefix: str, environ: Mapping[str, str], **fixed: Any
-) -> S:
-    """A settings dataclass with overrides from ``<prefix><FIELD>`` variables
-    (e.g. SEVENDB_RAFT_HEARTBEAT_S), each parsed as its field's type."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    overrides: dict[str, object] = dict(fixed)
-    for name, raw in environ.items():
-        if not name.startswith(prefix):
-            continue
-        field = name[len(prefix) :].lower()
-        if field not in fields or field in fixed:
-            raise ConfigError(
-                f"{name}: unknown setting; known: "
-                + ", ".join(prefix + f.upper() for f in fields if f not in fixed)
-            )
-        kind = {"int": int, "float": float}.get(str(fields[field].type), str)
-        try:
-            overrides[field] = kind(raw)
-        except ValueError:
-            raise ConfigError(f"{name}={raw!r}: expected {kind.__name__}") from None
-    try:
-        return cls(**overrides)
-    except ValueError as exc:
-        raise ConfigError(f"settings from the environment ({prefix}*): {exc}") from None
-
-
-def tuning_from_env(environ: Mapping[str, str]) -> RaftTuning:
-    """RaftTuning with overrides from SEVENDB_RAFT_<FIELD>."""
-    return settings_from_env(RaftTuning, TUNING_ENV_PREFIX, environ)
-
-
-def notifier_settings_from_env(environ: Mapping[str, str], tuning: RaftTuning) -> NotifierSettings:
-    """NotifierSettings with overrides from SEVENDB_NOTIFIER_<FIELD>; the stall window is
-    the one compaction uses (SEVENDB_RAFT_STALL_WINDOW_MS)."""
-    return settings_from_env(
-        NotifierSettings,
-        NOTIFIER_ENV_PREFIX,
-        environ,
-        stall_window_ms=tuning.stall_window_ms,
-    )
+JOIN_TIMEOUT_S = 60.0
+"""How long a node that is not in the genesis waits to learn its place from the
+metadata voters before giving up."""
 
 
 class HandoverPacer:
@@ -135,50 +94,75 @@ class Node:
     """Everything one node process runs; `start_background()`, `serve()`, then
     `stop_replicas()`.
 
-    Which replicas run here follows `cluster.json`: at start, and on every reload
-    (the `Reload` RPC, or the file changing on disk), replicas newly placed on this
-    node start, replicas no longer placed here stop and their data is deleted (a
-    migration removes a member from its Raft group before it edits the placement),
-    and migration hold points are applied. The replica and notifier maps are
-    replaced, never mutated, so readers on other threads see one or the other.
+    Which replicas run here follows the cluster's metadata (`ClusterView`): at
+    start, and at every newer version, replicas newly placed on this node start,
+    replicas no longer placed here stop and their data is deleted (a migration
+    removes a member from its Raft group before it edits the placement), and
+    migration hold points are applied. The replica and notifier maps are replaced,
+    never mutated, so readers on other threads see one or the other.
     """
 
-    def __init__(self, data_dir: Path, node_id: str, environ: Mapping[str, str]) -> None:
-        self.data_dir = data_dir
-        self.spec = ClusterSpec.load(data_dir)
-        self.node_id = node_id
-        self.me = self.spec.node(node_id)
-        self.tuning = tuning_from_env(environ)
-        self._settings = notifier_settings_from_env(environ, self.tuning)
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        settings = config.node
+        self.node_id = settings.id
+        self.home = settings.data_dir
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.secrets = ClusterSecrets.load(settings.secrets)
+        self.view = ClusterView(ClusterSpec.load(settings.genesis), self.home)
+        self._follower: MetaFollower | None = MetaFollower(
+            self.view,
+            auth_metadata(mint_token(self.token_secret, NODE_PRINCIPAL)),
+            settings.seeds,
+        )
+        if self.node_id not in self.view.spec.node_ids:  # joined after the genesis
+            self._follower.fetch(lambda spec: self.node_id in spec.node_ids, JOIN_TIMEOUT_S)
+        self.spec = self.view.spec
+        self.me = self.spec.node(self.node_id)
+        self.tuning = config.raft
+        self._settings = config.notifier
         self._stopping = threading.Event()
         self._reload_lock = threading.Lock()
-        self._spec_mtime = self._spec_file_mtime()
-        self.home = node_dir(data_dir, node_id)
-        self.home.mkdir(parents=True, exist_ok=True)
         self._faults = FaultPoints.from_env(self.home)
         self.replicas: dict[int, BucketReplica] = {}
         self.notifiers: dict[int, BucketNotifier] = {}
         self.raft_loop = RaftLoop()
         """Ticks every replica of this node (see `RaftLoop`)."""
         self._started = False
-        self.archive = ArchiveWriter.from_env(archive_root(data_dir), node_id, environ)
+        root = config.archive.root or self.home / "archive"
+        self.archive = ArchiveWriter(root, self.node_id, config.archive)
         self.metrics = NodeMetrics(
             plan_mismatches=lambda: sum(r.plan_mismatches for r in self.replicas.values())
         )
+        self.meta: MetaMember | None = None
         try:
+            if self.me.meta_port:
+                self._follower = None
+                self.meta = MetaMember(
+                    self.view,
+                    self.node_id,
+                    self.home,
+                    self.secrets.raft_password,
+                    self.tuning,
+                    self.raft_loop,
+                )
             self.reload()
         except BaseException:
             self.stop_replicas()
             raise
+        self.view.listen(lambda _: self._reload_logged())
         self.service = NodeService(self, self.metrics)
+
+    @property
+    def token_secret(self) -> str:
+        return self.secrets.token_secret
 
     # ---- replicas follow the spec ------------------------------------------------------
 
     def reload(self) -> list[int]:
-        """Converge the local replicas on `cluster.json`; returns the buckets hosted."""
+        """Converge the local replicas on the view's spec; returns the buckets hosted."""
         with self._reload_lock:
-            spec = ClusterSpec.load(self.data_dir)
-            self._spec_mtime = self._spec_file_mtime()
+            spec = self.view.spec
             self.spec = spec
             self.me = spec.node(self.node_id)
             wanted = {b.bucket for b in spec.buckets if self.node_id in b.nodes}
@@ -204,7 +188,7 @@ class Node:
             self_addr=me,
             partners=[a for a in spec.replica_addresses(bucket) if a != me],
             data_dir=self.home / f"bucket-{bucket}",
-            password=spec.password,
+            password=self.secrets.raft_password,
             tuning=self.tuning,
             on_applied=self._on_applied_hook(bucket, notifier_slot),
             archived_through=functools.partial(self.archive.archived_through, bucket),
@@ -249,23 +233,14 @@ class Node:
                 log.warning("deleting %s: bucket %s is no longer placed on this node", path, suffix)
                 shutil.rmtree(path, ignore_errors=True)
 
-    def _spec_file_mtime(self) -> float:
+    def _reload_logged(self) -> None:
         try:
-            return (self.data_dir / SPEC_FILE).stat().st_mtime
-        except OSError:
-            return 0.0
-
-    def _watch_spec(self) -> None:
-        """Reload when cluster.json changes (the CLI also asks every node directly)."""
-        while not self._stopping.wait(SPEC_POLL_S):
-            if self._spec_file_mtime() != self._spec_mtime:
-                try:
-                    self.reload()
-                except Exception:
-                    log.exception(
-                        "reloading %s failed; the running replicas are unchanged",
-                        self.data_dir / SPEC_FILE,
-                    )
+            self.reload()
+        except Exception:
+            log.exception(
+                "converging on metadata version %d failed; the running replicas are unchanged",
+                self.view.state.version,
+            )
 
     def _on_applied_hook(
         self, bucket: int, notifier: list[BucketNotifier]
@@ -284,12 +259,18 @@ class Node:
         self._started = True
         for notifier in self.notifiers.values():
             notifier.start()
-        threading.Thread(target=self._watch_spec, name="spec-watch", daemon=True).start()
+        if self.meta is None:
+            self._follower = MetaFollower(
+                self.view,
+                auth_metadata(mint_token(self.token_secret, NODE_PRINCIPAL)),
+                self.config.node.seeds,
+            )
+            self._follower.start()
         if self.tuning.leader_balance_s > 0:
             balancer = threading.Thread(target=self._balance_leaders, name="balance", daemon=True)
             balancer.start()
         if self.me.metrics_port:
-            self.metrics.serve(self.me.host, self.me.metrics_port)
+            self.metrics.serve(self.config.node.listen_host, self.me.metrics_port)
 
     def _balance_leaders(self) -> None:
         """Hand each bucket this node leads to its preferred replica when that one is
@@ -324,6 +305,10 @@ class Node:
         with self._reload_lock:
             for bucket in sorted(self.replicas):
                 self._stop_replica(bucket, delete=False)
+        if self._follower is not None:
+            self._follower.stop()
+        if self.meta is not None:
+            self.meta.close()
         self.raft_loop.close()
         self.archive.close()  # publishes what is buffered
 
@@ -337,8 +322,9 @@ class Node:
             ]
         )
         self.service.serve_on(server)
-        if server.add_insecure_port(self.me.grpc_address) == 0:
-            log.critical("cannot bind gRPC on %s", self.me.grpc_address)
+        listen = f"{self.config.node.listen_host}:{self.me.grpc_port}"
+        if server.add_insecure_port(listen) == 0:
+            log.critical("cannot bind gRPC on %s", listen)
             return 1
         await server.start()
         self.start_background()
@@ -364,28 +350,52 @@ class Node:
         return 0
 
 
-def serve(data_dir: Path, node_id: str, stop: threading.Event) -> int:
-    node = Node(data_dir, node_id, os.environ)
+def serve(config: NodeConfig, stop: threading.Event) -> int:
+    node = Node(config)
     try:
         return asyncio.run(node.serve(stop))
     finally:
         node.stop_replicas()
-        log.info("node %s stopped", node_id)
+        log.info("node %s stopped", node.node_id)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sevendb node run",
+        description="Run a sevendb node in the foreground from its configuration. Every "
+        "setting is a TOML key, a SEVENDB_<SECTION>_<KEY> variable or a flag; a flag "
+        "beats a variable, which beats the file, which beats the default.",
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=os.environ.get("SEVENDB_CONFIG"),
+        help="the node's TOML file (default $SEVENDB_CONFIG)",
+    )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print every effective setting and where it came from, then exit",
+    )
+    for flag, text in section_flags(SECTIONS):
+        parser.add_argument(flag, help=text, metavar="VALUE")
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sevendb-node", description=__doc__)
-    parser.add_argument("--data", type=Path, required=True, help="cluster data dir")
-    parser.add_argument("--node-id", required=True)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     try:
-        return serve(args.data.resolve(), args.node_id, stop)
+        config = load_node_config(args.config, os.environ, flags_from_args(SECTIONS, vars(args)))
+        if args.print_config:
+            print(config.settings.explain(), end="")
+            return 0
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        return serve(config, stop)
     except ConfigError as exc:
         log.critical("%s", exc)
         return 2

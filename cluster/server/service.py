@@ -16,6 +16,7 @@ from grpc import aio
 from sevendb.cluster.server.acks import Acks
 from sevendb.cluster.server.admin import Admin
 from sevendb.cluster.server.edge import Edge, NodeHost
+from sevendb.cluster.server.metadata import Metadata
 from sevendb.cluster.server.metrics import NodeMetrics
 from sevendb.cluster.server.reads import Reads
 from sevendb.cluster.server.rpc import Auth, Route, method_handlers, register
@@ -36,6 +37,7 @@ class NodeService:
         self.sessions = Sessions(self.streams)
         self.acks = Acks(self.edge)
         self.admin = Admin(self.edge)
+        self.metadata = Metadata(self.edge)
 
     def routes(self) -> dict[str, Route]:
         """Each method of the service and the handler that serves it."""
@@ -64,7 +66,9 @@ class NodeService:
             "RemoveMember": Route(admin.remove_member),
             "TransferLeader": Route(admin.transfer_leader),
             "CreateEpoch": Route(admin.create_epoch),
-            "Reload": Route(admin.reload),
+            "MetaRead": Route(self.metadata.meta_read),
+            "MetaWrite": Route(self.metadata.meta_write),
+            "JoinBundle": Route(self.metadata.join_bundle),
         }
 
     def serve_on(self, server: aio.Server) -> None:

@@ -23,8 +23,15 @@ from typing import Any
 
 from bench_writes import machine, pct
 
-from sevendb.cluster.common.topology import ClusterSpec
-from sevendb.cluster.ops.local import add_node, cluster_down, cluster_up, local_token, node_status
+from sevendb.cluster.ops.local import (
+    add_node,
+    cluster_down,
+    cluster_up,
+    local_admin,
+    local_spec,
+    local_token,
+    node_status,
+)
 from sevendb.cluster.ops.migrate import migrate_bucket
 from sevendb.sdk import Client, set_op
 
@@ -106,12 +113,12 @@ def main() -> int:
         cluster_up(data, nodes=3, buckets=1, replicas=3)
         try:
             with Client(
-                [n.grpc_address for n in ClusterSpec.load(data).nodes], token=local_token(data)
+                [n.grpc_address for n in local_spec(data).nodes], token=local_token(data)
             ) as client:
                 filled_s = fill(client, args.keys)
                 print(f"filled {args.keys:,} keys in {filled_s:.1f} s", flush=True)
                 new = add_node(data).node_id
-                spec = ClusterSpec.load(data)
+                spec = local_spec(data)
                 leader = next(
                     n.node_id
                     for n in spec.nodes
@@ -122,7 +129,7 @@ def main() -> int:
                 time.sleep(5)  # a baseline before the migration
                 m0 = time.monotonic()
                 summary = migrate_bucket(
-                    data,
+                    local_admin(data),
                     0,
                     target,
                     progress=lambda line: print(

@@ -232,7 +232,7 @@ class SevendbCluster:
     def stop(self) -> None:
         from sevendb.cluster.ops.local import cluster_down
 
-        if self._started and (self.dir / "cluster.json").exists():
+        if self._started and (self.dir / "client.toml").exists():
             try:
                 cluster_down(self.dir, progress=log)
             except Exception as exc:  # never leave nodes behind: kill what the pids name
@@ -241,11 +241,9 @@ class SevendbCluster:
                     os.kill(pid, 9)
 
     def pids(self) -> list[int]:
-        from sevendb.cluster.common.topology import ClusterSpec
-        from sevendb.cluster.ops.local import running_pid
+        from sevendb.cluster.ops.local import local_nodes, running_pid
 
-        spec = ClusterSpec.load(self.dir)
-        return [p for n in spec.nodes if (p := running_pid(self.dir, n.node_id)) is not None]
+        return [p for n in local_nodes(self.dir) if (p := running_pid(self.dir, n)) is not None]
 
     def conf(self) -> JsonDict:
         return self._conf

@@ -1,0 +1,187 @@
+"""The operator's connection to a running cluster, from any machine: the cluster's
+metadata read from any node, changed by compare-and-set through the metadata group,
+and waits for the nodes to converge on a change.
+
+    admin = ClusterAdmin(["10.0.0.1:7001"], token)      # endpoints of any nodes
+    meta = admin.read()                                  # spec + records + version
+    admin.save(meta, meta.spec.with_node(node))          # refused if it changed meanwhile
+
+Two operators changing the cluster at once cannot both win: each write names the
+version of every record it changes, and the loser gets `MetadataConflict` (re-run
+the command: every operation here is derived from the cluster's state).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final, TypeVar
+
+import grpc
+
+from sevendb.cluster.common.auth import auth_metadata
+from sevendb.cluster.common.meta import changes, overlay
+from sevendb.cluster.common.topology import ClusterSpec, ConfigError
+from sevendb.proto import sevendb_pb2 as pb
+from sevendb.proto import sevendb_pb2_grpc as pb_grpc
+
+__all__ = ["ClusterAdmin", "ClusterMeta", "MetadataConflict", "Unreachable"]
+
+T = TypeVar("T")
+CALL_TIMEOUT_S: Final = 10.0
+CONVERGE_TIMEOUT_S: Final = 30.0
+
+
+class MetadataConflict(ConfigError):
+    """The metadata changed between reading it and writing it (another operator)."""
+
+
+class Unreachable(ConfigError):
+    """No endpoint answered."""
+
+
+@dataclass(frozen=True)
+class ClusterMeta:
+    version: int
+    records: dict[str, tuple[bytes, int]]
+    genesis: ClusterSpec
+    spec: ClusterSpec
+
+
+class ClusterAdmin:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        token: str | None,
+        *,
+        timeout_s: float = CALL_TIMEOUT_S,
+        progress: Callable[[str], None] = lambda _: None,
+    ) -> None:
+        if not endpoints:
+            raise ConfigError("no endpoints to reach the cluster")
+        self.endpoints = list(endpoints)
+        self.metadata = auth_metadata(token) if token else ()
+        self.timeout_s = timeout_s
+        self.progress = progress
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+
+    def __enter__(self) -> ClusterAdmin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def stub(self, address: str) -> pb_grpc.SevenDBStub:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.insecure_channel(address)
+        return pb_grpc.SevenDBStub(channel)
+
+    def any_node(self, call: Callable[[pb_grpc.SevenDBStub], T]) -> T:
+        """`call` on the first endpoint that answers (UNAVAILABLE/DEADLINE: the next)."""
+        errors = []
+        for endpoint in self.endpoints:
+            try:
+                return call(self.stub(endpoint))
+            except grpc.RpcError as exc:
+                code = exc.code()
+                if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise
+                errors.append(f"{endpoint}: {code.name}")
+        raise Unreachable("no node answered: " + "; ".join(errors))
+
+    # ---- metadata ------------------------------------------------------------------
+
+    def read(self) -> ClusterMeta:
+        response: pb.MetaReadResponse = self.any_node(
+            lambda s: s.MetaRead(
+                pb.MetaReadRequest(), metadata=self.metadata, timeout=self.timeout_s
+            )
+        )
+        genesis = ClusterSpec.from_json(response.genesis, "the cluster's genesis")
+        records = {r.key: (r.value, r.version) for r in response.records}
+        spec = overlay(genesis, {k: v for k, (v, _) in records.items()})
+        found = ClusterMeta(response.version, records, genesis, spec)
+        self._learn(found.spec)
+        return found
+
+    def _learn(self, spec: ClusterSpec) -> None:
+        """Add the cluster's nodes to the endpoints tried (given one, learn the rest)."""
+        for node in spec.nodes:
+            if node.grpc_address not in self.endpoints:
+                self.endpoints.append(node.grpc_address)
+
+    def save(self, meta: ClusterMeta, new: ClusterSpec, *, wait: bool = True) -> ClusterMeta:
+        """Write what turns `meta.spec` into `new`, provided nothing changed since
+        `meta` was read; then (with `wait`) wait until the reachable nodes converged.
+        Returns the metadata as written."""
+        new.validate()
+        ops = []
+        for key, value in changes(meta.spec, new).items():
+            expected = meta.records[key][1] if key in meta.records else 0
+            if value is None:
+                ops.append(pb.MetaOp(key=key, delete=True, expected_version=expected))
+            else:
+                ops.append(pb.MetaOp(key=key, value=value, expected_version=expected))
+        if not ops:
+            return meta
+        try:
+            response: pb.MetaWriteResponse = self.any_node(
+                lambda s: s.MetaWrite(
+                    pb.MetaWriteRequest(ops=ops), metadata=self.metadata, timeout=self.timeout_s
+                )
+            )
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                raise MetadataConflict(
+                    "the cluster's metadata changed while this command ran (another "
+                    "operator?); run the command again"
+                ) from None
+            raise
+        if wait:
+            self.wait_converged(response.version, new)
+        return self.read()
+
+    def wait_converged(
+        self, version: int, spec: ClusterSpec, timeout_s: float = CONVERGE_TIMEOUT_S
+    ) -> None:
+        """Until every node of `spec` that answers has converged on `version` (a node
+        that does not answer is reported and skipped: it converges when it is back)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            behind = []
+            for node in spec.nodes:
+                status = self.status(node.grpc_address, timeout_s=2.0)
+                if status is not None and status.meta_version < version:
+                    behind.append(node.node_id)
+            if not behind:
+                return
+            if time.monotonic() > deadline:
+                self.progress(
+                    f"  nodes {', '.join(behind)} have not seen metadata version {version} "
+                    f"after {timeout_s:.0f} s; they will when they reach a metadata voter"
+                )
+                return
+            time.sleep(0.1)
+
+    # ---- nodes ---------------------------------------------------------------------
+
+    def status(
+        self, address: str, *, timeout_s: float = 5.0, digests: bool = False
+    ) -> pb.StatusResponse | None:
+        """A node's Status, or None if it does not answer."""
+        try:
+            response: pb.StatusResponse = self.stub(address).Status(
+                pb.StatusRequest(with_digests=digests), timeout=timeout_s
+            )
+        except grpc.RpcError:
+            return None
+        return response

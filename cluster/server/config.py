@@ -1,0 +1,92 @@
+"""A node's configuration: its own TOML file, `SEVENDB_*` variables and flags.
+
+    sevendb node run --config /etc/sevendb/node.toml [--raft-heartbeat-s 0.2 ...]
+    sevendb node run --config node.toml --print-config
+
+Sections: ``[node]`` (`NodeSettings`: identity, addresses, files), ``[raft]``
+(`RaftTuning`), ``[notifier]`` (`NotifierSettings`) and ``[archive]``
+(`ArchiveSettings`). Precedence, highest first: flag, environment, file, default
+(`sevendb.cluster.common.settings`). Relative paths in the file are relative to
+the file's directory. docs/deploy.md lists every key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sevendb.cluster.archive.writer import ArchiveSettings
+from sevendb.cluster.common.settings import Layers, Settings
+from sevendb.cluster.common.topology import ConfigError
+from sevendb.cluster.raft.replica import RaftTuning
+from sevendb.notifier.host import NotifierSettings
+
+__all__ = ["SECTIONS", "NodeConfig", "NodeSettings", "load_node_config"]
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """The ``[node]`` section."""
+
+    id: str = ""
+    """This node's id in the cluster's metadata (required)."""
+    data_dir: Path = Path("data")
+    """Where this node keeps its replicas, its metadata cache and its archive."""
+    listen_host: str = "127.0.0.1"
+    """The address the node binds its gRPC, Raft and metrics ports to (``0.0.0.0``:
+    every interface). Its ports are the ones the cluster's metadata advertises."""
+    seeds: tuple[str, ...] = ()
+    """gRPC endpoints (host:port) of other nodes, to learn the cluster's metadata
+    from when this node is not a metadata voter or has none cached yet."""
+    genesis: Path = Path("genesis.json")
+    """The cluster as `sevendb cluster init` created it (the same file on every node)."""
+    secrets: Path = Path("secrets.toml")
+    """The cluster's secrets (mode 0600)."""
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise ValueError("id is required (this node's id in the cluster)")
+
+
+SECTIONS: Mapping[str, type[Any]] = {
+    "node": NodeSettings,
+    "raft": RaftTuning,
+    "notifier": NotifierSettings,
+    "archive": ArchiveSettings,
+}
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    node: NodeSettings
+    raft: RaftTuning
+    notifier: NotifierSettings
+    archive: ArchiveSettings
+    settings: Settings
+    """Where each value came from (`Settings.explain` for ``--print-config``)."""
+
+
+def load_node_config(
+    path: Path | None, environ: Mapping[str, str], flags: Mapping[str, str] | None = None
+) -> NodeConfig:
+    """Resolve a node's settings; relative paths are made absolute against the config
+    file's directory (the working directory without a file). Raises ConfigError."""
+    settings = Settings(Layers.read(path, environ, flags), SECTIONS)
+    base = (path.parent if path is not None else Path.cwd()).resolve()
+    node = settings.section("node", NodeSettings)
+    node = dataclasses.replace(
+        node,
+        data_dir=base / node.data_dir,
+        genesis=base / node.genesis,
+        secrets=base / node.secrets,
+    )
+    raft = settings.section("raft", RaftTuning)
+    notifier = settings.section("notifier", NotifierSettings)
+    if settings.origins["notifier"]["stall_window_ms"].layer != "default":
+        raise ConfigError("notifier.stall_window_ms is raft.stall_window_ms; set that one")
+    notifier = dataclasses.replace(notifier, stall_window_ms=raft.stall_window_ms)
+    archive = settings.section("archive", ArchiveSettings)
+    return NodeConfig(node, raft, notifier, archive, settings)

@@ -1,0 +1,101 @@
+"""The metadata RPCs: `MetaRead` (any principal; a voter answers from its replica of
+the metadata group, any other node from its cache), `MetaWrite` (admin: a
+compare-and-set write, forwarded to a voter by a node that is not one) and
+`JoinBundle` (admin: what `sevendb node init` gives a new node)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Final
+
+import grpc
+from grpc import aio
+
+from sevendb.cluster.common.auth import ADMIN_PRINCIPAL
+from sevendb.cluster.server.edge import FORWARD_KEY, FORWARD_TIMEOUT_S, Call, Edge, now_ms
+from sevendb.cluster.server.errors import Failure
+from sevendb.cluster.server.meta import MetaMember, cas_op
+from sevendb.outbox.errors import SevenDBError
+from sevendb.outbox.replica import ReplicaUnavailable
+from sevendb.proto import sevendb_pb2 as pb
+
+WAIT_MS_MAX: Final = 30_000
+
+
+def require_admin(call: Call) -> None:
+    if call.principal != ADMIN_PRINCIPAL:
+        raise Failure(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"administration needs the {ADMIN_PRINCIPAL!r} principal",
+        )
+
+
+class Metadata:
+    """The metadata handlers of one node."""
+
+    def __init__(self, edge: Edge) -> None:
+        self._edge = edge
+
+    async def meta_read(self, request: pb.MetaReadRequest, call: Call) -> pb.MetaReadResponse:
+        view = self._edge.node.view
+        wait_s = min(request.wait_ms, WAIT_MS_MAX) / 1000
+        state = view.state
+        if request.after_version and state.version <= request.after_version and wait_s > 0:
+            state = await asyncio.to_thread(view.wait_newer, request.after_version, wait_s)
+        return pb.MetaReadResponse(
+            version=state.version,
+            records=[
+                pb.MetaRecord(key=k, value=v, version=ver)
+                for k, (v, ver) in sorted(state.records.items())
+            ],
+            genesis=view.genesis.to_json(),
+        )
+
+    async def meta_write(self, request: pb.MetaWriteRequest, call: Call) -> pb.MetaWriteResponse:
+        require_admin(call)
+        member: MetaMember | None = self._edge.node.meta
+        if member is None:
+            return await self._forward(call, request)
+        try:
+            ops = [
+                cas_op(op.key, None if op.delete else op.value, op.expected_version)
+                for op in request.ops
+            ]
+            result, index = await asyncio.to_thread(member.write, ops, now_ms())
+        except SevenDBError as exc:
+            raise Failure.domain(exc) from None
+        except ReplicaUnavailable as exc:
+            raise Failure(
+                grpc.StatusCode.UNAVAILABLE, f"the metadata group cannot commit now: {exc}"
+            ) from None
+        if result.error is not None:
+            raise Failure.rejected(result.error)
+        return pb.MetaWriteResponse(version=index)
+
+    async def _forward(self, call: Call, request: pb.MetaWriteRequest) -> pb.MetaWriteResponse:
+        edge = self._edge
+        if any(k == FORWARD_KEY for k, _ in call.metadata):
+            raise Failure(grpc.StatusCode.UNAVAILABLE, "forwarded to a node that is no voter")
+        errors = []
+        for voter in edge.spec.meta_voters:
+            forwarded = ((FORWARD_KEY, edge.node_id), *edge.auth_of(call))
+            try:
+                answer: pb.MetaWriteResponse = await edge.stub(voter.grpc_address).MetaWrite(
+                    request, timeout=FORWARD_TIMEOUT_S, metadata=forwarded
+                )
+                return answer
+            except aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise Failure(exc.code(), exc.details() or "metadata write failed") from None
+                errors.append(f"{voter.node_id}: {exc.details()}")
+        raise Failure(
+            grpc.StatusCode.UNAVAILABLE,
+            "no metadata voter could commit the write: " + "; ".join(errors),
+        )
+
+    async def join_bundle(self, request: pb.JoinBundleRequest, call: Call) -> pb.JoinBundleResponse:
+        require_admin(call)
+        node = self._edge.node
+        return pb.JoinBundleResponse(
+            genesis=node.view.genesis.to_json(), secrets=node.secrets.to_toml()
+        )

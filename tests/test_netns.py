@@ -1,0 +1,361 @@
+"""A cluster across real network boundaries: three node hosts and a client host, each
+a Linux network namespace with its own address (tests/netns.py), the nodes made by
+`sevendb cluster init` and run with `sevendb node run`, the client using nothing but
+its client bundle. Faults are real: `kill -9`, packets dropped inside a namespace
+(both ways, or only what it sends), delay and loss.
+
+One cluster serves the whole module, the tests in order; each ends with every host
+healed and every node running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster_harness import wait_for
+from netns import Host, NetLab
+
+from sevendb.cluster.common.bundle import ClientConfig
+from sevendb.cluster.ops.admin import ClusterAdmin
+from sevendb.proto import sevendb_pb2 as pb
+
+pytestmark = pytest.mark.slow
+
+CLIENT = str(Path(__file__).with_name("netns_client.py"))
+NODES = ("n1", "n2", "n3")
+BUCKETS = 2
+
+
+@dataclass
+class Deployment:
+    lab: NetLab
+    root: Path
+    bundles: Path
+    client_host: Host
+    node_hosts: dict[str, Host]
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def client_toml(self) -> Path:
+        return self.bundles / "client.toml"
+
+    def admin(self) -> ClusterAdmin:
+        config = ClientConfig.load(self.client_toml)
+        return ClusterAdmin(list(config.endpoints), config.token)
+
+    def sevendb(self, *args: str, host: Host | None = None, timeout: float = 120) -> str:
+        """`sevendb ARGS` on the client host (or `host`), from the client bundle."""
+        argv = [sys.executable, "-m", "sevendb.cluster.ops.cli", *args]
+        if "--endpoints" not in args:
+            argv += ["--config", str(self.client_toml)]
+        out = (host or self.client_host).run(argv, timeout=timeout)
+        assert out.returncode == 0, f"sevendb {' '.join(args)}: {out.stderr}"
+        return out.stdout
+
+    def start(self, node_id: str) -> None:
+        host = self.node_hosts[node_id]
+        log = (self.root / f"{node_id}.log").open("ab")
+        self.procs[node_id] = host.popen(
+            [
+                sys.executable,
+                "-m",
+                "sevendb.cluster.ops.cli",
+                "node",
+                "run",
+                "--config",
+                str(self.bundles / node_id / "node.toml"),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def kill9(self, node_id: str) -> None:
+        self.node_hosts[node_id].kill9(self.procs.pop(node_id))
+
+    def status(self, node_id: str) -> pb.StatusResponse | None:
+        with self.admin() as admin:
+            return admin.status(f"{self.node_hosts[node_id].address}:7001", timeout_s=2)
+
+    def wait_leaders(self, timeout_s: float = 60) -> None:
+        def ready() -> bool:
+            for node_id in self.node_hosts:
+                status = self.status(node_id)
+                if status is None or any(not r.leader for r in status.replicas):
+                    return False
+            return True
+
+        wait_for(ready, timeout_s, "every bucket to have a leader on every node", 0.2)
+
+    def converged(self) -> bool:
+        per_bucket: dict[int, set[tuple[int, str]]] = {}
+        with self.admin() as admin:
+            for node in admin.read().spec.nodes:
+                status = admin.status(node.grpc_address, digests=True, timeout_s=5)
+                if status is None:
+                    return False
+                for r in status.replicas:
+                    if r.quarantined:
+                        return False
+                    per_bucket.setdefault(r.bucket, set()).add((r.applied_index, r.digest))
+        return len(per_bucket) == BUCKETS and all(len(v) == 1 for v in per_bucket.values())
+
+    def leader_of(self, bucket: int) -> str:
+        def find() -> str | None:
+            for node_id in self.node_hosts:
+                status = self.status(node_id)
+                if status and any(r.bucket == bucket and r.is_leader for r in status.replicas):
+                    return node_id
+            return None
+
+        found = wait_for(find, 60, f"a leader of bucket {bucket}", 0.2)
+        assert found is not None
+        return found
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    root = tmp_path_factory.mktemp("netns")
+    with NetLab() as lab:
+        hosts = {n: lab.add_host(n) for n in NODES}
+        client = lab.add_host("client")
+        bundles = root / "bundles"
+        init = [
+            sys.executable,
+            "-m",
+            "sevendb.cluster.ops.cli",
+            "cluster",
+            "init",
+            "--out",
+            str(bundles),
+            "--buckets",
+            str(BUCKETS),
+        ]
+        for node_id, host in hosts.items():
+            init += ["--node", f"{node_id}={host.address}"]
+        subprocess.run(init, check=True, capture_output=True)
+        for node_id, host in hosts.items():
+            # Each node's data dir is its bundle's: give it a data dir of its own host.
+            assert (bundles / node_id / "node.toml").read_text().count(host.address) >= 1
+        deployment = Deployment(lab, root, bundles, client, hosts)
+        try:
+            for node_id in NODES:
+                deployment.start(node_id)
+            deployment.wait_leaders()
+            yield deployment
+        finally:
+            for node_id in list(deployment.procs):
+                deployment.kill9(node_id)
+            for log in sorted(root.glob("*.log")):
+                print(
+                    f"---- {log.name} (tail)\n"
+                    + "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+                )
+
+
+@contextlib.contextmanager
+def tailing(d: Deployment, name: str, query: str = "prefix:") -> Iterator[Path]:
+    """A subscriber on the client host for the block; yields its output file."""
+    out = d.root / f"{name}.events"
+    proc = d.client_host.popen(
+        [
+            sys.executable,
+            CLIENT,
+            "tail",
+            str(d.client_toml),
+            str(out),
+            str(d.root / f"{name}.cursor"),
+            query,
+        ],
+        stdout=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == b"subscribed"
+    try:
+        yield out
+    finally:
+        d.client_host.kill9(proc)
+
+
+def load(d: Deployment, name: str, seconds: float) -> subprocess.Popen[bytes]:
+    return d.client_host.popen(
+        [
+            sys.executable,
+            CLIENT,
+            "load",
+            str(d.client_toml),
+            str(d.root / f"{name}.acked"),
+            f"{name}/",
+            str(seconds),
+        ]
+    )
+
+
+def acked(d: Deployment, name: str) -> list[str]:
+    path = d.root / f"{name}.acked"
+    return path.read_text().split() if path.exists() else []
+
+
+def events(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+
+
+def check_delivery(d: Deployment, out: Path, name: str) -> None:
+    """Every acknowledged key is in the cluster and was delivered; no event twice; each
+    bucket's positions strictly increase."""
+    keys = set(acked(d, name))
+    assert keys, f"no write of {name} was acknowledged"
+    wait_for(
+        lambda: keys <= {e["key"] for e in events(out)}, 90, f"{name}'s writes to be delivered"
+    )
+    seen = events(out)
+    positions = [(e["bucket"], tuple(e["seq"]), e["key"]) for e in seen]
+    assert len(set(positions)) == len(positions), "an event was delivered twice"
+    for bucket in range(BUCKETS):
+        seqs = [e["seq"] for e in seen if e["bucket"] == bucket]
+        assert seqs == sorted(seqs)
+    for key in sorted(keys)[:: max(1, len(keys) // 4)]:
+        assert json.loads(d.sevendb("get", key))["key"] == key
+
+
+def test_write_read_and_subscribe_across_hosts_from_the_client_bundle(d: Deployment) -> None:
+    with tailing(d, "basic") as out:
+        written = json.loads(d.sevendb("write", "basic/a", "1"))
+        assert written["version"] == 1
+        assert json.loads(d.sevendb("get", "basic/a"))["value"] == "1"
+        wait_for(lambda: any(e["key"] == "basic/a" for e in events(out)), 30, "the event")
+    # The cursor resumes: nothing is delivered twice, and what was written meanwhile arrives.
+    d.sevendb("write", "basic/b", "2")
+    with tailing(d, "basic") as out:
+        wait_for(lambda: any(e["key"] == "basic/b" for e in events(out)), 30, "the later event")
+        assert [e["key"] for e in events(out)].count("basic/a") == 1
+
+
+def test_kill9_of_the_lease_holders_host_loses_nothing(d: Deployment) -> None:
+    with tailing(d, "kill") as out:
+        writer = load(d, "kill", 600)
+        wait_for(lambda: len(acked(d, "kill")) > 50, 30, "writes before the kill")
+        victim = d.leader_of(0)
+        d.kill9(victim)
+        wait_for(lambda: len(acked(d, "kill")) > 150, 60, "writes after the kill")
+        d.start(victim)
+        d.wait_leaders()
+        restarted = len(acked(d, "kill"))
+        wait_for(lambda: len(acked(d, "kill")) > restarted + 50, 60, "writes after the restart")
+        d.client_host.kill9(writer)
+        d.wait_leaders()
+        check_delivery(d, out, "kill")
+    wait_for(d.converged, 90, "replicas to converge")
+
+
+def _minority_refuses(d: Deployment, host: Host) -> float:
+    """How long a write through `host`'s own node, from inside `host`, takes to fail."""
+    started = time.monotonic()
+    out = host.run(
+        [
+            sys.executable,
+            "-m",
+            "sevendb.cluster.ops.cli",
+            "write",
+            "minority/x",
+            "1",
+            "--endpoints",
+            f"{host.address}:7001",
+            "--token",
+            ClientConfig.load(d.client_toml).token,
+        ],
+        timeout=120,
+    )
+    took = time.monotonic() - started
+    assert out.returncode != 0, "a write on the minority side was acknowledged"
+    assert "UNAVAILABLE" in out.stderr or "Unavailable" in out.stderr, out.stderr
+    return took
+
+
+@pytest.mark.parametrize("fault", ["partition", "outbound", "delay_and_loss"])
+def test_a_faulty_host_under_load_loses_nothing(d: Deployment, fault: str) -> None:
+    name = f"fault-{fault}"
+    victim = d.node_hosts[d.leader_of(0)]
+    with tailing(d, name) as out:
+        writer = load(d, name, 600)
+        wait_for(lambda: len(acked(d, name)) > 30, 30, "writes before the fault")
+        if fault == "partition":
+            d.lab.partition(victim)
+            took = _minority_refuses(d, victim)
+            print(f"the minority refused a write after {took:.1f} s")
+            assert took < 60, f"the minority took {took:.0f} s to refuse"
+        elif fault == "outbound":
+            d.lab.partition_outbound(victim)
+        else:
+            d.lab.netem(victim, delay_ms=30, jitter_ms=20, loss_pct=5)
+        before = len(acked(d, name))
+        wait_for(lambda: len(acked(d, name)) > before + 50, 60, "writes during the fault")
+        d.lab.heal(victim)
+        healed = len(acked(d, name))
+        wait_for(lambda: len(acked(d, name)) > healed + 50, 60, "writes after healing")
+        d.client_host.kill9(writer)
+        check_delivery(d, out, name)
+    d.wait_leaders()
+    wait_for(d.converged, 90, "replicas to converge after healing")
+
+
+def test_a_fourth_host_joins_and_a_migration_survives_a_partitioned_metadata_voter(
+    d: Deployment,
+) -> None:
+    n4 = d.lab.add_host("n4")
+    d.node_hosts["n4"] = n4
+    d.sevendb("node", "init", "--node", f"n4={n4.address}", "--out", str(d.bundles))
+    d.start("n4")
+    wait_for(lambda: d.status("n4") is not None, 60, "n4 to answer")
+    with d.admin() as admin:
+        spec = admin.read().spec
+    bucket = 1
+    keep = list(spec.buckets[bucket].nodes[:2])
+    target = ",".join(["n4", *keep])
+    voter = next(n for n in NODES if n not in keep)  # a metadata voter, and the replica leaving
+    with tailing(d, "mig") as out:
+        writer = load(d, "mig", 600)
+        wait_for(lambda: len(acked(d, "mig")) > 30, 30, "writes before the migration")
+        migrate = d.client_host.popen(
+            [
+                sys.executable,
+                "-m",
+                "sevendb.cluster.ops.cli",
+                "bucket",
+                "migrate",
+                str(bucket),
+                "--to",
+                target,
+                "--config",
+                str(d.client_toml),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        d.lab.partition(d.node_hosts[voter])
+        try:
+            code = migrate.wait(180)
+        finally:
+            d.lab.heal(d.node_hosts[voter])
+        if code != 0:  # interrupted by the partition: it resumes from the cluster's state
+            d.sevendb("bucket", "migrate", str(bucket), "--to", target, timeout=180)
+        d.client_host.kill9(writer)
+        check_delivery(d, out, "mig")
+    with d.admin() as admin:
+        after = admin.read().spec
+    assert set(after.buckets[bucket].nodes) == {"n4", *keep} and not after.migrations
+    d.wait_leaders()
+    wait_for(d.converged, 90, "replicas to converge after the migration")
+
+
+@pytest.fixture
+def d(deployment: Deployment) -> Deployment:
+    return deployment
