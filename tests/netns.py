@@ -131,6 +131,15 @@ class NetLab:
         """Drop every packet into and out of `host` (loopback excepted)."""
         host.shell("iptables -A INPUT -i eth0 -j DROP && iptables -A OUTPUT -o eth0 -j DROP")
 
+    def block_port(self, host: Host, port: int) -> None:
+        """Drop TCP to and from `port` on `host` (one service cut off, the rest not)."""
+        host.shell(
+            f"iptables -A INPUT -i eth0 -p tcp --dport {port} -j DROP && "
+            f"iptables -A INPUT -i eth0 -p tcp --sport {port} -j DROP && "
+            f"iptables -A OUTPUT -o eth0 -p tcp --dport {port} -j DROP && "
+            f"iptables -A OUTPUT -o eth0 -p tcp --sport {port} -j DROP"
+        )
+
     def partition_outbound(self, host: Host) -> None:
         """Asymmetric: `host` hears everyone, nobody hears it (its sends are dropped)."""
         host.shell("iptables -A OUTPUT -o eth0 -j DROP")

@@ -307,6 +307,57 @@ def test_a_faulty_host_under_load_loses_nothing(d: Deployment, fault: str) -> No
     wait_for(d.converged, 90, "replicas to converge after healing")
 
 
+def test_data_buckets_serve_while_the_metadata_group_has_no_majority(d: Deployment) -> None:
+    """Cut the metadata port on two of the three voters: the metadata group has no
+    majority, yet writes and subscriptions go on, a metadata change is refused with
+    UNAVAILABLE, and a node restarted meanwhile starts from its cache."""
+    cut = [d.node_hosts["n2"], d.node_hosts["n3"]]
+    with tailing(d, "nometa") as out:
+        for host in cut:
+            d.lab.block_port(host, 7000)
+        try:
+            writer = load(d, "nometa", 600)
+
+            def no_metadata_leader() -> bool:
+                status = d.status("n1")
+                return status is not None and not status.meta.leader
+
+            wait_for(no_metadata_leader, 60, "the metadata group to lose its leader")
+            wait_for(lambda: len(acked(d, "nometa")) > 50, 60, "writes without a metadata majority")
+            refused = d.client_host.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "sevendb.cluster.ops.cli",
+                    "node",
+                    "init",
+                    "--node",
+                    "n9=10.0.0.99",
+                    "--out",
+                    str(d.root / "refused"),
+                    "--config",
+                    str(d.client_toml),
+                ],
+                timeout=120,
+            )
+            assert refused.returncode != 0 and "UNAVAILABLE" in refused.stderr, refused.stderr
+            assert "nothing was changed" in refused.stderr, refused.stderr
+            d.kill9("n3")
+            d.start("n3")  # its metadata comes from its cache
+            wait_for(lambda: d.status("n3") is not None, 60, "n3 to restart from its cache")
+            before = len(acked(d, "nometa"))
+            wait_for(lambda: len(acked(d, "nometa")) > before + 50, 60, "writes after the restart")
+        finally:
+            for host in cut:
+                d.lab.heal(host)
+        d.client_host.kill9(writer)
+        check_delivery(d, out, "nometa")
+    with d.admin() as admin:
+        assert "n9" not in admin.read().spec.node_ids  # the refused change did not happen
+    d.wait_leaders()
+    wait_for(d.converged, 90, "replicas to converge")
+
+
 def test_a_fourth_host_joins_and_a_migration_survives_a_partitioned_metadata_voter(
     d: Deployment,
 ) -> None:

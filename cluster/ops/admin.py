@@ -38,7 +38,7 @@ class MetadataConflict(ConfigError):
 
 
 class Unreachable(ConfigError):
-    """No endpoint answered."""
+    """No endpoint could serve the request (each one's answer is in the message)."""
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,8 @@ class ClusterAdmin:
                 code = exc.code()
                 if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     raise
-                errors.append(f"{endpoint}: {code.name}")
-        raise Unreachable("no node answered: " + "; ".join(errors))
+                errors.append(f"{endpoint}: {code.name}: {exc.details()}")
+        raise Unreachable("no node could serve the request: " + "; ".join(errors))
 
     # ---- metadata ------------------------------------------------------------------
 

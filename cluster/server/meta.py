@@ -32,6 +32,7 @@ from sevendb.cluster.common.topology import ClusterSpec, ConfigError
 from sevendb.cluster.raft.replica import BucketReplica, RaftLoop, RaftTuning
 from sevendb.outbox.entries import Expected, ExpectKind, Op, OpKind, Write, encode_entry
 from sevendb.outbox.model import WriteResult
+from sevendb.outbox.replica import ReplicaUnavailable
 from sevendb.outbox.state import BucketStateMachine
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
@@ -193,7 +194,16 @@ class MetaMember:
     def write(self, ops: Sequence[Op], now_ms: int) -> tuple[WriteResult, int]:
         """Replicate a compare-and-set write of metadata records (blocking): its
         result (`error` set when a precondition failed) and commit index. Raises
-        ReplicaUnavailable when the group cannot commit it now."""
+        ReplicaUnavailable when the group cannot commit it now: at once, proposing
+        nothing, when this member knows no leader or reaches no majority (pysyncobj
+        would queue the proposal until a leader appears, so a change refused for want
+        of a quorum would commit once the group heals)."""
+        connectivity = self.replica.connectivity()
+        if not connectivity.quorum or not connectivity.leader:
+            raise ReplicaUnavailable(
+                "the metadata group has no leader this voter reaches; nothing was changed",
+                reason="no_quorum",
+            )
         outcome = self.replica.propose(encode_entry(Write(tuple(ops), now_ms=now_ms)))
         applied = outcome.applied
         if outcome.error is not None or applied is None:

@@ -65,8 +65,14 @@ class Metadata:
         except SevenDBError as exc:
             raise Failure.domain(exc) from None
         except ReplicaUnavailable as exc:
+            unknown = (
+                ""
+                if exc.reason == "no_quorum"
+                else " (the outcome is unknown: the change "
+                "may still be made; read the metadata before retrying)"
+            )
             raise Failure(
-                grpc.StatusCode.UNAVAILABLE, f"the metadata group cannot commit now: {exc}"
+                grpc.StatusCode.UNAVAILABLE, f"the metadata group cannot commit now: {exc}{unknown}"
             ) from None
         if result.error is not None:
             raise Failure.rejected(result.error)
