@@ -1,8 +1,8 @@
-"""One test (or small group) per pysyncobj 0.3.17 hazard that cluster/raft/replica.py fixes.
+"""One test (or small group) per pysyncobj 0.3.17 hazard that cluster/raft fixes.
 
-Each docstring states the behaviour BEFORE (as measured in
-/work/shared/notes/stack-facts.md §2, and where feasible re-measured here against a
-stock ``SyncObj``) and AFTER (against :class:`BucketReplica`). Everything runs in this
+Each docstring states the behaviour BEFORE (as measured when the hazards were
+found, docs/raft.md, and where feasible re-measured here against a stock
+``SyncObj``) and AFTER (against :class:`BucketReplica`). Everything runs in this
 process on 127.0.0.1 with free ports: real pysyncobj replication, elections, snapshots.
 """
 
@@ -42,18 +42,19 @@ from test_replica import (
 )
 
 from sevendb.cluster.raft.journal import DurableJournal
+from sevendb.cluster.raft.node import RaftCounters, RaftNode
+from sevendb.cluster.raft.patches import StoredZlib
 from sevendb.cluster.raft.replica import (
-    SNAPSHOT_FILE,
-    SNAPSHOT_MAGIC,
     BucketReplica,
     MembershipChangeInProgress,
     ReplicaUnavailable,
-    _Counters,
-    _decode_snapshot,
-    _encode_snapshot,
-    _RaftNode,
-    _Snapshot,
-    _StoredZlib,
+)
+from sevendb.cluster.raft.snapshots import (
+    SNAPSHOT_FILE,
+    SNAPSHOT_MAGIC,
+    Snapshot,
+    decode_snapshot,
+    encode_snapshot,
 )
 from sevendb.outbox.entries import (
     Ack,
@@ -297,7 +298,7 @@ def test_before_stock_journal_never_fsyncs_and_commits_unsynced_entries(
     tmp_path: Path, stock: Callable[..., StockCounter], fsyncs: list[str]
 ) -> None:
     """BEFORE: FileJournal writes into an mmap and nothing ever flushes or fsyncs it
-    (stack-facts §2a); term/vote go to a meta file with no fsync either. Measured again
+    (docs/raft.md, hazard 1); term/vote go to a meta file with no fsync either. Measured again
     here: 30 committed writes, 0 fsync/fdatasync calls. Even on a journal that can
     fsync, a stock SyncObj commits entries (leader `count = 1`, syncobj.py:660) long
     before anything syncs them (only the once-a-second timer does).
@@ -514,12 +515,12 @@ def test_after_replica_binds_only_its_address_and_refuses_raw_pickles(tmp_path: 
 def test_messages_travel_as_stored_zlib_streams_that_any_zlib_reads() -> None:
     """BEFORE: pysyncobj deflates every message at level 3 (tcp_connection.py:144);
     deflate's set-up, ~256 KiB of state per call, is most of a small message's cost.
-    AFTER: the transport's zlib is `_StoredZlib`: a frame holds the message's bytes as
+    AFTER: the transport's zlib is `StoredZlib`: a frame holds the message's bytes as
     they are, in a zlib stream of stored blocks that stock zlib inflates (a node
     before this change reads it), and a deflated frame (such a node's) is read too."""
     import pysyncobj.tcp_connection as transport
 
-    assert transport.zlib is _StoredZlib
+    assert transport.zlib is StoredZlib
     message = pickle.dumps(("append_entries", [b"k" * 4000, os.urandom(64)]))
     frame = transport.zlib.compress(message, 3)
     assert message in frame  # stored as is, not deflated
@@ -539,7 +540,7 @@ def _leader_stub(cls: type[Any]) -> tuple[Any, TCPNode]:
     obj._SyncObj__raftMatchIndex = {follower: 10}
     obj._SyncObj__raftNextIndex = {follower: 50}
     obj._SyncObj__lastResponseTime = {follower: 0.0}
-    obj._counters = _Counters()
+    obj._counters = RaftCounters()
     return obj, follower
 
 
@@ -567,7 +568,7 @@ def test_leader_next_index_never_moves_backwards() -> None:
     stock._SyncObj__onMessageReceived(follower, _ack(5, success=False, reset=True))
     assert stock._SyncObj__raftNextIndex[follower] == 5  # below matchIndex 20
 
-    ours, follower = _leader_stub(_RaftNode)
+    ours, follower = _leader_stub(RaftNode)
     ours._SyncObj__onMessageReceived(follower, _ack(21, term=3))
     assert ours._SyncObj__raftMatchIndex[follower] == 20
     assert ours._SyncObj__raftNextIndex[follower] == 50
@@ -669,7 +670,7 @@ def test_loaded_group_never_truncates_applied_entries_and_converges(
 ) -> None:
     """BEFORE: in loaded runs the nextIndex rewind made followers truncate applied
     entries (CRITICAL lines, up to 102 per run) and a node could loop on IndexError at
-    `self.__raftLog[0]` (1146) after compaction; stack-facts §2b.
+    `self.__raftLog[0]` (1146) after compaction (docs/raft.md, hazard 3).
     AFTER: 3000 writes with 32 in flight through all three replicas, with compaction
     every ~300 entries: the rewind did occur (the leader counted and refused it), yet
     no CRITICAL or ERROR line was logged, nothing was quarantined, and every replica
@@ -763,7 +764,7 @@ def test_after_snapshot_is_one_fsynced_file_of_the_core_snapshot(
         assert raw.startswith(SNAPSHOT_MAGIC)
         body = msgpack.unpackb(raw[len(SNAPSHOT_MAGIC) : -8], raw=False)
         assert body[0] == 1 and body[1] == BUCKET_UUID and body[5] == [replica.self_addr]
-        snap = _decode_snapshot(raw)
+        snap = decode_snapshot(raw)
         reference = BucketStateMachine(BUCKET_UUID)
         for n, outcome in enumerate(outcomes):
             reference.apply(outcome.commit_index, write(f"k{n}"))
@@ -772,7 +773,7 @@ def test_after_snapshot_is_one_fsynced_file_of_the_core_snapshot(
         corrupt = bytearray(raw)
         corrupt[len(SNAPSHOT_MAGIC) + 3] ^= 0xFF
         with pytest.raises(ValueError, match="checksum"):
-            _decode_snapshot(bytes(corrupt))
+            decode_snapshot(bytes(corrupt))
     finally:
         replica.close()
 
@@ -782,17 +783,17 @@ def test_a_snapshot_file_written_in_pieces_is_one_msgpack_body(core_bytes: int) 
     """The snapshot is written as pieces so that the core's bytes are never copied
     (each copy of tens of MB held the GIL in the snapshot thread). Joined, they are
     exactly the format above, for a core in each msgpack bin size class."""
-    snap = _Snapshot(BUCKET_UUID, b"c" * core_bytes, (b"cmd", 9, 2), (b"", 8, 2), ("a:1", "b:2"))
+    snap = Snapshot(BUCKET_UUID, b"c" * core_bytes, (b"cmd", 9, 2), (b"", 8, 2), ("a:1", "b:2"))
     fields = [1, BUCKET_UUID, snap.core, [b"cmd", 9, 2], [b"", 8, 2], ["a:1", "b:2"]]
     payload = SNAPSHOT_MAGIC + msgpack.packb(fields, use_bin_type=True)
-    joined = b"".join(_encode_snapshot(snap))
+    joined = b"".join(encode_snapshot(snap))
     assert joined == payload + struct.pack("<Q", xxhash.xxh64_intdigest(payload))
-    assert _decode_snapshot(joined) == snap
+    assert decode_snapshot(joined) == snap
 
 
 def test_compaction_never_passes_the_safety_point(tmp_path: Path) -> None:
     """BEFORE: pysyncobj compacts whenever the log passes logCompactionMinEntries or
-    logCompactionMinTime; nothing can hold it (seed 000 §8 is not expressible).
+    logCompactionMinTime; nothing can hold it (the safety point of docs/core.md is not expressible).
     AFTER: a new snapshot only starts when the core's safety point allows it: a
     subscriber's unacknowledged rows, a cold replica checkpoint, a migration hold
     point or an archive that has not published each keep the log; once released,
@@ -1050,8 +1051,8 @@ def test_latency_is_not_bound_to_the_batch_period(
     tmp_path: Path, stock: Callable[..., StockCounter], cluster: Cluster
 ) -> None:
     """BEFORE: with appendEntriesUseBatch (default) entries are only sent every
-    appendEntriesPeriod (0.1 s): one write took p50 ~100 ms from the leader (stack-facts
-    §2g); re-measured here on a stock 3-node group.
+    appendEntriesPeriod (0.1 s): one write took p50 ~100 ms from the leader (docs/raft.md,
+    hazard 7); re-measured here on a stock 3-node group.
     AFTER: RaftTuning (batching off: the proposal wakes the tick at once; one fsync and
     one AppendEntries per drained batch): p50 of a few ms, in one shared process."""
     addrs = [addr() for _ in range(3)]
