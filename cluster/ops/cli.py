@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sevendb.cluster.common.topology import MigrationSpec
@@ -115,6 +115,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "term": r.term,
                     "digest": r.digest,
                     "quarantined": r.quarantined,
+                    "state": _replica_state(r.quarantined),
                     "members": list(r.members),
                     "lease_holder": r.lease_holder,
                     "emitting": r.emitting,
@@ -145,9 +146,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         epoch = max(r.epoch_counter for _, r in reps)
         parts = []
         for node, r in sorted(reps, key=lambda x: x[0]):
-            flag = " QUARANTINED" if r.quarantined else ""
+            state = _replica_state(r.quarantined)
+            flag = "" if state == "serving" else " " + state.upper()
             parts.append(f"{node}:{r.applied_index} lag {commit - r.applied_index}{flag}")
         print(f"{bucket:>6} {leader_node:<8} {epoch:>5} {commit:>8}  " + ", ".join(parts))
+    for bucket, reps in sorted(rows.items()):
+        for node, r in sorted(reps, key=lambda x: x[0]):
+            if r.quarantined:
+                print(f"bucket {bucket} on {node}: {r.quarantined}")
     for endpoint in down:
         print(f"node at {endpoint} is not answering")
     for m in _migrations(args):
@@ -159,6 +165,71 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"{m.bucket}` to finish it or add --rollback to undo it"
         )
     return 0 if not down else 1
+
+
+def _replica_state(reason: str) -> str:
+    """serving, repairing, data_loss or quarantined, from a replica's status reason
+    (docs/raft.md, "Disk faults")."""
+    if not reason:
+        return "serving"
+    if reason.startswith("repairing"):
+        return "repairing"
+    if reason.startswith("DATA_LOSS"):
+        return "data_loss"
+    return "quarantined"
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    """Show BUCKET's replicas after disk damage and, with --accept-loss, tell each of
+    them that the entries no reachable replica holds are lost for good (docs/raft.md,
+    "Disk faults")."""
+    from sevendb.cluster.common.layout import node_dir
+    from sevendb.cluster.common.topology import ClusterSpec
+    from sevendb.cluster.ops.local import node_status
+
+    data = _data_dir(args).resolve()
+    spec = ClusterSpec.load(data)
+    placed = spec.buckets[args.bucket].nodes
+    states: dict[str, str] = {}
+    for node_id in placed:
+        status = node_status(spec.node(node_id).grpc_address)
+        reason = next(
+            (r.quarantined for r in (status.replicas if status else []) if r.bucket == args.bucket),
+            None,
+        )
+        states[node_id] = "not answering" if reason is None else reason or "serving"
+        print(f"bucket {args.bucket} on {node_id}: {states[node_id]}")
+    lost = any(_replica_state(s) == "data_loss" for s in states.values())
+    if not args.accept_loss:
+        print(
+            "choices: start the replicas that are not answering (they may hold the "
+            "entries), or `sevendb bucket recover "
+            f"{args.bucket} --accept-loss` to go on without what no reachable replica holds"
+        )
+        return 1 if lost else 0
+    decision = json.dumps({"decision": "accept-loss", "at_ms": int(time.time() * 1000)})
+    for node_id in placed:
+        path = node_dir(data, node_id) / f"bucket-{args.bucket}" / "RECOVER"
+        if path.parent.is_dir():
+            path.write_text(decision)
+            print(f"bucket {args.bucket} on {node_id}: told to accept the loss ({path})")
+    return 0
+
+
+def _add_recover(bucket: argparse._SubParsersAction[Any], common: argparse.ArgumentParser) -> None:
+    recover = bucket.add_parser(
+        "recover",
+        parents=[common],
+        help="after disk damage: show BUCKET's replicas; --accept-loss to go on without "
+        "the entries no reachable replica holds (docs/raft.md)",
+    )
+    recover.add_argument("bucket", type=_bucket_number)
+    recover.add_argument(
+        "--accept-loss",
+        action="store_true",
+        help="the replicas that lost acknowledged entries stop waiting for them",
+    )
+    recover.set_defaults(fn=cmd_recover)
 
 
 def _migrations(args: argparse.Namespace) -> list[MigrationSpec]:
@@ -385,6 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--rollback", action="store_true", help="undo an unfinished migration instead"
     )
     migrate.set_defaults(fn=cmd_migrate)
+    _add_recover(bucket, common)
     rebalance = sub.add_parser(
         "rebalance",
         parents=[common],

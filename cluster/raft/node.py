@@ -22,6 +22,8 @@ from sevendb.outbox.replica import ApplyOutcome
 from . import patches  # noqa: F401 - installs the patches before any SyncObj exists
 from .journal import FailStopJournal
 from .loop import LoopPoller, LoopTransport, RaftLoop
+from .recovery import ACCEPT_LOSS, KEEP_ALIVE
+from .sidecars import NOTHING, Position
 from .transfer import LeadershipTransfer
 from .tuning import compaction_due
 
@@ -37,9 +39,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-
-_KEEP_ALIVE: Final = {"type": "sevendb_keep_alive"}
-"""Sent between members so that idle links stay up (see `RaftNode._keep_alive`)."""
 
 # pysyncobj internals we mirror (syncobj.py:51-60).
 _FOLLOWER: Final = 0
@@ -66,6 +65,12 @@ class RaftCounters:
     rewinds_prevented: int = 0
     matching_entries_kept: int = 0
     late_leader_ticks: int = 0
+
+
+def _last(journal: FailStopJournal) -> Position:
+    """(term, idx) of the last entry of a log (pysyncobj keeps it non-empty)."""
+    _, idx, term = journal[-1]
+    return (term, idx)
 
 
 def _command_response(request_id: Any, error: int) -> dict[str, object]:
@@ -112,6 +117,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
 
     # Set by SyncObj.__init__; annotated for mypy.
     _SyncObj__raftCommitIndex: int
+    _SyncObj__raftCurrentTerm: int
     _SyncObj__newAppendEntriesTime: float
     _SyncObj__recvTransmission: bytes | str
 
@@ -131,8 +137,13 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._next_transfer_s = 0.0
         self._transfer_tried = False
         self.transfer = LeadershipTransfer()
+        self._recovery = owner._recovery
         self._keep_alive_s = conf.connectionTimeout / 4
         self._next_keep_alive_s = 0.0
+        self._next_judge_s = 0.0
+        self._leader_contact_s = 0.0
+        """When an AppendEntries last came from a leader (`Recovery.judge`)."""
+        self._election_max_s = float(conf.raftMaxTimeout)
         self._gate_closed_until_s = 0.0
         self._poll_until = 0.0
         """When the current tick's final poll times out (see `_onTick`)."""
@@ -230,8 +241,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         # counts the leader itself (`count = 1`, syncobj.py:660). A no-op if nothing is
         # pending (group commit happens in _checkCommandsToApply).
         self._journal.sync()
-        if self._owner._quarantine is not None:
-            self._quarantined_tick()
+        if self._owner._quarantine is not None or self._recovery.need is not None:
+            self._hold_back_tick()
+        self._recovery_tick()
         self.transfer.step(self)
         self._keep_alive()
         now = _monotonic()
@@ -250,21 +262,24 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         fails (or a transfer) tore down the idle link and was lost, costing an election
         timeout (measured: migrations needed 2-6 transfer attempts, and each hand-over
         stalled writes about 1 s). Every member now sends a tiny message to every other
-        member a few times per timeout, so each link always has something to read."""
+        member a few times per timeout, so each link always has something to read; it
+        also says what this replica holds and lost (`Recovery.judge`)."""
         now = _monotonic()
         if now < self._next_keep_alive_s:
             return
         self._next_keep_alive_s = now + self._keep_alive_s
         transport = self._SyncObj__transport
+        message = self._recovery.keep_alive(_last(self._journal))
         for node in list(self._SyncObj__otherNodes):
-            transport.send(node, _KEEP_ALIVE)
+            transport.send(node, message)
 
-    def _quarantined_tick(self) -> None:
-        """A quarantined replica keeps storing and acking the log (the group needs its
-        vote) but never campaigns, and hands leadership away if it holds it: first by
-        a leadership transfer (no election timeout), and if it still leads half a
-        second later (the transfer went to another quarantined replica, or no follower
-        was caught up) by stepping down, so that a healthy replica times out and wins."""
+    def _hold_back_tick(self) -> None:
+        """A quarantined replica, or one repairing lost entries, keeps storing and
+        acking the log (the group needs its acks) but never campaigns, and hands
+        leadership away if it holds it: first by a leadership transfer (no election
+        timeout), and if it still leads half a second later (the transfer went to
+        another quarantined replica, or no follower was caught up) by stepping down, so
+        that a healthy replica times out and wins."""
         now = _monotonic()
         self._SyncObj__raftElectionDeadline = now + 3600.0
         if not self._isLeader() or now < self._next_transfer_s:
@@ -277,6 +292,27 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         logger.warning("quarantined leader %s steps down", self.selfNode.id)
         self._SyncObj__setState(_FOLLOWER)
         self._SyncObj__raftLeader = None
+
+    def _recovery_tick(self) -> None:
+        """A repairing replica notices when its log holds what it lost again; every
+        half second the bucket's DATA_LOSS verdict is revised and an operator's
+        decision looked for (docs/raft.md, "Disk faults")."""
+        recovery, journal = self._recovery, self._journal
+        if recovery.need is not None:
+            durable = journal[journal.durable_len - 1] if journal.durable_len else None
+            leader = self._getLeader()
+            position = NOTHING if durable is None else (durable[2], durable[1])
+            if recovery.repaired(position, None if leader is None else str(leader.id)):
+                journal.release_need()
+        now = _monotonic()
+        if now < self._next_judge_s:
+            return
+        self._next_judge_s = now + 0.5
+        leader_known = self._isLeader() or now - self._leader_contact_s < self._election_max_s
+        recovery.judge(_last(self._journal), leader_known, self.member_addresses())
+        if recovery.decision_due() and recovery.take_decision() == ACCEPT_LOSS:
+            recovery.accept_loss()
+            journal.release_need()
 
     def _checkCommandsToApply(self) -> None:
         """Re-implements syncobj.py:503-574 for the leader's batch: drain every queued
@@ -386,6 +422,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
 
     def _SyncObj__onBecomeLeader(self) -> None:
         # The new term's NO_OP (syncobj.py:1227) is durable before anyone counts it.
+        self._recovery.leader_seen()
         SyncObj._SyncObj__onBecomeLeader(self)
         self._journal.sync()
 
@@ -418,14 +455,42 @@ class RaftNode(SyncObj):  # type: ignore[misc]
 
     def _SyncObj__onMessageReceived(self, node: Any, message: dict[str, Any]) -> None:
         kind = message.get("type")
-        if kind == _KEEP_ALIVE["type"]:
-            return  # reading it is the point (see _keep_alive)
+        if kind == KEEP_ALIVE:
+            self._recovery.heard(str(node.id), message)
+            return
+        if self._recovery.need is not None and kind in ("request_vote", "timeout_now"):
+            if kind == "request_vote":  # TimeoutNow: a repairing replica never campaigns
+                self._on_request_vote(node, message)
+            return
         if kind == "append_entries" and "prevLogIdx" in message:
             self._on_append_entries(node, message)
         elif kind == "next_node_idx":
             self._on_next_node_idx(node, message)
         else:
             SyncObj._SyncObj__onMessageReceived(self, node, message)
+
+    def _on_request_vote(self, node: Any, message: dict[str, Any]) -> None:
+        """syncobj.py:905-931 for a replica that lost acknowledged entries: it votes
+        only for a candidate whose log reaches what it had acknowledged
+        (`Recovery.may_vote_for`), not merely what it holds now."""
+        term = message["term"]
+        if term > self._SyncObj__raftCurrentTerm:
+            self._SyncObj__setCurrentTerm(term, None)
+            self._SyncObj__setState(_FOLLOWER)
+            self._SyncObj__raftLeader = None
+        if (
+            self._SyncObj__raftState == _LEADER
+            or term < self._SyncObj__raftCurrentTerm
+            or self._SyncObj__votedForNodeId is not None
+        ):
+            return
+        candidate = (message["last_log_term"], message["last_log_index"])
+        if candidate < _last(self._journal) or not self._recovery.may_vote_for(candidate):
+            self._recovery.votes_refused += 1
+            return
+        self._SyncObj__setCurrentTerm(self._SyncObj__raftCurrentTerm, node.id)
+        self._SyncObj__raftElectionDeadline = _monotonic() + self._SyncObj__generateRaftTimeout()
+        self._SyncObj__transport.send(node, {"type": "response_vote", "term": term})
 
     def _on_next_node_idx(self, node: Any, message: dict[str, Any]) -> None:
         """Leader side of syncobj.py:1070-1083, fixed: nextIndex/matchIndex only move
@@ -491,11 +556,14 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         if self._SyncObj__raftLeader != node:
             self._SyncObj__onLeaderChanged()
         self._SyncObj__raftLeader = node
+        self._leader_contact_s = _monotonic()
+        if self._recovery.data_loss is not None:
+            self._recovery.leader_seen()
         if term > self._SyncObj__raftCurrentTerm:
             self._SyncObj__setCurrentTerm(term, None)
         self._SyncObj__setState(_FOLLOWER)
         self._SyncObj__leaderCommitIndex = leader_commit = message["commit_index"]
-        new_entries = self._entries_of(node, message)
+        new_entries = _entries_of(self, node, message)
         if new_entries is None:
             return
 
@@ -521,35 +589,6 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             commit = max(commit, min(leader_commit, verified))
         self._SyncObj__raftCommitIndex = commit
         log.setRaftCommitIndex(commit)
-
-    def _entries_of(self, node: Any, message: dict[str, Any]) -> list[Any] | None:
-        """The entries an AppendEntries carries; None once answered (a chunk of one
-        entry larger than the batch size: never with our default batch size, see
-        RaftTuning.append_batch_bytes)."""
-        transmission = message.get("transmission")
-        if transmission is None:
-            entries: list[Any] = message.get("entries", [])
-            return entries
-        received = self._SyncObj__recvTransmission
-        if transmission == "start":
-            self._SyncObj__recvTransmission = message["data"]
-            self._SyncObj__sendNextNodeIdx(node, success=False, reset=False)
-            return None
-        if transmission not in ("process", "finish") or not isinstance(received, bytes):
-            self._SyncObj__recvTransmission = ""
-            self._SyncObj__sendNextNodeIdx(node, success=False, reset=False)
-            return None
-        if transmission == "process":
-            self._SyncObj__recvTransmission = received + message["data"]
-            self._SyncObj__sendNextNodeIdx(node, success=False, reset=False)
-            return None
-        self._SyncObj__recvTransmission = ""
-        try:
-            return [_pysyncobj_pickle.loads(received + message["data"])]
-        except Exception:
-            logger.exception("bucket %d: unreadable chunked entry", self._owner.bucket)
-            self._SyncObj__sendNextNodeIdx(node, success=False, reset=False)
-            return None
 
     def _append_entries(self, new_entries: list[Any], last_idx: int, first_idx: int) -> None:
         """Append what the log lacks of `new_entries` (which follow an entry this log
@@ -617,53 +656,97 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     # -- snapshots and compaction ----------------------------------------------------
 
     def _SyncObj__tryLogCompaction(self) -> None:
-        """syncobj.py:1421, gated: a new snapshot (which lets the log be dropped up to
-        the last applied entry) only starts when it is due (`_compaction_due`) and
-        the core's safety point allows it. Finishing a snapshot already taken is
-        never held back."""
+        """syncobj.py:1421, gated: a new snapshot starts when it is due
+        (`compaction_due`) and the replica may take one (not quarantined, repairing,
+        or waiting for its archive). Finishing a snapshot already taken is never held
+        back; how far the log is then cut is `_SyncObj__deleteEntriesTo`'s affair."""
         serializer = self._SyncObj__serializer
         if serializer._Serializer__pid == 0:  # none being made: whether to start one
-            if not self._compaction_due():
+            # The trigger of syncobj.py:1436-1439, counting the entries (and their
+            # bytes) since the last snapshot, weighed against the snapshot's size; it
+            # implies the original's, which then starts the snapshot.
+            snapshots = self._owner._snapshots
+            due = compaction_due(
+                self._owner._tuning,
+                entries=self._journal[-1][1] - snapshots.index,
+                log_bytes=self._journal.size_bytes(snapshots.index),
+                snapshot_bytes=snapshots.size,
+                since_last_s=_monotonic() - self._SyncObj__lastSerializedTime,
+            )
+            if not (due or self._SyncObj__forceLogCompaction):
                 return
-            now = _monotonic()
-            if now < self._gate_closed_until_s:
-                return
-            if not self._owner._compaction_allowed(int(self.raftLastApplied)):
-                self._counters.compactions_deferred += 1
-                self._gate_closed_until_s = now + self._owner._tuning.compaction_recheck_s
+            if not self._owner._compaction_allowed():
                 return
         SyncObj._SyncObj__tryLogCompaction(self)
 
-    def _compaction_due(self) -> bool:
-        """The trigger of syncobj.py:1436-1439 with the log's size weighed against
-        the last snapshot's (`compaction_due`); it implies the original's, which
-        then starts the snapshot."""
-        return compaction_due(
-            self._owner._tuning,
-            entries=len(self._journal),
-            log_bytes=self._journal.size_bytes,
-            snapshot_bytes=self._owner._snapshots.size,
-            since_last_s=_monotonic() - self._SyncObj__lastSerializedTime,
-        ) or bool(self._SyncObj__forceLogCompaction)
-
     def _SyncObj__deleteEntriesTo(self, toIDx: int) -> None:
-        """Compaction (syncobj.py:1427). The snapshot was renamed into place without a
-        directory fsync; make that durable before dropping the entries it replaces, and
-        never drop the last entry (an empty log makes every tick raise IndexError at
+        """Compaction (syncobj.py:1427), once a snapshot is written. The snapshot was
+        renamed into place without a directory fsync; make that durable before
+        dropping the entries it replaces. The log is cut no further than the core's
+        safety point when the snapshot was taken (a subscriber's acknowledgements, a
+        cold replica checkpoint, a migration hold point: docs/core.md), and never
+        past its last entry (an empty log makes every tick raise IndexError at
         `self.__raftLog[0]`, 1146)."""
         fsync_dir(self._owner._data_dir)
         last_idx = self._journal[-1][1]
         if toIDx > last_idx:
             logger.error("compaction to %d past the log end %d; clamped", toIDx, last_idx)
             toIDx = last_idx
+        point = self._owner._cut_point
+        if point < toIDx:
+            self._counters.compactions_deferred += 1
+            toIDx = point
         SyncObj._SyncObj__deleteEntriesTo(self, toIDx)
 
     def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:
         """syncobj.py:1472. At startup (clearJournal=False) pysyncobj keeps the journal
         only if its first two entries are the snapshot's last two, and otherwise
         CLEARS it (1489-1495): a crash after the snapshot rename but before the
-        compaction lost every acked entry after the snapshot. Trim the journal to the
-        snapshot point instead, so the original check passes and nothing is lost."""
-        if not clearJournal:
-            self._owner._snapshots.align_journal(self._journal)
-        SyncObj._SyncObj__loadDumpFile(self, clearJournal)
+        compaction lost every acked entry after the snapshot, and the entries kept
+        before the snapshot for the safety point would go too. The journal is kept
+        whenever it holds the snapshot's point."""
+        if clearJournal or not self._owner._snapshots.holds_point(self._journal):
+            SyncObj._SyncObj__loadDumpFile(self, clearJournal)
+            return
+        try:
+            _, last, _prev, cluster = self._SyncObj__serializer.deserialize()
+            self._SyncObj__raftLastApplied = last[1]
+            self._SyncObj__raftCommitIndex = min(
+                self._SyncObj__raftCommitIndex, self._journal[-1][1]
+            )
+            if self._SyncObj__conf.dynamicMembershipChange:
+                me = self._SyncObj__selfNode
+                self._SyncObj__updateClusterConfiguration([n for n in cluster if n != me])
+            self._SyncObj__onSetCodeVersion(0)
+        except Exception:
+            logger.exception("bucket %d: failed to load the snapshot", self._owner.bucket)
+
+
+def _entries_of(self: RaftNode, node: Any, message: dict[str, Any]) -> list[Any] | None:
+    """The entries an AppendEntries carries; None once answered (a chunk of one
+    entry larger than the batch size: never with our default batch size, see
+    RaftTuning.append_batch_bytes)."""
+    transmission = message.get("transmission")
+    if transmission is None:
+        entries: list[Any] = message.get("entries", [])
+        return entries
+    received = self._SyncObj__recvTransmission
+    if transmission == "start":
+        self._SyncObj__recvTransmission = message["data"]
+        self._SyncObj__sendNextNodeIdx(node, success=False, reset=False)
+        return None
+    if transmission not in ("process", "finish") or not isinstance(received, bytes):
+        self._SyncObj__recvTransmission = ""
+        self._SyncObj__sendNextNodeIdx(node, success=False, reset=False)
+        return None
+    if transmission == "process":
+        self._SyncObj__recvTransmission = received + message["data"]
+        self._SyncObj__sendNextNodeIdx(node, success=False, reset=False)
+        return None
+    self._SyncObj__recvTransmission = ""
+    try:
+        return [_pysyncobj_pickle.loads(received + message["data"])]
+    except Exception:
+        logger.exception("bucket %d: unreadable chunked entry", self._owner.bucket)
+        self._SyncObj__sendNextNodeIdx(node, success=False, reset=False)
+        return None

@@ -41,6 +41,8 @@ from sevendb.outbox.state import BucketStateMachine
 from .journal import FailStopJournal
 from .loop import RaftLoop
 from .node import FAIL_NAMES, RaftCounters, RaftNode
+from .recovery import UNKNOWN_INDEX, Recovery
+from .sidecars import NOTHING
 from .snapshots import SNAPSHOT_FILE, SnapshotFiles
 from .tuning import RaftTuning
 
@@ -137,6 +139,25 @@ def _syncobj_conf(
     )
 
 
+def _archive_caught_up(
+    bucket: int,
+    archived_through: Callable[[], int] | None,
+    publish: Callable[[], object] | None,
+    index: int,
+) -> bool:
+    """Whether the archive has published every purge up to `index` (asking it to
+    publish what it buffers if not): a snapshot must not cover a purge whose rows
+    only a replay of the log could give the archive again."""
+    if archived_through is None or archived_through() >= index:
+        return True
+    if publish is not None:
+        try:
+            publish()
+        except Exception as exc:
+            logger.warning("bucket %d: the archive could not publish: %s", bucket, exc)
+    return archived_through() >= index
+
+
 class BucketReplica:
     """One bucket's replica: a Raft group member that applies committed entries to the
     bucket core. Thread-safe: the pysyncobj tick thread applies, other threads read,
@@ -154,10 +175,15 @@ class BucketReplica:
         tuning: RaftTuning = _DEFAULT_TUNING,
         on_applied: Callable[[Applied], None] | None = None,
         archived_through: Callable[[], int] | None = None,
+        publish_archive: Callable[[], object] | None = None,
         loop: RaftLoop | None = None,
     ) -> None:
         """`loop` ticks this replica (a node shares one between its replicas);
-        without one, the replica runs a loop of its own."""
+        without one, the replica runs a loop of its own. `archived_through` says up
+        to which log index the node's archive published the purged rows
+        (cluster/archive/writer.py), `publish_archive` makes it publish what it
+        buffers: a snapshot covers no purge the archive has not published, so that
+        a crash can replay those purges from the log (None: no archive)."""
         others = _check_members(self_addr, partners, password)
         self.bucket = bucket
         self.bucket_uuid = bucket_uuid
@@ -186,40 +212,23 @@ class BucketReplica:
         #: point (log indexes), fed to `safety_point`; None means no hold.
         self.cold_replica_checkpoint: int | None = None
         self.migration_hold_point: int | None = None
-        #: Asked at each compaction: the last core index whose purged rows the node's
-        #: archive made durable (cluster/archive/writer.py). Compaction keeps later entries,
-        #: so a crash can replay their purges into the archive. None means no archive.
         self._archived_through = archived_through
+        self._publish_archive = publish_archive
+        self._archive_retry_s = 0.0
+        self._cut_point = 0
+        """How far the log may be cut once the snapshot being written is in place."""
+        self._recovery = Recovery(bucket, self_addr, self._data_dir, 2 * tuning.election_max_s)
 
         self._data_dir.mkdir(parents=True, exist_ok=True)
         self._lock_fd = self._lock_data_dir()
         try:
-            self._journal = FailStopJournal(self._data_dir / JOURNAL_FILE)
+            self._journal = self._open_journal()
         except BaseException:
             os.close(self._lock_fd)
             raise
-        conf = _syncobj_conf(
-            tuning,
-            password,
-            self_addr,
-            self._journal,
-            self._snapshots.path,
-            self._write_snapshot,
-            self._read_snapshot,
-        )
         self._own_loop = loop is None
         self._loop = RaftLoop(f"raft-b{bucket}") if loop is None else loop
-        try:
-            # Binds (with retries) before it returns: no tick thread of its own.
-            self._node = RaftNode(self, self_addr, others, conf, self._loop)
-        except BaseException as exc:
-            self._journal.close()
-            os.close(self._lock_fd)
-            if self._own_loop:
-                self._loop.close()
-            if isinstance(exc, SyncObjException):
-                raise OSError(f"bucket {bucket}: cannot bind {self_addr}: {exc}") from exc
-            raise
+        self._node = self._start_node(others, password)
         self._loop.attach(self._node)
 
     # -- public API ----------------------------------------------------------------
@@ -354,8 +363,18 @@ class BucketReplica:
 
     @property
     def quarantined(self) -> str | None:
-        """Why this replica stopped applying, or None."""
-        return self._quarantine
+        """Why this replica does not serve, or None: it stopped applying (quarantine),
+        it is being repaired after disk damage, or its bucket is in DATA_LOSS."""
+        return self._quarantine or self._recovery.not_serving()
+
+    @property
+    def data_loss(self) -> ReplicaUnavailable | None:
+        """The DATA_LOSS refusal of this replica's bucket, as this replica sees it: no
+        reachable replica holds every acknowledged entry (docs/raft.md)."""
+        verdict = self._recovery.data_loss
+        if verdict is None:
+            return None
+        return ReplicaUnavailable(verdict, reason="data_loss")
 
     def status(self) -> dict[str, object]:
         node, journal = self._node, self._journal
@@ -390,7 +409,7 @@ class BucketReplica:
             "group_commits": journal.sync_count,
             "snapshot_index": self._snapshots.index,
             "snapshot_bytes": self._snapshots.size,
-            "log_bytes": journal.size_bytes,
+            "log_bytes": journal.size_bytes(),
             "snapshots_written": self._snapshots.written,
             "snapshots_loaded": self._snapshots.loaded,
             "compactions_deferred": counters.compactions_deferred,
@@ -400,7 +419,10 @@ class BucketReplica:
             "rewinds_prevented": counters.rewinds_prevented,
             "follower_regressions": counters.follower_regressions,
             "matching_entries_kept": counters.matching_entries_kept,
-            "journal_trims_at_startup": self._snapshots.journal_trims,
+            "repairing": self._recovery.need is not None,
+            "data_loss": self._recovery.data_loss,
+            "disk_repairs": self._recovery.repairs,
+            "votes_refused": self._recovery.votes_refused,
             "transfer_pauses": node.transfer.pauses,
             "late_leader_ticks": counters.late_leader_ticks,
         }
@@ -513,27 +535,14 @@ class BucketReplica:
 
     # -- snapshots (tick thread) -----------------------------------------------------
 
-    def _compaction_allowed(self, index: int) -> bool:
-        """May a snapshot at raft index ``index`` (the last applied entry) replace the
-        log before it? Only if the core's safety point (seed 000 §8) is not held back
-        below what the core applied by an unacked client, and the cold replica
-        checkpoint and migration hold point are not below ``index``. (Entries between
-        the core's applied index and ``index`` are Raft no-ops, membership changes or
-        rejected entries, which change nothing in the core.)"""
-        cold, hold = self.cold_replica_checkpoint, self.migration_hold_point
-        archived = None if self._archived_through is None else self._archived_through()
-        with self._lock:
-            if self._quarantine is not None:
-                return False
-            point = self._sm.safety_point(
-                int(time.time() * 1000), self._tuning.stall_window_ms, cold, hold
-            )
-            applied = self._sm.applied_index
+    def _compaction_allowed(self) -> bool:
+        """May a new snapshot start? Not while quarantined or repairing (the state is
+        not what the log says), nor for a while after the archive could not publish
+        what the snapshot would cover (`_archive_caught_up`)."""
         return (
-            point >= applied
-            and (cold is None or cold >= index)
-            and (hold is None or hold >= index)
-            and (archived is None or archived >= applied)
+            self._quarantine is None
+            and self._recovery.need is None
+            and time.monotonic() >= self._archive_retry_s
         )
 
     def _write_snapshot(self, tmp_path: str, data: tuple[Any, Any, Any]) -> Callable[[], None]:
@@ -542,19 +551,35 @@ class BucketReplica:
         (`BackgroundSerializer` runs that in a thread): one file with the core
         snapshot and pysyncobj's (lastEntry, prevEntry, cluster), fsynced, then renamed
         into place; the directory is fsynced before compaction drops log entries
-        (RaftNode._SyncObj__deleteEntriesTo)."""
+        (RaftNode._SyncObj__deleteEntriesTo), which cuts the log at the core's
+        safety point as it is now (docs/core.md: a subscriber's acknowledgements, the
+        cold replica checkpoint, a migration hold point), not at the snapshot."""
         last, prev, cluster = data
+        cold, hold = self.cold_replica_checkpoint, self.migration_hold_point
         with self._lock:
             if self._quarantine is not None:
                 raise RuntimeError("quarantined replicas take no snapshots")
             make_core = self._sm.snapshot_later()
             core_applied = self._sm.applied_index
+            self._cut_point = self._sm.safety_point(
+                int(time.time() * 1000), self._tuning.stall_window_ms, cold, hold
+            )
         if core_applied > last[1]:
             raise RuntimeError(f"core applied {core_applied} past the snapshot index {last[1]}")
         last_entry = (bytes(last[0]), int(last[1]), int(last[2]))
         prev_entry = (bytes(prev[0]), int(prev[1]), int(prev[2]))
         members = sorted(str(node.id) for node in cluster)
-        return self._snapshots.writer(Path(tmp_path), make_core, last_entry, prev_entry, members)
+        write = self._snapshots.writer(Path(tmp_path), make_core, last_entry, prev_entry, members)
+
+        def after_the_archive() -> None:
+            if not _archive_caught_up(
+                self.bucket, self._archived_through, self._publish_archive, core_applied
+            ):
+                self._archive_retry_s = time.monotonic() + self._tuning.compaction_recheck_s
+                raise RuntimeError(f"the archive has not published the purges up to {core_applied}")
+            write()
+
+        return after_the_archive
 
     def _read_snapshot(self, path: str) -> tuple[Any, Any, Any]:
         """pysyncobj's custom deserializer (serializer.py:110): restore the core and
@@ -583,6 +608,47 @@ class BucketReplica:
 
     # -- helpers -----------------------------------------------------------------------
 
+    def _start_node(self, others: list[str], password: str) -> RaftNode:
+        """The pysyncobj node, bound (with retries) before it returns: it has no tick
+        thread of its own. If that fails, what the constructor opened is let go."""
+        conf = _syncobj_conf(
+            self._tuning,
+            password,
+            self.self_addr,
+            self._journal,
+            self._snapshots.path,
+            self._write_snapshot,
+            self._read_snapshot,
+        )
+        try:
+            return RaftNode(self, self.self_addr, others, conf, self._loop)
+        except BaseException as exc:
+            self._journal.close()
+            os.close(self._lock_fd)
+            if self._own_loop:
+                self._loop.close()
+            if isinstance(exc, SyncObjException):
+                raise OSError(f"bucket {self.bucket}: cannot bind {self.self_addr}: {exc}") from exc
+            raise
+
+    def _open_journal(self) -> FailStopJournal:
+        """Open the journal and judge, with the snapshot, what damage the files show
+        (docs/raft.md, "Disk faults"): a snapshot the journal needs but cannot be read
+        costs the whole log, which the leader then sends again."""
+        journal = FailStopJournal(self._data_dir / JOURNAL_FILE)
+        problems, need = list(journal.problems), journal.need
+        first = journal[0][1] if len(journal) else None
+        last = (journal[-1][2], journal[-1][1]) if len(journal) else NOTHING
+        trouble = self._snapshots.check(first)
+        if trouble is not None:
+            problems.append(trouble)
+            if first != 1:  # the state before the journal lived in the snapshot
+                claim = max(need or NOTHING, last)
+                need = claim if claim != NOTHING else (journal.getCurrentTerm(), UNKNOWN_INDEX)
+                journal.discard_all(need)
+        self._recovery.found(problems, need, last)
+        return journal
+
     def _lock_data_dir(self) -> int:
         fd = os.open(self._data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -601,6 +667,16 @@ class BucketReplica:
                 f"({self._quarantine})",
                 leader_hint=self.leader,
                 reason="quarantined",
+            )
+        data_loss = self.data_loss
+        if data_loss is not None:
+            raise data_loss
+        repairing = self._recovery.not_serving()
+        if repairing is not None:
+            raise ReplicaUnavailable(
+                f"bucket {self.bucket}: replica {self.self_addr} is {repairing}",
+                leader_hint=self.leader,
+                reason="repairing",
             )
 
     def _change_membership(self, op: str, addr: str, timeout_s: float) -> None:

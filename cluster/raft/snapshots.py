@@ -222,7 +222,6 @@ class SnapshotFiles:
         """Bytes of the last snapshot written or loaded (`compaction_due`)."""
         self.written = 0
         self.loaded = 0
-        self.journal_trims = 0
         self._cache: tuple[tuple[int, int, int], Snapshot] | None = None
 
     def load(self, path: Path) -> Snapshot:
@@ -281,40 +280,40 @@ class SnapshotFiles:
 
         return write
 
-    def align_journal(self, log: DurableJournal) -> None:
-        """Drop journal entries before the snapshot point so that pysyncobj's startup
-        check (journal[0:2] == snapshot's prev, last) keeps the journal."""
+    def check(self, journal_first: int | None) -> str | None:
+        """Whether the snapshot is there and sound when the replica opens: None, or
+        what is wrong. A damaged file is moved aside (``snapshot.bin.damaged``) so that
+        pysyncobj does not load it; a missing one only matters when the journal starts
+        after index 1 (the state before it lived in the snapshot)."""
+        if self.path.exists():
+            try:
+                snap = self.load(self.path)
+                if snap.bucket_uuid != self.bucket_uuid:
+                    raise ValueError(f"it belongs to bucket {snap.bucket_uuid!r}")
+                return None
+            except (OSError, ValueError) as exc:
+                self.forget()
+                aside = self.path.with_name(self.path.name + ".damaged")
+                self.path.replace(aside)
+                return f"snapshot {self.path} unreadable ({exc}); moved to {aside.name}"
+        if journal_first is not None and journal_first > 1:
+            return f"snapshot {self.path} missing (the journal starts at index {journal_first})"
+        return None
+
+    def holds_point(self, log: DurableJournal) -> bool:
+        """Whether the journal holds the snapshot's point (its prev and last entries,
+        one after the other): then it is kept whole at startup, entries before the
+        point included (the log kept for the safety point, docs/raft.md)."""
         try:
             snap = self.load(self.path)
-        except Exception:
-            logger.exception("bucket %d: snapshot %s unreadable", self.bucket, self.path)
-            return  # the deserializer reports (and quarantines) when pysyncobj loads it
-        if len(log) >= 2 and log[0] == snap.prev and log[1] == snap.last:
-            return
-        first_idx = log[0][1] if len(log) else 0
-        position = snap.prev[1] - first_idx
-        if (
-            len(log)
-            and position > 0
+        except (OSError, ValueError):
+            return False
+        if not len(log):
+            return False
+        position = snap.prev[1] - log[0][1]
+        return (
+            position >= 0
             and position + 1 < len(log)
             and log[position] == snap.prev
             and log[position + 1] == snap.last
-        ):
-            logger.warning(
-                "bucket %d: journal holds %d entries before its snapshot at %d (a crash "
-                "between the snapshot and the compaction); trimming them, not clearing",
-                self.bucket,
-                position,
-                snap.last[1],
-            )
-            log.deleteEntriesTo(position)
-            self.journal_trims += 1
-        else:
-            logger.warning(
-                "bucket %d: journal (%d..%d) does not contain the snapshot point %d; "
-                "pysyncobj resets the journal to the snapshot",
-                self.bucket,
-                first_idx,
-                log[-1][1] if len(log) else 0,
-                snap.last[1],
-            )
+        )

@@ -64,7 +64,8 @@ class RaftTuning:
     bytes were written. The log then holds at most about the state's size again."""
     compaction_min_time_s: float = 300.0
     compaction_recheck_s: float = 1.0
-    """After the safety point held compaction back, wait this long before asking again."""
+    """After the archive could not publish what a snapshot would cover, wait this long
+    before the next snapshot."""
     snapshot_chunk_bytes: int = 64 * 1024
     commands_queue_size: int = 100_000
     stall_window_ms: int = limits.STALL_WINDOW_MS_DEFAULT

@@ -31,5 +31,14 @@ STATUS_OF: Final[dict[ErrorCode, grpc.StatusCode]] = {
 """Not-leader / no-quorum / quarantined replicas map to UNAVAILABLE, with the
 leader's client address (when known) in the `sevendb-leader` trailing metadata."""
 
+
+def status_of_unavailable(reason: str) -> grpc.StatusCode:
+    """The status of a replica's refusal (`ReplicaUnavailable.reason`): DATA_LOSS when
+    no reachable replica of the bucket holds every acknowledged entry (docs/raft.md,
+    "Disk faults": retrying does not help until a replica comes back or an operator
+    decides), UNAVAILABLE otherwise (retry, here or at the leader)."""
+    return grpc.StatusCode.DATA_LOSS if reason == "data_loss" else grpc.StatusCode.UNAVAILABLE
+
+
 LEADER_HINT_KEY: Final = "sevendb-leader"
 ERROR_CODE_KEY: Final = "sevendb-error"

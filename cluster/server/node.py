@@ -28,7 +28,7 @@ from sevendb.cluster.common.layout import node_dir
 from sevendb.cluster.common.topology import SPEC_FILE, ClusterSpec, ConfigError
 from sevendb.cluster.raft.replica import BucketReplica, RaftLoop, RaftTuning
 from sevendb.cluster.server.faults import KILL_BEFORE_SEND, FaultPoints
-from sevendb.cluster.server.metrics import NodeMetrics
+from sevendb.cluster.server.metrics import DiskState, NodeMetrics
 from sevendb.cluster.server.service import NodeService
 from sevendb.notifier.host import BucketNotifier, NotifierSettings
 from sevendb.outbox.model import Applied
@@ -94,6 +94,18 @@ def notifier_settings_from_env(environ: Mapping[str, str], tuning: RaftTuning) -
         NOTIFIER_ENV_PREFIX,
         environ,
         stall_window_ms=tuning.stall_window_ms,
+    )
+
+
+def _disk_state(replica: BucketReplica) -> DiskState:
+    """What `/metrics` shows of a replica's disk-fault recovery."""
+    status = replica.status()
+    repairs = status.get("disk_repairs")
+    return (
+        replica.bucket,
+        repairs if isinstance(repairs, int) else 0,
+        bool(status.get("repairing")),
+        status.get("data_loss") is not None,
     )
 
 
@@ -164,7 +176,8 @@ class Node:
         self._started = False
         self.archive = ArchiveWriter.from_env(archive_root(data_dir), node_id, environ)
         self.metrics = NodeMetrics(
-            plan_mismatches=lambda: sum(r.plan_mismatches for r in self.replicas.values())
+            plan_mismatches=lambda: sum(r.plan_mismatches for r in self.replicas.values()),
+            disk=lambda: [_disk_state(r) for r in self.replicas.values()],
         )
         try:
             self.reload()
@@ -209,6 +222,7 @@ class Node:
             tuning=self.tuning,
             on_applied=self._on_applied_hook(bucket, notifier_slot),
             archived_through=functools.partial(self.archive.archived_through, bucket),
+            publish_archive=self.archive.flush,
             loop=self.raft_loop,
         )
         faults = self._faults

@@ -37,7 +37,12 @@ from sevendb.cluster.raft.replica import (
     ReplicaUnavailable,
 )
 from sevendb.cluster.server.batcher import Outcome, WriteBatcher
-from sevendb.cluster.server.errors import ERROR_CODE_KEY, LEADER_HINT_KEY, STATUS_OF
+from sevendb.cluster.server.errors import (
+    ERROR_CODE_KEY,
+    LEADER_HINT_KEY,
+    STATUS_OF,
+    status_of_unavailable,
+)
 from sevendb.cluster.server.faults import NO_SESSION, FaultPoints
 from sevendb.cluster.server.metrics import NodeMetrics
 from sevendb.notifier.core import AttachStatus
@@ -582,6 +587,9 @@ class NodeService(pb_grpc.SevenDBServicer):
         if target is None and bucket not in self._replicas:
             target = self._some_host(bucket)
         if target is None or target == self._me:
+            local = self._replicas.get(bucket)
+            if local is not None and local.data_loss is not None:
+                raise self._unavailable(bucket, local.data_loss)
             raise _Failure(
                 grpc.StatusCode.UNAVAILABLE,
                 f"bucket {bucket} has no known leader; retry shortly",
@@ -601,7 +609,8 @@ class NodeService(pb_grpc.SevenDBServicer):
 
     def _unavailable(self, bucket: int, exc: ReplicaUnavailable) -> _Failure:
         hint = self._client_address(bucket, exc.leader_hint)
-        return _Failure(grpc.StatusCode.UNAVAILABLE, f"bucket {bucket}: {exc}", leader=hint)
+        code = status_of_unavailable(exc.reason)
+        return _Failure(code, f"bucket {bucket}: {exc}", leader=hint)
 
     async def _wait(self, bucket: int, future: Future[T]) -> T:
         try:
