@@ -280,7 +280,11 @@ class ClusterSpec:
                 f"no cluster in {data_dir} (no {SPEC_FILE}); start one with "
                 f"`sevendb cluster up --data {data_dir}`"
             )
-        return cls.from_json(path.read_text(), str(path))
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: unreadable ({exc.__class__.__name__}: {exc})") from None
+        return cls.from_json(text, str(path))
 
 
 def new_cluster(

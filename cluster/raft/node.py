@@ -297,13 +297,15 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         """A repairing replica notices when its log holds what it lost again; every
         half second the bucket's DATA_LOSS verdict is revised and an operator's
         decision looked for (docs/raft.md, "Disk faults")."""
-        recovery, journal = self._recovery, self._journal
+        recovery = self._recovery
         if recovery.need is not None:
-            durable = journal[journal.durable_len - 1] if journal.durable_len else None
+            durable = (
+                self._journal[self._journal.durable_len - 1] if self._journal.durable_len else None
+            )
             leader = self._getLeader()
             position = NOTHING if durable is None else (durable[2], durable[1])
             if recovery.repaired(position, None if leader is None else str(leader.id)):
-                journal.release_need()
+                self._serve_again()
         now = _monotonic()
         if now < self._next_judge_s:
             return
@@ -312,7 +314,16 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         recovery.judge(_last(self._journal), leader_known, self.member_addresses())
         if recovery.decision_due() and recovery.take_decision() == ACCEPT_LOSS:
             recovery.accept_loss()
-            journal.release_need()
+            self._serve_again()
+
+    def _serve_again(self) -> None:
+        """The need is met or given up: the header claims what the log holds, and the
+        election timeout `_hold_back_tick` kept pushing back runs again."""
+        self._journal.release_need()
+        if self._owner._quarantine is None:
+            self._SyncObj__raftElectionDeadline = (
+                _monotonic() + self._SyncObj__generateRaftTimeout()
+            )
 
     def _checkCommandsToApply(self) -> None:
         """Re-implements syncobj.py:503-574 for the leader's batch: drain every queued

@@ -281,15 +281,15 @@ class SnapshotFiles:
         return write
 
     def check(self, journal_first: int | None) -> str | None:
-        """Whether the snapshot is there and sound when the replica opens: None, or
+        """Whether the snapshot is there and readable when the replica opens: None, or
         what is wrong. A damaged file is moved aside (``snapshot.bin.damaged``) so that
         pysyncobj does not load it; a missing one only matters when the journal starts
         after index 1 (the state before it lived in the snapshot)."""
         if self.path.exists():
+            # A sound snapshot of another bucket is not damage: the deserializer
+            # quarantines the replica (a misconfiguration), and the file stays.
             try:
-                snap = self.load(self.path)
-                if snap.bucket_uuid != self.bucket_uuid:
-                    raise ValueError(f"it belongs to bucket {snap.bucket_uuid!r}")
+                self.load(self.path)
                 return None
             except (OSError, ValueError) as exc:
                 self.forget()
