@@ -361,6 +361,23 @@ def test_lost_records_past_the_last_good_one_are_damage_after_a_clean_close(path
     j.close()
 
 
+@pytest.mark.parametrize("removal", ["conflict", "snapshot install"])
+def test_entries_removed_by_raft_then_a_crash_are_not_damage(path: Path, removal: str) -> None:
+    """A follower drops a conflicting suffix (or its whole log for a snapshot) and
+    crashes before the lazy hint catches up: the header, lowered durably before the
+    cut, is what counts, not the hint that still claims the dropped entries."""
+    fill(path, make_entries(6))  # header and hint both claim (1, 6)
+    j = DurableJournal(path)
+    if removal == "conflict":
+        j.deleteEntriesFrom(3)
+    else:
+        j.clear()
+    os.close(j._fd)  # crash: no clean close, the hint is not rewritten
+    k = DurableJournal(path)
+    assert (k.problems, k.need) == ([], None)
+    k.close()
+
+
 @pytest.mark.parametrize("damage", ["deleted", "emptied", "cut in its header"])
 def test_a_journal_gone_while_the_replica_has_lived_is_damage_claiming_the_hint(
     path: Path, damage: str

@@ -527,18 +527,19 @@ def _loss(last: Position, claimed: Position, image: LogImage) -> str:
 
 
 def _claimed(journal: DurableJournal, image: LogImage) -> Position:
-    """What this replica may have acknowledged: the newest header slot, else the hint's
-    mirror of it. With neither, a replica that has lived before (a term, a hint or
-    a snapshot) claims more than anything it knows of (so it waits for a leader with
-    a newer term to repair it), a fresh one nothing."""
+    """What this replica may have acknowledged: the newest header slot; without one,
+    the hint's mirror of it (written lazily, it may still claim what a durable
+    truncation took back: only the header is trusted when it is there). With
+    neither, a replica that has lived before (a term or a hint) claims more than
+    anything it knows of (so it waits for a leader with a newer term to repair it), a
+    fresh one nothing; a version 1 log kept no claim: it is trusted."""
     meta = journal._meta
-    claims = [image.slot.acked] if image.slot is not None else []
+    if image.slot is not None:
+        return image.slot.acked
     if meta.hint_acked is not None:
-        claims.append(meta.hint_acked)
+        return meta.hint_acked
     if image.version == 1:
-        claims.append(image.last)  # version 1 kept no claim: trust the log
-    if claims:
-        return max(claims)
+        return image.last
     if journal.problems and (meta.state_found or meta.hint_found):
         return (max(meta.term, image.last[0]), _MAX_U64)
     return NOTHING
