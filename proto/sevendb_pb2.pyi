@@ -552,6 +552,22 @@ class EpochResponse(_message.Message):
     commit_index: int
     def __init__(self, epoch_id: _Optional[_Union[EmitSeq.EpochId, _Mapping]] = ..., commit_index: _Optional[int] = ...) -> None: ...
 
+class RecoverRequest(_message.Message):
+    __slots__ = ("bucket", "accept_loss")
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_LOSS_FIELD_NUMBER: _ClassVar[int]
+    bucket: int
+    accept_loss: bool
+    def __init__(self, bucket: _Optional[int] = ..., accept_loss: _Optional[bool] = ...) -> None: ...
+
+class RecoverResponse(_message.Message):
+    __slots__ = ("has_replica", "state")
+    HAS_REPLICA_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    has_replica: bool
+    state: str
+    def __init__(self, has_replica: _Optional[bool] = ..., state: _Optional[str] = ...) -> None: ...
+
 class MetaRecord(_message.Message):
     __slots__ = ("key", "value", "version")
     KEY_FIELD_NUMBER: _ClassVar[int]

@@ -120,6 +120,11 @@ class SevenDBStub:
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.EpochRequest.SerializeToString,
                 response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.EpochResponse.FromString,
                 _registered_method=True)
+        self.RecoverBucket = channel.unary_unary(
+                '/sevendb.v1.SevenDB/RecoverBucket',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.RecoverRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.RecoverResponse.FromString,
+                _registered_method=True)
         self.MetaRead = channel.unary_unary(
                 '/sevendb.v1.SevenDB/MetaRead',
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.MetaReadRequest.SerializeToString,
@@ -262,6 +267,13 @@ class SevenDBServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecoverBucket(self, request, context):
+        """A replica's state after disk damage, and the operator's decision (admin).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def MetaRead(self, request, context):
         """The cluster's metadata, optionally waiting for a newer version.
         """
@@ -370,6 +382,11 @@ def add_SevenDBServicer_to_server(servicer, server):
                     servicer.CreateEpoch,
                     request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.EpochRequest.FromString,
                     response_serializer=sevendb_dot_proto_dot_sevendb__pb2.EpochResponse.SerializeToString,
+            ),
+            'RecoverBucket': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecoverBucket,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.RecoverRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.RecoverResponse.SerializeToString,
             ),
             'MetaRead': grpc.unary_unary_rpc_method_handler(
                     servicer.MetaRead,
@@ -847,6 +864,33 @@ class SevenDB:
             '/sevendb.v1.SevenDB/CreateEpoch',
             sevendb_dot_proto_dot_sevendb__pb2.EpochRequest.SerializeToString,
             sevendb_dot_proto_dot_sevendb__pb2.EpochResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecoverBucket(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sevendb.v1.SevenDB/RecoverBucket',
+            sevendb_dot_proto_dot_sevendb__pb2.RecoverRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.RecoverResponse.FromString,
             options,
             channel_credentials,
             insecure,

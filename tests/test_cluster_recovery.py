@@ -55,7 +55,10 @@ def test_torn_tail_and_flipped_byte_are_truncated_logged_and_repaired(
         cluster.restart()
         cluster.wait_converged()
         log = log_file(cluster.data_dir, victim).read_text()
-        assert log.count("torn or corrupt tail") >= 2, log[-2000:]
+        # Each is a torn tail (WARNING) unless the damaged record was one the replica
+        # had already acknowledged (ERROR; docs/raft.md, "Disk faults"): repaired alike.
+        damage = log.count("torn tail") + log.count("lost acknowledged entries")
+        assert damage >= 2, log[-2000:]
         for key, result in acked.items():
             record = client.get(key)
             assert record is not None and record.mod_commit_index == result.committed.commit_index

@@ -1,9 +1,11 @@
 """Tests for sevendb.cluster.raft.journal: the durable, group-committed Raft journal.
 
 They pin down what Raft safety needs from the journal: what was synced comes back
-after a reopen, a torn or corrupt tail is cut off (and said so) rather than trusted,
-a file that is not ours is refused rather than wiped, and group commit really turns N
-appends into one fsync.
+after a reopen; a torn tail (a crash mid-append) is cut off and said so; records lost
+or damaged below what the replica acknowledged are reported as damage, never cut off
+silently, and the header keeps claiming them; term and vote survive the loss of one
+of their two copies; a file that is not ours is refused rather than wiped; and group
+commit really turns N appends into one fsync.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ from sevendb.cluster.raft.journal import (
     Entry,
     JournalError,
     JournalFormatError,
-    JournalStateError,
 )
+from sevendb.cluster.raft.records import HEADER_V2, SLOT_BYTES, SLOT_OFFSETS
+from sevendb.cluster.raft.sidecars import LOST_VOTE
 
-HEADER_SIZE = 16
+HEADER_SIZE = HEADER_V2
 RECORD_OVERHEAD = 4 + 16 + 4  # length prefix, idx+term, crc
 
 
@@ -44,10 +47,27 @@ def make_entries(n: int, first_idx: int = 1, term: int = 1) -> list[Entry]:
 
 
 def fill(path: Path, entries: list[Entry]) -> None:
+    """Write `entries` and close cleanly: the header then claims all of them."""
     j = DurableJournal(path)
     for entry in entries:
         j.add(*entry)
     j.close()
+
+
+def fill_and_crash(path: Path, entries: list[Entry]) -> None:
+    """Write `entries` in one synced batch and "crash" (no clean close): the header
+    claims none of them yet, as after a kill -9 right after the batch."""
+    j = DurableJournal(path)
+    for entry in entries:
+        j.add(*entry)
+    j.sync()
+    os.close(j._fd)
+
+
+def flip(path: Path, offset: int, mask: int = 0x40) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[offset] ^= mask
+    path.write_bytes(bytes(raw))
 
 
 def record_offsets(entries: list[Entry]) -> list[int]:
@@ -182,6 +202,7 @@ def test_the_commit_hint_costs_no_fsync_and_a_bad_one_is_ignored(
         j.add(*entry)
     j.sync()
     j.setCurrentTerm(3, "n1")  # term and vote: durable at once
+    j.onOneSecondTimer()  # the header catches up with the synced entries: one fdatasync
     fsyncs = j.fsync_count
     for commit in (2, 3, 4):
         j.setRaftCommitIndex(commit)
@@ -194,13 +215,13 @@ def test_the_commit_hint_costs_no_fsync_and_a_bad_one_is_ignored(
     reopened.close()
     hint = Path(str(path) + ".commit")
     raw = bytearray(hint.read_bytes())
-    raw[9] ^= 0xFF  # a torn or flipped hint: only a hint, so it is ignored and logged
+    raw[9] ^= 0xFF  # a torn or flipped hint: only a hint, so it is ignored and reported
     hint.write_bytes(bytes(raw))
-    with caplog.at_level(logging.WARNING):
-        reopened = DurableJournal(path)
+    reopened = DurableJournal(path)
     assert reopened.getRaftCommitIndex() == 1  # back to the default; the leader resends it
     assert (reopened.getCurrentTerm(), reopened.getVotedForNodeId()) == (3, "n1")
-    assert "unreadable commit-index hint" in caplog.text
+    assert any("unreadable commit-index hint" in p for p in reopened.problems)
+    assert reopened.need is None  # nothing acknowledged was lost
     reopened.close()
 
 
@@ -211,7 +232,7 @@ def test_torn_tail_is_truncated_logged_and_appends_continue(
     path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     entries = make_entries(5)
-    fill(path, entries)
+    fill_and_crash(path, entries)
     last_offset = record_offsets(entries)[-1]
     full_size = path.stat().st_size
     with open(path, "r+b") as f:
@@ -221,10 +242,11 @@ def test_torn_tail_is_truncated_logged_and_appends_continue(
         j = DurableJournal(path)
     assert entries_of(j) == entries[:4]
     assert path.stat().st_size == last_offset
+    assert (j.problems, j.need) == ([], None)  # a torn write, not damage
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     message = warnings[0].getMessage()
-    assert "torn or corrupt tail" in message
+    assert "torn tail" in message
     assert str(path) in message
     assert f"offset {last_offset}" in message
     assert f"dropping {full_size - 3 - last_offset} bytes" in message
@@ -243,7 +265,7 @@ def test_torn_tail_is_truncated_logged_and_appends_continue(
 
 def test_torn_length_prefix_is_truncated(path: Path, caplog: pytest.LogCaptureFixture) -> None:
     entries = make_entries(3)
-    fill(path, entries)
+    fill_and_crash(path, entries)
     size = path.stat().st_size
     with open(path, "ab") as f:
         f.write(b"\x07\x00")  # two bytes of the next length prefix
@@ -256,24 +278,157 @@ def test_torn_length_prefix_is_truncated(path: Path, caplog: pytest.LogCaptureFi
 
 
 @pytest.mark.parametrize("victim", [1, 2, 4])
-def test_flipped_byte_is_caught_by_crc_and_tail_dropped(
+def test_a_flipped_byte_below_what_was_acknowledged_is_damage_not_a_torn_tail(
     path: Path, caplog: pytest.LogCaptureFixture, victim: int
 ) -> None:
+    """BEFORE: a record damaged in the middle of the log was taken for a torn tail:
+    it and every record after it were dropped with one WARNING, and the replica went
+    on as if it had never acknowledged them. AFTER: the good prefix is kept, the loss
+    is reported (`problems`, `need`: what was acknowledged), and every header written
+    from then on keeps claiming it, across reopens, until the replica is repaired."""
     entries = make_entries(5)
-    fill(path, entries)
+    fill(path, entries)  # closed cleanly: all five acknowledged
     offset = record_offsets(entries)[victim]
-    with open(path, "r+b") as f:
-        f.seek(offset + 4 + 16 + 2)  # inside the command bytes of record `victim`
-        byte = f.read(1)
-        f.seek(-1, os.SEEK_CUR)
-        f.write(bytes([byte[0] ^ 0x40]))
+    flip(path, offset + 4 + 16 + 2)  # inside the command bytes of record `victim`
     with caplog.at_level(logging.WARNING, logger="sevendb.cluster.raft.journal"):
         j = DurableJournal(path)
     assert entries_of(j) == entries[:victim]
     assert path.stat().st_size == offset
-    assert "crc mismatch" in caplog.text
-    assert f"offset {offset}" in caplog.text
+    assert j.need == (1, 5)
+    assert len(j.problems) == 1 and "lost acknowledged entries" in j.problems[0]
+    assert "crc mismatch" in j.problems[0] and f"offset {offset}" in j.problems[0]
+    assert "torn tail" not in caplog.text
+    j.add(b"again", victim + 1, 1)  # what a leader sends while repairing it
     j.close()
+    k = DurableJournal(path)
+    if victim < 4:
+        assert k.need == (1, 5)  # the header still claims the lost entries
+    else:
+        assert k.need is None  # the one lost entry is back: repaired
+    k.release_need()
+    k.close()
+    assert DurableJournal(path).need is None
+
+
+def test_a_damaged_record_with_good_records_after_it_is_damage_even_past_the_claim(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past what the header claims (a crash right after a batch), a bad record with
+    good records after it is still not a torn tail: it is reported (the replica logs
+    it as damage), though nothing acknowledged is lost, so no repair is needed."""
+    entries = make_entries(5)
+    fill_and_crash(path, entries)
+    flip(path, record_offsets(entries)[2] + 4 + 16)
+    with caplog.at_level(logging.WARNING, logger="sevendb.cluster.raft.journal"):
+        j = DurableJournal(path)
+    assert entries_of(j) == entries[:2]
+    assert j.need is None
+    assert len(j.problems) == 1 and "good records after it" in j.problems[0]
+    assert "torn tail" not in caplog.text
+    j.close()
+
+
+def test_the_header_claims_synced_entries_one_batch_late_and_all_at_close(path: Path) -> None:
+    """A header never claims entries a crash could still take away: a sync writes the
+    slot for what was durable before it (in the same fdatasync), the one-second timer
+    and a clean close bring it up to date."""
+    j = DurableJournal(path)
+    for entry in make_entries(3):
+        j.add(*entry)
+    j.sync()
+    assert j._slot.acked == (0, 0)
+    j.add(b"4", 4, 1)
+    j.sync()
+    assert j._slot.acked == (1, 3)
+    j.onOneSecondTimer()
+    assert j._slot.acked == (1, 4)
+    j.add(b"5", 5, 1)
+    j.close()
+    raw = path.read_bytes()
+    slots = [raw[o : o + SLOT_BYTES] for o in SLOT_OFFSETS]
+    assert any(struct.pack("<QQ", 1, 5) in slot[8:24] for slot in slots)
+
+
+def test_lost_records_past_the_last_good_one_are_damage_after_a_clean_close(path: Path) -> None:
+    entries = make_entries(6)
+    fill(path, entries)
+    with open(path, "r+b") as f:
+        f.truncate(record_offsets(entries)[4])  # records 5 and 6 gone, at a boundary
+    j = DurableJournal(path)
+    assert entries_of(j) == entries[:4]
+    assert j.need == (1, 6)
+    assert "lost acknowledged entries" in j.problems[0]
+    j.close()
+
+
+@pytest.mark.parametrize("removal", ["conflict", "snapshot install"])
+def test_entries_removed_by_raft_then_a_crash_are_not_damage(path: Path, removal: str) -> None:
+    """A follower drops a conflicting suffix (or its whole log for a snapshot) and
+    crashes before the lazy hint catches up: the header, lowered durably before the
+    cut, is what counts, not the hint that still claims the dropped entries."""
+    fill(path, make_entries(6))  # header and hint both claim (1, 6)
+    j = DurableJournal(path)
+    if removal == "conflict":
+        j.deleteEntriesFrom(3)
+    else:
+        j.clear()
+    os.close(j._fd)  # crash: no clean close, the hint is not rewritten
+    k = DurableJournal(path)
+    assert (k.problems, k.need) == ([], None)
+    k.close()
+
+
+@pytest.mark.parametrize("damage", ["deleted", "emptied", "cut in its header"])
+def test_a_journal_gone_while_the_replica_has_lived_is_damage_claiming_the_hint(
+    path: Path, damage: str
+) -> None:
+    entries = make_entries(4, term=2)
+    j = DurableJournal(path)
+    j.setCurrentTerm(2, "a:1")
+    for entry in entries:
+        j.add(*entry)
+    j.close()
+    if damage == "deleted":
+        path.unlink()
+    elif damage == "emptied":
+        path.write_bytes(b"")
+    else:
+        path.write_bytes(path.read_bytes()[:700])
+    k = DurableJournal(path)
+    assert len(k) == 0
+    assert k.need == (2, 4)  # the commit hint mirrors what was acknowledged
+    assert k.problems
+    assert (k.getCurrentTerm(), k.getVotedForNodeId()) == (2, "a:1")
+    k.close()
+    Path(str(path) + ".commit").unlink()
+    path.unlink()
+    unknown = DurableJournal(path)  # nothing says how much: more than anything known
+    assert unknown.need is not None and unknown.need[0] == 2 and unknown.need[1] > 2**32
+    unknown.close()
+
+
+def test_a_fresh_journal_is_not_damage(path: Path) -> None:
+    j = DurableJournal(path)
+    j.add(b"noop", 1, 0)
+    j.close()
+    for _ in range(2):
+        k = DurableJournal(path)
+        assert (k.problems, k.need) == ([], None)
+        k.close()
+
+
+def test_both_header_slots_damaged_fall_back_to_the_hint(path: Path) -> None:
+    fill(path, make_entries(3))
+    raw = bytearray(path.read_bytes())
+    for offset in SLOT_OFFSETS:
+        raw[offset + 40] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    j = DurableJournal(path)
+    assert entries_of(j) == make_entries(3)
+    assert any("header slots" in p for p in j.problems)
+    assert j.need is None
+    j.close()
+    assert DurableJournal(path).problems == []  # written again
 
 
 def test_crc_valid_but_out_of_sequence_record_is_dropped(
@@ -295,8 +450,6 @@ def test_crc_valid_but_out_of_sequence_record_is_dropped(
     [
         (b"PYSYNCOBJ" + b"\x00" * 40, "bad magic"),
         (struct.pack("<8sII", MAGIC, FORMAT_VERSION + 1, 0) + b"\x00" * 30, "format version"),
-        (MAGIC[:5], "shorter than"),
-        (b"", "shorter than"),
     ],
 )
 def test_foreign_or_unknown_file_raises_and_is_not_wiped(
@@ -306,6 +459,24 @@ def test_foreign_or_unknown_file_raises_and_is_not_wiped(
     with pytest.raises(JournalFormatError, match=match):
         DurableJournal(path)
     assert path.read_bytes() == content
+
+
+def test_a_version_1_journal_is_read_and_rewritten_as_version_2(path: Path) -> None:
+    entries = make_entries(3, term=0)
+    body = b"".join(
+        struct.pack("<I", 16 + len(c))
+        + struct.pack("<QQ", i, t)
+        + c
+        + struct.pack("<I", zlib.crc32(c, zlib.crc32(struct.pack("<QQ", i, t))))
+        for c, i, t in entries
+    )
+    path.write_bytes(struct.pack("<8sII", MAGIC, 1, 0) + body)
+    j = DurableJournal(path)
+    assert entries_of(j) == entries
+    assert (j.problems, j.need) == ([], None)
+    j.close()
+    assert struct.unpack_from("<I", path.read_bytes(), 8)[0] == FORMAT_VERSION
+    assert entries_of(DurableJournal(path)) == entries
 
 
 def test_pysyncobj_file_journal_is_refused(path: Path) -> None:
@@ -320,19 +491,46 @@ def test_pysyncobj_file_journal_is_refused(path: Path) -> None:
     assert path.read_bytes() == before
 
 
-def test_corrupt_state_file_raises(path: Path) -> None:
+@pytest.mark.parametrize("damage", ["flipped", "junk", "deleted"])
+def test_a_damaged_state_file_is_restored_from_the_header_copy(path: Path, damage: str) -> None:
+    """BEFORE: a damaged term/vote file stopped the node from starting. AFTER: the
+    journal's header holds a second copy; the file is written again from it and the
+    damage reported."""
     j = DurableJournal(path)
     j.setCurrentTerm(3, "a:1")
+    j.add(b"x", 1, 3)
     j.close()
     state = Path(str(path) + ".state")
-    raw = bytearray(state.read_bytes())
-    raw[20] ^= 0x01  # inside the term
-    state.write_bytes(bytes(raw))
-    with pytest.raises(JournalStateError, match="crc mismatch"):
-        DurableJournal(path)
-    state.write_bytes(b"junk")
-    with pytest.raises(JournalStateError):
-        DurableJournal(path)
+    if damage == "flipped":
+        flip(state, 20, 0x01)  # inside the term
+    elif damage == "junk":
+        state.write_bytes(b"junk")
+    else:
+        state.unlink()
+    k = DurableJournal(path)
+    assert (k.getCurrentTerm(), k.getVotedForNodeId()) == (3, "a:1")
+    assert any("restored from the journal header" in p for p in k.problems)
+    assert k.need is None
+    k.close()
+    assert DurableJournal(path).problems == []
+
+
+def test_with_both_copies_of_the_vote_lost_it_votes_for_no_one_in_that_term(
+    path: Path,
+) -> None:
+    j = DurableJournal(path)
+    j.setCurrentTerm(3, "a:1")
+    j.add(b"x", 1, 3)
+    j.close()
+    Path(str(path) + ".state").unlink()
+    raw = bytearray(path.read_bytes())
+    for offset in SLOT_OFFSETS:
+        raw[offset + 40] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    k = DurableJournal(path)
+    assert (k.getCurrentTerm(), k.getVotedForNodeId()) == (3, LOST_VOTE)
+    assert any("term and vote lost" in p for p in k.problems)
+    k.close()
 
 
 # ------------------------------------------------------------------- deletes
@@ -559,12 +757,16 @@ def test_any_truncation_recovers_the_complete_prefix(n: int, data: st.DataObject
         complete = sum(1 for off in [*record_offsets(entries), size] if off <= cut) - 1
         j = DurableJournal(file)
         assert entries_of(j) == entries[:complete]
+        # Closed cleanly, so every record was acknowledged: a cut is never a torn tail.
+        assert j.need == (None if complete == n else (entries[-1][2], entries[-1][1]))
         j.close()
 
 
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(1, 12), data=st.data())
-def test_any_flipped_record_byte_drops_that_record_and_after(n: int, data: st.DataObject) -> None:
+def test_any_flipped_record_byte_keeps_the_prefix_and_claims_the_rest(
+    n: int, data: st.DataObject
+) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         file, entries = _written(tmp, n)
         size = file.stat().st_size
@@ -576,4 +778,5 @@ def test_any_flipped_record_byte_drops_that_record_and_after(n: int, data: st.Da
         hit = sum(1 for off in record_offsets(entries) if off <= pos) - 1
         j = DurableJournal(file)
         assert entries_of(j) == entries[:hit]
+        assert j.need == (entries[-1][2], entries[-1][1])
         j.close()

@@ -1,8 +1,8 @@
-"""One test (or small group) per pysyncobj 0.3.17 hazard that cluster/raft/replica.py fixes.
+"""One test (or small group) per pysyncobj 0.3.17 hazard that cluster/raft fixes.
 
-Each docstring states the behaviour BEFORE (as measured in
-/work/shared/notes/stack-facts.md §2, and where feasible re-measured here against a
-stock ``SyncObj``) and AFTER (against :class:`BucketReplica`). Everything runs in this
+Each docstring states the behaviour BEFORE (as measured when the hazards were
+found, docs/raft.md, and where feasible re-measured here against a stock
+``SyncObj``) and AFTER (against :class:`BucketReplica`). Everything runs in this
 process on 127.0.0.1 with free ports: real pysyncobj replication, elections, snapshots.
 """
 
@@ -41,19 +41,22 @@ from test_replica import (
     write,
 )
 
+from sevendb.cluster.raft import journal as journal_module
 from sevendb.cluster.raft.journal import DurableJournal
+from sevendb.cluster.raft.node import RaftCounters, RaftNode
+from sevendb.cluster.raft.patches import StoredZlib
+from sevendb.cluster.raft.recovery import Recovery
 from sevendb.cluster.raft.replica import (
-    SNAPSHOT_FILE,
-    SNAPSHOT_MAGIC,
     BucketReplica,
     MembershipChangeInProgress,
     ReplicaUnavailable,
-    _Counters,
-    _decode_snapshot,
-    _encode_snapshot,
-    _RaftNode,
-    _Snapshot,
-    _StoredZlib,
+)
+from sevendb.cluster.raft.snapshots import (
+    SNAPSHOT_FILE,
+    SNAPSHOT_MAGIC,
+    Snapshot,
+    decode_snapshot,
+    encode_snapshot,
 )
 from sevendb.outbox.entries import (
     Ack,
@@ -297,7 +300,7 @@ def test_before_stock_journal_never_fsyncs_and_commits_unsynced_entries(
     tmp_path: Path, stock: Callable[..., StockCounter], fsyncs: list[str]
 ) -> None:
     """BEFORE: FileJournal writes into an mmap and nothing ever flushes or fsyncs it
-    (stack-facts §2a); term/vote go to a meta file with no fsync either. Measured again
+    (docs/raft.md, hazard 1); term/vote go to a meta file with no fsync either. Measured again
     here: 30 committed writes, 0 fsync/fdatasync calls. Even on a journal that can
     fsync, a stock SyncObj commits entries (leader `count = 1`, syncobj.py:660) long
     before anything syncs them (only the once-a-second timer does).
@@ -341,7 +344,9 @@ def test_after_replicas_ack_and_count_only_fsynced_entries(cluster: Cluster) -> 
     assert num(leader, "fsyncs") > 0
 
 
-def test_after_a_failed_fsync_the_replica_stops_and_the_group_goes_on(cluster: Cluster) -> None:
+def test_after_a_failed_fsync_the_replica_stops_and_the_group_goes_on(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """BEFORE: nothing fsyncs, so an I/O error on the log was never even noticed; and
     retrying a failed fsync may report success for pages the kernel already dropped.
     AFTER: the first failed fsync is treated as a crash: that replica never acks,
@@ -352,10 +357,14 @@ def test_after_a_failed_fsync_the_replica_stops_and_the_group_goes_on(cluster: C
     leader.propose(write("before"))
     cluster.converge()
 
-    def broken_fsync(fd: int) -> None:
-        raise OSError(5, "Input/output error")
+    real_fdatasync, victim_fd = journal_module._fdatasync, victim._journal._fd
 
-    victim._journal._fsync = broken_fsync  # type: ignore[method-assign]
+    def broken_fdatasync(fd: int) -> None:
+        if fd == victim_fd:
+            raise OSError(5, "Input/output error")
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(journal_module, "_fdatasync", broken_fdatasync)
     for n in range(5):
         leader.propose(write(f"after-{n}"))
     wait_until(lambda: victim.quarantined is not None, what="fail-stop")
@@ -514,12 +523,12 @@ def test_after_replica_binds_only_its_address_and_refuses_raw_pickles(tmp_path: 
 def test_messages_travel_as_stored_zlib_streams_that_any_zlib_reads() -> None:
     """BEFORE: pysyncobj deflates every message at level 3 (tcp_connection.py:144);
     deflate's set-up, ~256 KiB of state per call, is most of a small message's cost.
-    AFTER: the transport's zlib is `_StoredZlib`: a frame holds the message's bytes as
+    AFTER: the transport's zlib is `StoredZlib`: a frame holds the message's bytes as
     they are, in a zlib stream of stored blocks that stock zlib inflates (a node
     before this change reads it), and a deflated frame (such a node's) is read too."""
     import pysyncobj.tcp_connection as transport
 
-    assert transport.zlib is _StoredZlib
+    assert transport.zlib is StoredZlib
     message = pickle.dumps(("append_entries", [b"k" * 4000, os.urandom(64)]))
     frame = transport.zlib.compress(message, 3)
     assert message in frame  # stored as is, not deflated
@@ -539,7 +548,8 @@ def _leader_stub(cls: type[Any]) -> tuple[Any, TCPNode]:
     obj._SyncObj__raftMatchIndex = {follower: 10}
     obj._SyncObj__raftNextIndex = {follower: 50}
     obj._SyncObj__lastResponseTime = {follower: 0.0}
-    obj._counters = _Counters()
+    obj._counters = RaftCounters()
+    obj._recovery = Recovery(0, "127.0.0.1:2", Path("/nonexistent"), 1.0)
     return obj, follower
 
 
@@ -567,7 +577,7 @@ def test_leader_next_index_never_moves_backwards() -> None:
     stock._SyncObj__onMessageReceived(follower, _ack(5, success=False, reset=True))
     assert stock._SyncObj__raftNextIndex[follower] == 5  # below matchIndex 20
 
-    ours, follower = _leader_stub(_RaftNode)
+    ours, follower = _leader_stub(RaftNode)
     ours._SyncObj__onMessageReceived(follower, _ack(21, term=3))
     assert ours._SyncObj__raftMatchIndex[follower] == 20
     assert ours._SyncObj__raftNextIndex[follower] == 50
@@ -669,7 +679,7 @@ def test_loaded_group_never_truncates_applied_entries_and_converges(
 ) -> None:
     """BEFORE: in loaded runs the nextIndex rewind made followers truncate applied
     entries (CRITICAL lines, up to 102 per run) and a node could loop on IndexError at
-    `self.__raftLog[0]` (1146) after compaction; stack-facts §2b.
+    `self.__raftLog[0]` (1146) after compaction (docs/raft.md, hazard 3).
     AFTER: 3000 writes with 32 in flight through all three replicas, with compaction
     every ~300 entries: the rewind did occur (the leader counted and refused it), yet
     no CRITICAL or ERROR line was logged, nothing was quarantined, and every replica
@@ -763,7 +773,7 @@ def test_after_snapshot_is_one_fsynced_file_of_the_core_snapshot(
         assert raw.startswith(SNAPSHOT_MAGIC)
         body = msgpack.unpackb(raw[len(SNAPSHOT_MAGIC) : -8], raw=False)
         assert body[0] == 1 and body[1] == BUCKET_UUID and body[5] == [replica.self_addr]
-        snap = _decode_snapshot(raw)
+        snap = decode_snapshot(raw)
         reference = BucketStateMachine(BUCKET_UUID)
         for n, outcome in enumerate(outcomes):
             reference.apply(outcome.commit_index, write(f"k{n}"))
@@ -772,7 +782,7 @@ def test_after_snapshot_is_one_fsynced_file_of_the_core_snapshot(
         corrupt = bytearray(raw)
         corrupt[len(SNAPSHOT_MAGIC) + 3] ^= 0xFF
         with pytest.raises(ValueError, match="checksum"):
-            _decode_snapshot(bytes(corrupt))
+            decode_snapshot(bytes(corrupt))
     finally:
         replica.close()
 
@@ -782,28 +792,38 @@ def test_a_snapshot_file_written_in_pieces_is_one_msgpack_body(core_bytes: int) 
     """The snapshot is written as pieces so that the core's bytes are never copied
     (each copy of tens of MB held the GIL in the snapshot thread). Joined, they are
     exactly the format above, for a core in each msgpack bin size class."""
-    snap = _Snapshot(BUCKET_UUID, b"c" * core_bytes, (b"cmd", 9, 2), (b"", 8, 2), ("a:1", "b:2"))
+    snap = Snapshot(BUCKET_UUID, b"c" * core_bytes, (b"cmd", 9, 2), (b"", 8, 2), ("a:1", "b:2"))
     fields = [1, BUCKET_UUID, snap.core, [b"cmd", 9, 2], [b"", 8, 2], ["a:1", "b:2"]]
     payload = SNAPSHOT_MAGIC + msgpack.packb(fields, use_bin_type=True)
-    joined = b"".join(_encode_snapshot(snap))
+    joined = b"".join(encode_snapshot(snap))
     assert joined == payload + struct.pack("<Q", xxhash.xxh64_intdigest(payload))
-    assert _decode_snapshot(joined) == snap
+    assert decode_snapshot(joined) == snap
 
 
 def test_compaction_never_passes_the_safety_point(tmp_path: Path) -> None:
     """BEFORE: pysyncobj compacts whenever the log passes logCompactionMinEntries or
-    logCompactionMinTime; nothing can hold it (seed 000 §8 is not expressible).
-    AFTER: a new snapshot only starts when the core's safety point allows it: a
-    subscriber's unacknowledged rows, a cold replica checkpoint, a migration hold
-    point or an archive that has not published each keep the log; once released,
-    compaction runs."""
-    archived = [10**9]  # the archive is asked at each compaction, not told
+    logCompactionMinTime; nothing can hold it (the safety point of docs/core.md is not
+    expressible).
+    AFTER: snapshots are taken whatever holds the log, but the log is cut no further
+    than the core's safety point: a subscriber's unacknowledged rows, a cold replica
+    checkpoint and a migration hold point each keep it from their index on; and no
+    snapshot covers a purge the archive has not published. Once released, it is cut."""
+    archived = [10**9]  # the archive is asked at each snapshot, not told
     replica = single(
         tmp_path,
         compaction_min_entries=10,
+        compaction_log_ratio=0,
         compaction_recheck_s=0.05,
         archived_through=lambda: archived[0],
     )
+
+    def writes(prefix: str, n: int = 25) -> None:
+        for i in range(n):
+            replica.propose(write(f"{prefix}-{i}", now_ms=now))
+
+    def snapshots() -> int:
+        return num(replica, "snapshots_written")
+
     try:
         assert replica.wait_ready(5)
         # Entries carry wall-clock times (as the proposing adapter writes them): the
@@ -814,59 +834,44 @@ def test_compaction_never_passes_the_safety_point(tmp_path: Path) -> None:
         replica.propose(
             encode_entry(Subscribe("s", "alice", query, plan_query(query).plan_hash, now))
         )
-        for n in range(3):
-            replica.propose(write(f"k{n}", now_ms=now))
+        writes("k", 3)
         proposal = replica.read(lambda sm: sm.propose_outbox_write(sm.lease_index, now))
         assert proposal is not None
         replica.propose(encode_entry(proposal))
         rows = replica.read(lambda sm: sm.outbox_rows("s"))
         assert rows  # outboxed, not acknowledged
-        for n in range(20):
-            replica.propose(write(f"more-{n}", now_ms=now))
-
-        def deferred() -> bool:
-            return num(replica, "compactions_deferred") > 0
-
-        wait_until(deferred, what="compaction to be held back")
-        assert replica.status()["log_first_index"] == 1
-        assert replica.status()["snapshots_written"] == 0
+        held_at = replica.read(lambda sm: sm.safety_point(now))
+        writes("more")
+        wait_until(lambda: snapshots() >= 1, what="a snapshot despite the subscriber")
+        wait_until(lambda: num(replica, "compactions_deferred") >= 1, what="a held cut")
+        assert num(replica, "log_first_index") <= held_at
 
         # The client acks everything; only the cold replica checkpoint holds now.
         replica.cold_replica_checkpoint = 4
         lease = replica.read(lambda sm: sm.lease_index)
         ack = OutboxPurge(lease, (Ack("s", "alice", rows[-1].emit_seq),), now_ms=now)
         assert replica.propose(encode_entry(ack)).error is None
-        held = num(replica, "compactions_deferred")
-        wait_until(
-            lambda: num(replica, "compactions_deferred") > held + 2,
-            what="the cold checkpoint to keep holding",
-        )
-        assert replica.status()["snapshots_written"] == 0
-
-        replica.cold_replica_checkpoint = None
-        replica.migration_hold_point = 4
-        held = num(replica, "compactions_deferred")
-        wait_until(
-            lambda: num(replica, "compactions_deferred") > held + 2,
-            what="the migration hold point to keep holding",
-        )
-        assert replica.status()["snapshots_written"] == 0
-
+        for hold in ("cold", "migration"):
+            taken = snapshots()
+            writes(hold)
+            wait_until(lambda taken=taken: snapshots() > taken, what=f"a snapshot ({hold})")
+            assert num(replica, "log_first_index") <= 4
+            replica.cold_replica_checkpoint, replica.migration_hold_point = None, 4
         replica.migration_hold_point = None
-        archived[0] = 4
-        held = num(replica, "compactions_deferred")
-        wait_until(
-            lambda: num(replica, "compactions_deferred") > held + 2,
-            what="the archive to keep holding",
-        )
-        assert replica.status()["snapshots_written"] == 0
 
-        archived[0] = 10**9
-        wait_until(
-            lambda: num(replica, "log_first_index") > 1,
-            what="compaction once released",
-        )
-        assert num(replica, "snapshots_written") >= 1
+        # The archive has not published the purge: no snapshot may cover it ...
+        archived[0] = 4
+        writes("unarchived")
+        wait_until(lambda: replica._archive_retry_s > 0, what="a snapshot refused")
+        taken, refused = snapshots(), replica._archive_retry_s  # none is being written now
+        writes("still-unarchived")
+        wait_until(lambda: replica._archive_retry_s > refused, what="another refusal")
+        assert snapshots() == taken
+        # ... until the archive publishes what it buffers when the snapshot asks it to.
+        replica._publish_archive = lambda: archived.__setitem__(0, 10**9)
+        writes("archived")
+        wait_until(lambda: snapshots() > taken, what="a snapshot once the archive published")
+        wait_until(lambda: num(replica, "log_first_index") > 4, what="the log cut once released")
     finally:
         replica.close()
 
@@ -905,8 +910,9 @@ def test_before_stock_restart_clears_the_journal_after_a_snapshot_crash(
 
 def test_after_restart_keeps_the_journal_after_a_snapshot_crash(tmp_path: Path) -> None:
     """BEFORE: journal cleared, acked entries after the snapshot lost (previous test).
-    AFTER: before pysyncobj's startup check runs, the adapter trims the journal to the
-    snapshot point (which it contains), so the check passes and all 50 writes survive."""
+    AFTER: a journal that holds the snapshot point is kept whole at startup (the
+    entries before the point too: they are the log kept for the safety point), so all
+    50 writes survive."""
     self_addr = addr()
     replica = single(tmp_path, self_addr=self_addr)
     assert replica.wait_ready(5)
@@ -925,7 +931,7 @@ def test_after_restart_keeps_the_journal_after_a_snapshot_crash(tmp_path: Path) 
         assert again.wait_ready(5)
         assert again.read(len) == 50
         assert state(again)[1] == digest
-        assert again.status()["journal_trims_at_startup"] == 1
+        assert again.status()["log_first_index"] == 1  # nothing was cut
         assert again.status()["snapshots_loaded"] == 1
     finally:
         again.close()
@@ -1050,8 +1056,8 @@ def test_latency_is_not_bound_to_the_batch_period(
     tmp_path: Path, stock: Callable[..., StockCounter], cluster: Cluster
 ) -> None:
     """BEFORE: with appendEntriesUseBatch (default) entries are only sent every
-    appendEntriesPeriod (0.1 s): one write took p50 ~100 ms from the leader (stack-facts
-    §2g); re-measured here on a stock 3-node group.
+    appendEntriesPeriod (0.1 s): one write took p50 ~100 ms from the leader (docs/raft.md,
+    hazard 7); re-measured here on a stock 3-node group.
     AFTER: RaftTuning (batching off: the proposal wakes the tick at once; one fsync and
     one AppendEntries per drained batch): p50 of a few ms, in one shared process."""
     addrs = [addr() for _ in range(3)]
@@ -1079,3 +1085,97 @@ def test_latency_is_not_bound_to_the_batch_period(
     p50_before, p50_after = sorted(before)[2], sorted(after)[15]
     assert p50_before > 0.05
     assert p50_after < 0.025
+
+
+# ------------------------------------------------ (10) disk damage and the vote
+
+
+def _flip_record(journal_path: Path, position: int) -> None:
+    """Flip a byte inside the command of the journal's record at `position` (the
+    journal is closed; it is read with its own code only to find the offset)."""
+    probe = DurableJournal(journal_path)
+    offset = probe._offsets[position] + 4 + 16
+    probe.close()
+    raw = bytearray(journal_path.read_bytes())
+    raw[offset] ^= 0xFF
+    journal_path.write_bytes(bytes(raw))
+
+
+def test_a_replica_that_lost_acknowledged_entries_elects_no_leader_without_them(
+    tmp_path: Path,
+) -> None:
+    """The Raft case of issue 33. B is down while 30 writes are acknowledged by A and
+    the leader L; A's journal is damaged (a flipped byte at the 5th write's record);
+    L is killed; A and B start.
+    BEFORE: A took the damage for a torn tail, cut its log there and voted as if that
+    were all it had ever acknowledged: A and B elected a leader without 25
+    acknowledged writes, and L's copies were overwritten when it came back.
+    AFTER: A votes only for a candidate whose log reaches what it had acknowledged,
+    and does not campaign: no leader while L is away; once L is back it is elected,
+    repairs A, and every write is there."""
+    c = Cluster(tmp_path).start_all()
+    try:
+        leader = c.leader()
+        a, b = (c.index_of(r) for r in c.followers())
+        c.stop(b)
+        acked = [leader.propose(write(f"w{n}")).commit_index for n in range(30)]
+        assert acked[-1] > acked[0]
+        c.converge()
+        c.stop(a)
+        first = DurableJournal(c.data_dir(a) / "raft.journal")
+        position = acked[4] - first[0][1]
+        first.close()
+        _flip_record(c.data_dir(a) / "raft.journal", position)
+        c.stop(c.index_of(leader))  # the leader is killed
+        for i in (a, b):
+            c.start(i)
+        deadline = time.monotonic() + 3  # several election timeouts (0.3-0.6 s)
+        while time.monotonic() < deadline:
+            assert not any(r.is_leader for r in c.live), "a leader without the writes"
+            time.sleep(0.05)
+        damaged, short = c.replicas[a], c.replicas[b]
+        assert damaged is not None and short is not None
+        assert damaged.status()["repairing"] and num(damaged, "votes_refused") > 0
+        for replica in (damaged, short):  # both see the bucket in DATA_LOSS, naming both
+            verdict = replica.data_loss
+            assert verdict is not None and verdict.reason == "data_loss"
+            assert damaged.self_addr in str(verdict) and short.self_addr in str(verdict)
+            assert (replica.quarantined or "").startswith("DATA_LOSS")
+        c.start(c.addrs.index(leader.self_addr))
+        digest = c.converge(20)
+        assert not damaged.status()["repairing"] and damaged.quarantined is None
+        for replica in c.live:
+            assert (
+                replica.read(lambda sm: [sm.get(f"w{n}") is not None for n in range(30)])
+                == [True] * 30
+            )
+            assert state(replica)[1] == digest
+    finally:
+        c.close()
+
+
+def test_a_replica_missing_its_snapshot_is_repaired_by_its_leader(tmp_path: Path) -> None:
+    """BEFORE: a replica whose snapshot.bin was missing, its journal starting after the
+    snapshot, stayed at applied index 1 for good: nothing logged, not quarantined,
+    never sent a snapshot by its leader (its log matched the leader's).
+    AFTER: it reports the damage, drops its log and is repaired by its leader (a
+    snapshot, then the log) before it serves again."""
+    c = Cluster(tmp_path, tuning=fast(compaction_min_entries=20, compaction_log_ratio=0))
+    try:
+        c.start_all()
+        leader = c.leader()
+        victim = c.index_of(c.followers()[0])
+        for n in range(60):
+            leader.propose(write(f"s{n}"))
+        wait_until(
+            lambda: num(c.replicas[victim], "log_first_index") > 1, what="the victim compacts"
+        )
+        c.stop(victim)
+        (c.data_dir(victim) / SNAPSHOT_FILE).unlink()
+        repaired = c.start(victim)
+        digest = c.converge(20)
+        assert state(repaired)[1] == digest
+        assert num(repaired, "disk_repairs") == 1 and not repaired.status()["repairing"]
+        assert repaired.read(lambda sm: sm.get("s59")) is not None
+    finally:
+        c.close()

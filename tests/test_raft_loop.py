@@ -144,7 +144,7 @@ def test_a_failing_tick_is_logged_and_the_loop_goes_on(
         raise RuntimeError("tick bug")
 
     monkeypatch.setattr(broken, "_onTick", failing_tick)
-    with caplog.at_level(logging.ERROR, logger="sevendb.cluster.raft.replica"):
+    with caplog.at_level(logging.ERROR, logger="sevendb.cluster.raft"):
         wait_until(lambda: calls[0] >= 2, what="the broken replica to be ticked again")
         # Its neighbour in the same loop still leads and commits.
         outcome = leader.propose(write("beside-a-broken-tick"))
@@ -204,7 +204,7 @@ def test_a_failing_socket_callback_pauses_that_replica_instead_of_spinning(
         loop._fds[pipe] = (node, raising)
         os.write(node._SyncObj__pipeNotifier._PipeNotifier__pipeW, b"x")
 
-    with caplog.at_level(logging.ERROR, logger="sevendb.cluster.raft.replica"):
+    with caplog.at_level(logging.ERROR, logger="sevendb.cluster.raft"):
         loop._call(break_it)
         wait_until(lambda: calls[0] >= 1, what="the broken callback to run")
         outcome = leader.propose(write("after-a-callback-bug"))  # the pipe works again

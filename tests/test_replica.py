@@ -19,16 +19,10 @@ from typing import Any
 import pytest
 from pysyncobj.config import SERIALIZER_STATE
 
-from sevendb.cluster.raft import replica as replica_module
-from sevendb.cluster.raft.replica import (
-    SNAPSHOT_FILE,
-    TRANSFER_PAUSE_LAG,
-    ApplyOutcome,
-    BucketReplica,
-    RaftTuning,
-    ReplicaUnavailable,
-    compaction_due,
-)
+from sevendb.cluster.raft.replica import ApplyOutcome, BucketReplica, ReplicaUnavailable
+from sevendb.cluster.raft.snapshots import SNAPSHOT_FILE, BackgroundSerializer
+from sevendb.cluster.raft.transfer import TRANSFER_PAUSE_LAG
+from sevendb.cluster.raft.tuning import RaftTuning, compaction_due
 from sevendb.outbox.entries import ANY, Entry, Op, OpKind, Write, decode_entry, encode_entry
 from sevendb.outbox.errors import LimitExceeded
 from sevendb.outbox.model import Applied, WriteResult
@@ -413,7 +407,7 @@ def test_replicas_snapshot_a_large_state_again_only_after_as_many_log_bytes(
 
 
 def test_no_snapshot_is_installed_while_the_replica_writes_its_own(tmp_path: Path) -> None:
-    """A follower's own snapshot is written in a thread (`_BackgroundSerializer`).
+    """A follower's own snapshot is written in a thread (`BackgroundSerializer`).
     Had the leader's newer snapshot been installed meanwhile (and the journal cleared
     for it), that thread's rename would have put the older one back over it: after
     a restart, a gap between snapshot and journal. The install is refused until the
@@ -428,7 +422,7 @@ def test_no_snapshot_is_installed_while_the_replica_writes_its_own(tmp_path: Pat
 
         return write
 
-    ser = replica_module._BackgroundSerializer(str(dump), 1024, False, serializer, None, None)
+    ser = BackgroundSerializer(str(dump), 1024, False, serializer, None, None)
     assert ser.setTransmissionData((b"leader's ", True, False)) is False  # a first chunk...
     ser.serialize((None, "last", "prev", "cluster"), 7)  # ...then its own snapshot starts
     assert ser.setTransmissionData((b"newer", False, True)) is False  # refused, dropped

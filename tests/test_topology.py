@@ -77,8 +77,16 @@ def test_load_without_a_file_says_which(tmp_path: Path) -> None:
 )
 def test_invalid_specs_are_refused_with_clear_errors(mutate: object, message: str) -> None:
     raw = json.loads(spec().to_json())
+    raw.pop("checksum")  # a spec written by hand
     mutate(raw)  # type: ignore[operator]
     with pytest.raises(ConfigError, match=message):
+        ClusterSpec.from_json(json.dumps(raw))
+
+
+def test_a_damaged_spec_that_still_parses_is_refused_by_its_checksum() -> None:
+    raw = json.loads(spec().to_json())
+    raw["nodes"][0]["grpc_port"] += 1  # one flipped digit
+    with pytest.raises(ConfigError, match="checksum mismatch"):
         ClusterSpec.from_json(json.dumps(raw))
 
 

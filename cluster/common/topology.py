@@ -29,6 +29,11 @@ class ConfigError(ValueError):
     """The cluster configuration is invalid; the message says which field and why."""
 
 
+def _checksum(body: dict[str, object]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return xxhash.xxh64_hexdigest(canonical)
+
+
 def rendezvous(bucket_uuid: str, node_ids: Sequence[str], replicas: int) -> list[str]:
     """The `replicas` nodes with the highest xxh64(bucket_uuid/node) scores.
 
@@ -187,12 +192,17 @@ class ClusterSpec:
     # ---- persistence -------------------------------------------------------------
 
     def to_json(self) -> str:
-        return json.dumps({"format": SPEC_FORMAT_VERSION, **asdict(self)}, indent=2)
+        """The spec as JSON with a checksum of its content, so that a damaged copy
+        that still parses (a flipped digit of a port) is refused rather than used."""
+        body = {"format": SPEC_FORMAT_VERSION, **asdict(self)}
+        return json.dumps({**body, "checksum": _checksum(body)}, indent=2)
 
     @classmethod
     def from_json(cls, text: str, origin: str = "cluster spec") -> ClusterSpec:
         try:
             raw = json.loads(text)
+            if "checksum" in raw and raw.pop("checksum") != _checksum(raw):
+                raise ConfigError(f"{origin}: checksum mismatch (the file is damaged)")
             if raw.get("format") != SPEC_FORMAT_VERSION:
                 raise ConfigError(
                     f"{origin}: format {raw.get('format')!r}, expected {SPEC_FORMAT_VERSION}"

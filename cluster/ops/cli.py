@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sevendb.cluster.common.bundle import ClientConfig
@@ -151,6 +151,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "term": r.term,
                     "digest": r.digest,
                     "quarantined": r.quarantined,
+                    "state": _replica_state(r.quarantined),
                     "members": list(r.members),
                     "lease_holder": r.lease_holder,
                     "emitting": r.emitting,
@@ -181,9 +182,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         epoch = max(r.epoch_counter for _, r in reps)
         parts = []
         for node, r in sorted(reps, key=lambda x: x[0]):
-            flag = " QUARANTINED" if r.quarantined else ""
+            state = _replica_state(r.quarantined)
+            flag = "" if state == "serving" else " " + state.upper()
             parts.append(f"{node}:{r.applied_index} lag {commit - r.applied_index}{flag}")
         print(f"{bucket:>6} {leader_node:<8} {epoch:>5} {commit:>8}  " + ", ".join(parts))
+    for bucket, reps in sorted(rows.items()):
+        for node, r in sorted(reps, key=lambda x: x[0]):
+            if r.quarantined:
+                print(f"bucket {bucket} on {node}: {r.quarantined}")
     for endpoint in down:
         print(f"node at {endpoint} is not answering")
     for m in _migrations(args):
@@ -208,6 +214,76 @@ def _all_nodes(args: argparse.Namespace) -> list[str]:
             return [n.grpc_address for n in admin.read().spec.nodes]
     except ConfigError:
         return endpoints
+
+
+def _replica_state(reason: str) -> str:
+    """serving, repairing, data_loss or quarantined, from a replica's status reason
+    (docs/raft.md, "Disk faults")."""
+    if not reason:
+        return "serving"
+    if reason.startswith("repairing"):
+        return "repairing"
+    if reason.startswith("DATA_LOSS"):
+        return "data_loss"
+    return "quarantined"
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    """Show BUCKET's replicas after disk damage and, with --accept-loss, tell each of
+    them that the entries no reachable replica holds are lost for good (docs/raft.md,
+    "Disk faults")."""
+    import grpc
+
+    from sevendb.proto import sevendb_pb2 as pb
+
+    with _admin(args) as admin:
+        spec = admin.read().spec
+        if args.bucket >= len(spec.buckets):
+            raise SystemExit(f"sevendb: bucket {args.bucket} does not exist")
+        placed = spec.buckets[args.bucket].nodes
+
+        def ask(node_id: str, accept: bool) -> str:
+            request = pb.RecoverRequest(bucket=args.bucket, accept_loss=accept)
+            try:
+                answer = admin.stub(spec.node(node_id).grpc_address).RecoverBucket(
+                    request, metadata=admin.metadata, timeout=10
+                )
+            except grpc.RpcError as exc:
+                return f"not answering ({exc.code().name})"
+            return answer.state or "serving" if answer.has_replica else "no replica"
+
+        states = {node_id: ask(node_id, False) for node_id in placed}
+        for node_id, state in states.items():
+            print(f"bucket {args.bucket} on {node_id}: {state}")
+        lost = any(_replica_state(s) == "data_loss" for s in states.values())
+        if not args.accept_loss:
+            print(
+                "choices: start the replicas that are not answering (they may hold the "
+                f"entries), or `sevendb bucket recover {args.bucket} --accept-loss` to go "
+                "on without what no reachable replica holds"
+            )
+            return 1 if lost else 0
+        for node_id in placed:
+            print(
+                f"bucket {args.bucket} on {node_id}: told to accept the loss: {ask(node_id, True)}"
+            )
+    return 0
+
+
+def _add_recover(bucket: argparse._SubParsersAction[Any], common: argparse.ArgumentParser) -> None:
+    recover = bucket.add_parser(
+        "recover",
+        parents=[common],
+        help="after disk damage: show BUCKET's replicas; --accept-loss to go on without "
+        "the entries no reachable replica holds (docs/raft.md)",
+    )
+    recover.add_argument("bucket", type=_bucket_number)
+    recover.add_argument(
+        "--accept-loss",
+        action="store_true",
+        help="the replicas that lost acknowledged entries stop waiting for them",
+    )
+    recover.set_defaults(fn=cmd_recover)
 
 
 def _migrations(args: argparse.Namespace) -> list[MigrationSpec]:
@@ -523,6 +599,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--rollback", action="store_true", help="undo an unfinished migration instead"
     )
     migrate.set_defaults(fn=cmd_migrate)
+    _add_recover(bucket, common)
     rebalance = sub.add_parser(
         "rebalance",
         parents=[common],

@@ -1,51 +1,12 @@
-"""A durable, group-committed Raft journal for pysyncobj.
-
-Why this exists: pysyncobj 0.3.17's ``FileJournal`` keeps its log in an mmap that is
-never flushed or fsynced, and writes ``currentTerm``/``votedFor`` with tmp+rename but no
-fsync. A follower therefore acks AppendEntries for entries that only live in the page
-cache, and a leader counts itself towards a majority for entries that a power cut can
-erase. Raft's safety argument assumes the opposite, so committed entries can be lost.
-
-:class:`DurableJournal` is a drop-in replacement, duck-typed to pysyncobj's journal
-interface (this module deliberately does not import pysyncobj; only the replica
-adapter does). Its contract:
-
-* ``add()`` writes the record to the file (an OS write into the page cache) but does
-  not fsync. :meth:`DurableJournal.sync` makes everything appended so far durable
-  with a single ``fdatasync``; the replica adapter calls it once per batch - on a
-  follower just before it acks an AppendEntries, on the leader before it counts its
-  own entries. That is group commit: N appends cost one fsync.
-* Removing entries (``deleteEntriesFrom``/``deleteEntriesTo``/``clear``) is made
-  durable before it returns, so appends that follow can never be interleaved with
-  resurrected stale records after a crash. These calls are rare (conflicts, snapshot
-  compaction), so their fsyncs do not matter for throughput.
-* ``currentTerm``/``votedFor`` live in a small sidecar file that is replaced
-  atomically and fsynced (tmp, fsync, rename, fsync directory) before
-  ``setCurrentTerm`` returns, because Raft requires them to be durable before a vote
-  is granted or a higher term is acted upon.
-* The commit index is only a hint (it is volatile state in Raft), so it is persisted
-  lazily from ``onOneSecondTimer`` into its own small file (``<log>.commit``), written
-  in place and never fsynced, and clamped to the end of the log on read. A lost,
-  torn or stale hint only means a restarted replica waits for its leader to tell it
-  what is committed. (Persisting it with the term and vote cost an atomic replace,
-  two fsyncs, every second on the tick thread: a 5-25 ms stall of every write.)
-
-On-disk log format (little endian)::
-
-    header:  magic (8 bytes, b"7DBJRNL\\x00") | format version (u32) | flags (u32, 0)
-    record:  length (u32) | body (length bytes) | crc32(body) (u32)
-    body:    idx (u64) | term (u64) | command bytes
-
-When the log is opened, records are scanned until the first short read, CRC mismatch
-or out-of-sequence record; everything from there on is a torn or corrupt tail (e.g. a
-crash in the middle of an append that was never synced, so never acked) and is
-truncated, with a WARNING naming the file, offset and number of bytes dropped. A bad
-magic number or unknown format version is *not* a torn tail: it means the file is not
-ours (for example an old pysyncobj ``FileJournal``), so opening raises
-:class:`JournalFormatError` and leaves the file untouched.
-
-The journal is not thread-safe. pysyncobj calls it from a single thread (its tick
-thread, or the constructing thread before that starts), and so must the adapter.
+"""`DurableJournal`: a durable, group-committed Raft log for pysyncobj, in place of
+its ``FileJournal``, which never fsyncs (so replicas acked entries a power cut could
+erase). Appends are written at once and made durable by one ``fdatasync`` per batch
+(`sync`), before a follower acks or a leader counts them; removals are durable before
+they return; records are CRC'd. The header remembers what was acknowledged, so that
+opening the log tells a torn tail (cut off, as a crash leaves it) from lost or
+damaged acknowledged entries (reported in `problems` and `need`, never silently
+cut). Format and contract: docs/raft.md ("Files", "Disk faults"). Not thread-safe:
+pysyncobj calls it from one thread.
 """
 
 from __future__ import annotations
@@ -53,14 +14,40 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import struct
-import zlib
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
 from typing import overload
 
 from sevendb.cluster.common.files import fsync_dir, pwrite_all, write_synced
+
+from .records import (
+    FORMAT_VERSION,
+    HEADER_V1,
+    HEADER_V2,
+    MAGIC,
+    SLOT_OFFSETS,
+    Entry,
+    JournalFormatError,
+    LogImage,
+    Slot,
+    empty_log,
+    encode_record,
+    encode_slot,
+    in_sequence,
+    read_log,
+)
+from .sidecars import (
+    LOST_VOTE,
+    NOTHING,
+    STATE_FORMAT_VERSION,
+    STATE_MAGIC,
+    JournalError,
+    JournalMeta,
+    JournalStateError,
+    Position,
+    VoteId,
+)
 
 __all__ = [
     "FORMAT_VERSION",
@@ -69,62 +56,18 @@ __all__ = [
     "STATE_MAGIC",
     "DurableJournal",
     "Entry",
+    "FailStopJournal",
     "JournalError",
     "JournalFormatError",
     "JournalStateError",
+    "Position",
     "VoteId",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: One pysyncobj log entry: ``(command, idx, term)``. pysyncobj 0.3.17 builds commands
-#: as bytes (``struct.pack('B', type) + pickled payload``) and stores the tuple as is.
-Entry = tuple[bytes, int, int]
-
-#: What pysyncobj passes as ``votedForNodeId``: ``Node.id`` (a ``"host:port"`` string for
-#: TCP nodes, but any hashable in principle) or None. We persist the common, safely
-#: encodable types and refuse the rest rather than pickle arbitrary objects.
-VoteId = str | bytes | int | None
-
-MAGIC = b"7DBJRNL\x00"
-FORMAT_VERSION = 1
-STATE_MAGIC = b"7DBSTAT\x00"
-STATE_FORMAT_VERSION = 1
-
-_HEADER = struct.Struct("<8sII")  # magic, format version, flags
-_LEN = struct.Struct("<I")
-_IDX_TERM = struct.Struct("<QQ")
-_CRC = struct.Struct("<I")
-_RECORD_OVERHEAD = _LEN.size + _CRC.size
-_MAX_BODY = 0xFFFFFFFF
 _MAX_U64 = 0xFFFFFFFFFFFFFFFF
-
-# State sidecar: magic, version, term, commit index, vote tag, vote length, vote bytes,
-# then crc32 of everything before it.
-_STATE_FIXED = struct.Struct("<8sIQQBI")
-_VOTE_NONE, _VOTE_STR, _VOTE_BYTES, _VOTE_INT = 0, 1, 2, 3
-
-_STATE_SUFFIX = ".state"
-_COMMIT_SUFFIX = ".commit"
-# Commit-index hint: magic, commit index, then crc32 of both.
-COMMIT_MAGIC = b"7DBCMIT\x00"
-_COMMIT_HINT = struct.Struct("<8sQ")
 _TMP_SUFFIX = ".tmp"
-
-
-class JournalError(Exception):
-    """Base class for errors raised by :class:`DurableJournal`."""
-
-
-class JournalFormatError(JournalError):
-    """The log file is not a journal this code can read (bad magic, unknown version,
-    truncated header). Raised instead of wiping the file, because the file may hold
-    acked entries written by something else or by a newer release."""
-
-
-class JournalStateError(JournalError):
-    """The term/vote sidecar is unreadable. Raised instead of defaulting to term 0 and
-    no vote, because forgetting a vote lets a node vote twice in one term."""
 
 
 def _fdatasync(fd: int) -> None:
@@ -161,37 +104,41 @@ def _as_command_bytes(command: object) -> bytes:
     raise TypeError(f"journal command must be bytes, got {type(command).__name__}")
 
 
-def _encode_record(command: bytes, idx: int, term: int) -> bytes:
-    body_len = _IDX_TERM.size + len(command)
-    if body_len > _MAX_BODY:
-        raise ValueError(f"journal command of {len(command)} bytes is too large")
-    idx_term = _IDX_TERM.pack(idx, term)
-    crc = zlib.crc32(command, zlib.crc32(idx_term))
-    return b"".join((_LEN.pack(body_len), idx_term, command, _CRC.pack(crc)))
+def _remove_stale_tmp_files(*paths: Path) -> None:
+    """Leftovers of a crash during an atomic replace are never the source of truth:
+    the rename that would have published them did not happen."""
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            Path(str(path) + _TMP_SUFFIX).unlink()
 
 
-def _encode_vote(vote: VoteId) -> tuple[int, bytes]:
-    if vote is None:
-        return _VOTE_NONE, b""
-    if isinstance(vote, str):
-        return _VOTE_STR, vote.encode("utf-8")
-    if isinstance(vote, bytes):
-        return _VOTE_BYTES, vote
-    if type(vote) is int:  # not bool: True would come back as 1
-        return _VOTE_INT, str(vote).encode("ascii")
-    raise TypeError(f"votedForNodeId must be str, bytes, int or None, got {type(vote).__name__}")
+def _position(entry: Entry | None) -> Position:
+    return NOTHING if entry is None else (entry[2], entry[1])
 
 
-def _decode_vote(tag: int, raw: bytes) -> VoteId:
-    if tag == _VOTE_NONE:
-        return None
-    if tag == _VOTE_STR:
-        return raw.decode("utf-8")
-    if tag == _VOTE_BYTES:
-        return raw
-    if tag == _VOTE_INT:
-        return int(raw.decode("ascii"))
-    raise ValueError(f"unknown vote tag {tag}")
+class _Disk:
+    """The journal's fsyncs, counted (`FailStopJournal` uses a stricter one)."""
+
+    def __init__(self) -> None:
+        self.fsyncs = 0
+        self.failure: str | None = None
+
+    def fsync(self, fd: int) -> None:
+        _fdatasync(fd)
+        self.fsyncs += 1
+
+    def fsync_dir(self, directory: Path) -> None:
+        fsync_dir(directory)
+        self.fsyncs += 1
+
+    def atomic_write(self, target: Path, payload: bytes) -> None:
+        """Replace ``target`` so that after a crash it holds either the old or the new
+        content in full: write a tmp file, fsync it, rename over, fsync the directory."""
+        tmp = Path(str(target) + _TMP_SUFFIX)
+        write_synced(tmp, payload)
+        self.fsyncs += 1
+        os.replace(tmp, target)
+        self.fsync_dir(target.parent)
 
 
 class DurableJournal:
@@ -200,234 +147,87 @@ class DurableJournal:
     All entries are also kept in memory (as pysyncobj's own journals do), so reads
     never touch the disk; the file is only appended to, truncated, or rewritten.
 
-    :param path: the log file. The term/vote sidecar is ``<path>.state``, the
+    :param path: the log file. The term/vote record is ``<path>.state``, the
         commit-index hint ``<path>.commit``.
     """
 
+    _disk_class: type[_Disk] = _Disk
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self._path = Path(path)
-        self._state_path = Path(str(self._path) + _STATE_SUFFIX)
+        self.path = Path(path)
+        self._disk = self._disk_class()
+        self._meta = JournalMeta(self.path, self._disk.atomic_write)
         self._entries: list[Entry] = []
         # File offset at which each entry's record starts, so deleteEntriesFrom can
         # truncate without re-reading the file.
         self._offsets: array[int] = array("Q")
-        self._end = _HEADER.size
-        self._durable_count = 0
-        self._pending = False
+        self._end = HEADER_V2
+        self.durable_len = 0
+        """How many of the entries (counted from position 0) are known to be on disk."""
+        self.pending = False
+        """True if some appended entries are not yet durable."""
         self._closed = False
-        #: Every fsync/fdatasync this journal issued (log, sidecar and directories).
-        self.fsync_count = 0
         #: Group commits: calls to :meth:`sync` that actually flushed appended entries.
         self.sync_count = 0
+        self.problems: list[str] = []
+        """Damage found when the journal was opened (empty: none). A torn tail is not
+        damage: it is cut off with a WARNING, as before."""
+        self.need: Position | None = None
+        """The last position this replica had acknowledged, when the log no longer holds
+        it (damage): until `release_need`, every header keeps claiming it."""
+        self._slot = Slot(0, NOTHING, 0, None)
+        """The newest slot on disk."""
 
-        self._current_term = 0
-        self._voted_for: VoteId = None
-        self._commit_index = 1  # pysyncobj's FileJournal default
-        self._commit_index_dirty = False
-        self._commit_path = Path(str(self._path) + _COMMIT_SUFFIX)
-        self._commit_fd: int | None = None
-
-        self._remove_stale_tmp_files()
-        self._load_state()
-        self._load_commit_hint()
-        if not self._path.exists():
-            self._create_empty_log()
-        self._fd = os.open(self._path, os.O_RDWR)
+        _remove_stale_tmp_files(self.path, self._meta.state.path)
+        self._meta.load()
+        self.problems += self._meta.problems
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            self._load_log()
+            _open_log(self)
         except BaseException:
             os.close(self._fd)
             raise
 
-    # ------------------------------------------------------------------ opening
-
-    def _remove_stale_tmp_files(self) -> None:
-        """Leftovers of a crash during an atomic replace are never the source of truth:
-        the rename that would have published them did not happen."""
-        for tmp in (Path(str(self._path) + _TMP_SUFFIX), Path(str(self._state_path) + _TMP_SUFFIX)):
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-
-    def _create_empty_log(self) -> None:
-        """Publish a header-only log atomically, so a crash during creation can never
-        leave a half-written header that would later look like a foreign file."""
-        self._atomic_write(self._path, _HEADER.pack(MAGIC, FORMAT_VERSION, 0))
-
-    def _load_log(self) -> None:
-        data = _read_all(self._fd)
-        if len(data) < _HEADER.size:
-            raise JournalFormatError(
-                f"{self._path}: file is {len(data)} bytes, shorter than the "
-                f"{_HEADER.size}-byte journal header; refusing to overwrite it"
-            )
-        magic, version, _flags = _HEADER.unpack_from(data, 0)
-        if magic != MAGIC:
-            raise JournalFormatError(
-                f"{self._path}: bad magic {magic!r} (expected {MAGIC!r}); not a sevendb "
-                "journal (a pysyncobj FileJournal?), refusing to overwrite it"
-            )
-        if version != FORMAT_VERSION:
-            raise JournalFormatError(
-                f"{self._path}: unknown journal format version {version} (this build "
-                f"reads version {FORMAT_VERSION}); refusing to overwrite it"
-            )
-
-        view = memoryview(data)
-        pos = _HEADER.size
-        reason: str | None = None
-        while pos < len(data):
-            if len(data) - pos < _LEN.size:
-                reason = "short length prefix"
-                break
-            (body_len,) = _LEN.unpack_from(data, pos)
-            if body_len < _IDX_TERM.size:
-                reason = f"impossible record length {body_len}"
-                break
-            end = pos + _LEN.size + body_len + _CRC.size
-            if end > len(data):
-                reason = "short record"
-                break
-            body = view[pos + _LEN.size : pos + _LEN.size + body_len]
-            (crc,) = _CRC.unpack_from(data, end - _CRC.size)
-            if zlib.crc32(body) != crc:
-                reason = "crc mismatch"
-                break
-            idx, term = _IDX_TERM.unpack_from(body, 0)
-            if not self._in_sequence(idx, term):
-                # A CRC-valid record that breaks the log's shape cannot be trusted
-                # either; keep the longest well-formed prefix.
-                reason = f"out-of-sequence record idx={idx} term={term}"
-                break
-            self._entries.append((bytes(body[_IDX_TERM.size :]), idx, term))
-            self._offsets.append(pos)
-            pos = end
-
-        if reason is not None:
-            logger.warning(
-                "journal %s: torn or corrupt tail at offset %d (%s); dropping %d bytes",
-                self._path,
-                pos,
-                reason,
-                len(data) - pos,
-            )
-            # Make the truncation durable before anything is appended on top of it.
-            os.ftruncate(self._fd, pos)
-            self._fsync(self._fd)
-        self._end = pos
-        self._durable_count = len(self._entries)
-
-    def _in_sequence(self, idx: int, term: int) -> bool:
-        """Raft logs are contiguous in idx and non-decreasing in term; pysyncobj
-        addresses entries by ``idx - first_idx``, so it relies on the former too."""
-        if not self._entries:
-            return True
-        _, last_idx, last_term = self._entries[-1]
-        return idx == last_idx + 1 and term >= last_term
-
-    def _load_state(self) -> None:
-        try:
-            raw = self._state_path.read_bytes()
-        except FileNotFoundError:
-            return  # fresh node, or crashed before the first term change: term 0
-        fixed = _STATE_FIXED.size
-        if len(raw) < fixed + _CRC.size:
-            raise JournalStateError(f"{self._state_path}: truncated ({len(raw)} bytes)")
-        magic, version, term, commit, tag, vote_len = _STATE_FIXED.unpack_from(raw, 0)
-        if magic != STATE_MAGIC:
-            raise JournalStateError(f"{self._state_path}: bad magic {magic!r}")
-        if version != STATE_FORMAT_VERSION:
-            raise JournalStateError(f"{self._state_path}: unknown state format version {version}")
-        if len(raw) != fixed + vote_len + _CRC.size:
-            raise JournalStateError(f"{self._state_path}: length mismatch")
-        (crc,) = _CRC.unpack_from(raw, fixed + vote_len)
-        if zlib.crc32(raw[: fixed + vote_len]) != crc:
-            raise JournalStateError(f"{self._state_path}: crc mismatch")
-        try:
-            vote = _decode_vote(tag, raw[fixed : fixed + vote_len])
-        except ValueError as exc:
-            raise JournalStateError(f"{self._state_path}: {exc}") from exc
-        self._current_term = term
-        self._commit_index = commit
-        self._voted_for = vote
-
-    def _load_commit_hint(self) -> None:
-        try:
-            raw = self._commit_path.read_bytes()
-        except FileNotFoundError:
-            return
-        size = _COMMIT_HINT.size
-        if len(raw) == size + _CRC.size and _CRC.unpack_from(raw, size)[0] == zlib.crc32(
-            raw[:size]
-        ):
-            magic, commit = _COMMIT_HINT.unpack_from(raw, 0)
-            if magic == COMMIT_MAGIC:
-                self._commit_index = max(self._commit_index, commit)
-                return
-        logger.warning(
-            "%s: unreadable commit-index hint ignored (%d bytes); the leader will "
-            "resend the commit index",
-            self._commit_path,
-            len(raw),
-        )
-
-    def _store_commit_hint(self) -> None:
-        """Overwrite a changed hint in place, without fsync: see the module docstring."""
-        if not self._commit_index_dirty:
-            return
-        if self._commit_fd is None:
-            self._commit_fd = os.open(self._commit_path, os.O_WRONLY | os.O_CREAT, 0o644)
-        payload = _COMMIT_HINT.pack(COMMIT_MAGIC, self._commit_index)
-        pwrite_all(self._commit_fd, payload + _CRC.pack(zlib.crc32(payload)), 0)
-        self._commit_index_dirty = False
-
     # --------------------------------------------------------------- low level
 
-    def _fsync(self, fd: int) -> None:
-        _fdatasync(fd)
-        self.fsync_count += 1
-
-    def _fsync_parent(self) -> None:
-        fsync_dir(self._path.parent)
-        self.fsync_count += 1
-
-    def _atomic_write(self, target: Path, payload: bytes) -> None:
-        """Replace ``target`` so that after a crash it holds either the old or the new
-        content in full: write a tmp file, fsync it, rename over, fsync the directory."""
-        tmp = Path(str(target) + _TMP_SUFFIX)
-        write_synced(tmp, payload)
-        self.fsync_count += 1
-        os.replace(tmp, target)
-        self._fsync_parent()
-
-    def _store_state(self) -> None:
-        tag, vote = _encode_vote(self._voted_for)
-        head = _STATE_FIXED.pack(
-            STATE_MAGIC,
-            STATE_FORMAT_VERSION,
-            self._current_term,
-            self._commit_index,
-            tag,
-            len(vote),
-        )
-        payload = head + vote
-        self._atomic_write(self._state_path, payload + _CRC.pack(zlib.crc32(payload)))
-        self._commit_index_dirty = False
+    @property
+    def fsync_count(self) -> int:
+        """Every fsync/fdatasync this journal issued (log, sidecars and directories)."""
+        return self._disk.fsyncs
 
     def _check_open(self) -> None:
         if self._closed:
-            raise JournalError(f"{self._path}: journal is closed")
+            raise JournalError(f"{self.path}: journal is closed")
 
-    def _truncate_durably(self, offset: int, keep: int) -> None:
-        """Cut the file at ``offset`` (keeping ``keep`` entries) and fsync at once. The
-        fsync also makes any still-pending appends durable, which is fine; what matters
-        is that no later append can land on disk while the cut-off records survive."""
+    def _write_slot(self, acked: Position) -> None:
+        """Write the next header slot (not synced: the caller's fdatasync covers it).
+        `acked` never falls below `need` while that is held."""
+        if self.need is not None:
+            acked = max(acked, self.need)
+        slot = Slot(self._slot.seq + 1, acked, self._meta.term, self._meta.vote)
+        if slot.acked == self._slot.acked and (slot.term, slot.vote) == (
+            self._slot.term,
+            self._slot.vote,
+        ):
+            return
+        pwrite_all(self._fd, encode_slot(slot), SLOT_OFFSETS[slot.seq % 2])
+        self._slot = slot
+
+    def _truncate_durably(self, keep: int) -> None:
+        """Keep the first `keep` entries. The header first stops claiming what goes
+        (durably), then the file is cut and fsynced: no later append can land on disk
+        while the cut-off records survive, and no header claims records that are gone."""
+        durable = min(keep, self.durable_len)
+        self._write_slot(_position(self._entries[durable - 1] if durable else None))
+        self._disk.fsync(self._fd)
+        offset = self._offsets[keep] if keep < len(self._entries) else self._end
         os.ftruncate(self._fd, offset)
-        self._fsync(self._fd)
+        self._disk.fsync(self._fd)
         del self._entries[keep:]
         del self._offsets[keep:]
         self._end = offset
-        self._durable_count = len(self._entries)
-        self._pending = False
+        self.durable_len = len(self._entries)
+        self.pending = False
 
     # ------------------------------------------------------ pysyncobj interface
 
@@ -442,13 +242,13 @@ class DurableJournal:
         data = _as_command_bytes(command)
         if not (0 <= idx <= _MAX_U64 and 0 <= term <= _MAX_U64):
             raise ValueError(f"idx/term out of range: idx={idx} term={term}")
-        if not self._in_sequence(idx, term):
+        if not in_sequence(self._entries, idx, term):
             _, last_idx, last_term = self._entries[-1]
             raise ValueError(
                 f"non-contiguous journal append: idx={idx} term={term} after "
                 f"idx={last_idx} term={last_term}"
             )
-        record = _encode_record(data, idx, term)
+        record = encode_record(data, idx, term)
         try:
             pwrite_all(self._fd, record, self._end)
         except OSError:
@@ -459,12 +259,12 @@ class DurableJournal:
         self._entries.append((data, idx, term))
         self._offsets.append(self._end)
         self._end += len(record)
-        self._pending = True
+        self.pending = True
 
     def clear(self) -> None:
         """Drop every entry (pysyncobj does this before installing a snapshot)."""
         self._check_open()
-        self._truncate_durably(_HEADER.size, 0)
+        self._truncate_durably(0)
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:
         """Drop entries at positions ``>= entryFrom`` (list semantics, like
@@ -473,7 +273,7 @@ class DurableJournal:
         keep = len(range(len(self._entries))[:entryFrom])
         if keep == len(self._entries):
             return
-        self._truncate_durably(self._offsets[keep], keep)
+        self._truncate_durably(keep)
 
     def deleteEntriesTo(self, entryTo: int) -> None:
         """Drop entries at positions ``< entryTo`` (like ``entries = entries[entryTo:]``),
@@ -489,24 +289,32 @@ class DurableJournal:
         kept = self._entries[entryTo:]
         if len(kept) == len(self._entries):
             return
-        self._fsync_parent()
-        chunks = [_HEADER.pack(MAGIC, FORMAT_VERSION, 0)]
+        self._disk.fsync_dir(self.path.parent)
+        self._rewrite(kept, self._slot.acked)
+
+    def _rewrite(self, kept: list[Entry], acked: Position) -> None:
+        """Replace the file atomically by a version 2 log of `kept` whose header claims
+        `acked` (at least `need`)."""
+        acked = max(acked, self.need or NOTHING)
+        slot = Slot(self._slot.seq + 1, acked, self._meta.term, self._meta.vote)
+        chunks = [empty_log(slot)]
         offsets: array[int] = array("Q")
-        pos = _HEADER.size
+        pos = HEADER_V2
         for command, idx, term in kept:
-            record = _encode_record(command, idx, term)
+            record = encode_record(command, idx, term)
             offsets.append(pos)
             chunks.append(record)
             pos += len(record)
-        self._atomic_write(self._path, b"".join(chunks))
-        new_fd = os.open(self._path, os.O_RDWR)
+        self._disk.atomic_write(self.path, b"".join(chunks))
+        new_fd = os.open(self.path, os.O_RDWR)
         os.close(self._fd)
         self._fd = new_fd
+        self._slot = slot
         self._entries = kept
         self._offsets = offsets
         self._end = pos
-        self._durable_count = len(kept)
-        self._pending = False
+        self.durable_len = len(kept)
+        self.pending = False
 
     @overload
     def __getitem__(self, item: int) -> Entry: ...
@@ -527,55 +335,57 @@ class DurableJournal:
 
     def _destroy(self) -> None:
         """Close on SyncObj shutdown. A clean shutdown loses nothing: pending appends
-        and a dirty commit index are flushed first. Idempotent."""
+        are flushed, and the header and the hint then record exactly what is durable.
+        Idempotent."""
         if self._closed:
             return
         try:
-            self.sync()
-            self._store_commit_hint()
+            self.onOneSecondTimer()
         finally:
             self._closed = True
             os.close(self._fd)
-            if self._commit_fd is not None:
-                os.close(self._commit_fd)
+            self._meta.close()
 
     def setRaftCommitIndex(self, raftCommitIndex: int) -> None:
         """Remember the commit index; persisted lazily because it is only a hint."""
-        if raftCommitIndex != self._commit_index:
-            self._commit_index = raftCommitIndex
-            self._commit_index_dirty = True
+        self._meta.set_commit(raftCommitIndex)
 
     def getRaftCommitIndex(self) -> int:
         """The persisted commit index, clamped to the last entry: the commit index can
         never exceed the log, and a lower hint is always safe (the leader re-sends it)."""
         if self._entries:
-            return min(self._commit_index, self._entries[-1][1])
-        return self._commit_index
+            return min(self._meta.commit, self._entries[-1][1])
+        return self._meta.commit
 
     def setCurrentTerm(self, term: int, votedForNodeId: VoteId) -> None:
         """Persist term and vote durably before returning: pysyncobj sends the vote
-        (or acts on the new term) right after this call."""
+        (or acts on the new term) right after this call. Both copies are written: the
+        state file, then the header's slot."""
         self._check_open()
         if not 0 <= term <= _MAX_U64:
             raise ValueError(f"term out of range: {term}")
-        _encode_vote(votedForNodeId)  # validate before changing anything
-        self._current_term = term
-        self._voted_for = votedForNodeId
-        self._store_state()
+        self._meta.set_term(term, votedForNodeId)
+        self._write_slot(self._slot.acked)
+        self._disk.fsync(self._fd)
 
     def getCurrentTerm(self) -> int:
-        return self._current_term
+        return self._meta.term
 
     def getVotedForNodeId(self) -> VoteId:
-        return self._voted_for
+        return self._meta.vote
 
     def onOneSecondTimer(self) -> None:
-        """Called by SyncObj once a second: write a changed commit-index hint (no
-        fsync), and sync any appends a caller forgot to sync, which bounds their
-        exposure to a second."""
+        """Called by SyncObj once a second: sync any appends a caller forgot to sync
+        (which bounds their exposure to a second), bring the header's record of what
+        was acknowledged up to date (one more fdatasync, only if it lags), and write a
+        changed commit-index hint (no fsync)."""
         self._check_open()
         self.sync()
-        self._store_commit_hint()
+        durable = _position(self._entries[self.durable_len - 1] if self.durable_len else None)
+        if max(durable, self.need or NOTHING) != self._slot.acked:
+            self._write_slot(durable)
+            self._disk.fsync(self._fd)
+        self._meta.store_hint(self._slot.acked)
 
     def flush(self) -> None:
         """``FileJournal.flush`` equivalent; here it means :meth:`sync`."""
@@ -584,46 +394,59 @@ class DurableJournal:
     # ------------------------------------------------------------ group commit
 
     def sync(self) -> bool:
-        """Make every entry appended so far durable with one fdatasync.
+        """Make every entry appended so far durable with one fdatasync. The header's
+        slot is brought up to the entries that were durable *before* this call, in
+        the same fdatasync: it never claims entries a crash could still take away.
 
         :returns: True if an fsync was issued, False if nothing was pending (so the
             replica adapter can call this on every ack/commit check for free).
         """
         self._check_open()
-        if not self._pending:
+        if not self.pending:
             return False
-        self._fsync(self._fd)
-        self._pending = False
-        self._durable_count = len(self._entries)
+        self._write_slot(
+            _position(self._entries[self.durable_len - 1] if self.durable_len else None)
+        )
+        self._disk.fsync(self._fd)
+        self.pending = False
+        self.durable_len = len(self._entries)
         self.sync_count += 1
         return True
 
-    @property
-    def durable_len(self) -> int:
-        """How many of the entries (counted from position 0) are known to be on disk."""
-        return self._durable_count
+    # ------------------------------------------------------------ disk faults
+
+    def release_need(self) -> None:
+        """The lost entries are back (or an operator accepted their loss): the header
+        claims what the log holds again, durably at once."""
+        self._check_open()
+        self.need = None
+        self._write_slot(
+            _position(self._entries[self.durable_len - 1] if self.durable_len else None)
+        )
+        self._disk.fsync(self._fd)
+
+    def discard_all(self, need: Position) -> None:
+        """Drop every entry, claiming `need` until `release_need` (the replica found
+        its snapshot damaged and must be repaired from its leader)."""
+        self._check_open()
+        self.need = max(need, self.need or NOTHING)
+        self._truncate_durably(0)
 
     @property
     def last_durable_index(self) -> int:
         """Raft index of the last durable entry, or 0 if none: the most a leader may
         count as its own match index."""
-        if self._durable_count == 0:
+        if self.durable_len == 0:
             return 0
-        return self._entries[self._durable_count - 1][1]
+        return self._entries[self.durable_len - 1][1]
 
-    @property
-    def size_bytes(self) -> int:
-        """Bytes of records in the log file (the header not counted)."""
-        return self._end - _HEADER.size
-
-    @property
-    def pending(self) -> bool:
-        """True if some appended entries are not yet durable."""
-        return self._pending
-
-    @property
-    def path(self) -> Path:
-        return self._path
+    def size_bytes(self, after_index: int = 0) -> int:
+        """Bytes of the records of entries past `after_index` (all of them: 0)."""
+        if not self._entries:
+            return 0
+        position = max(0, min(len(self._entries), after_index + 1 - self._entries[0][1]))
+        start = self._offsets[position] if position < len(self._entries) else self._end
+        return self._end - start
 
     def close(self) -> None:
         """Alias of :meth:`_destroy` for use outside pysyncobj."""
@@ -631,6 +454,154 @@ class DurableJournal:
 
     def __repr__(self) -> str:
         return (
-            f"DurableJournal({str(self._path)!r}, entries={len(self._entries)}, "
-            f"durable={self._durable_count})"
+            f"DurableJournal({str(self.path)!r}, entries={len(self._entries)}, "
+            f"durable={self.durable_len})"
         )
+
+
+def _open_log(journal: DurableJournal) -> None:
+    """Read the journal's file into it (creating an empty one), and judge what it
+    finds: a torn tail is cut with a WARNING; a file that is gone or cut short while
+    the replica has lived before, records damaged in the middle or missing below what
+    was acknowledged, and a lost term/vote record are `problems` (`need` set when
+    acknowledged entries are gone). A foreign file raises JournalFormatError."""
+    meta, path = journal._meta, journal.path
+    data = _read_all(journal._fd)
+    lived = meta.state_found or meta.hint_found
+    if len(data) < HEADER_V1:
+        image = LogImage(FORMAT_VERSION, None)
+        if lived:
+            state = "missing" if not data else f"cut to {len(data)} bytes"
+            journal.problems.append(f"journal {path} {state}")
+    else:
+        image = read_log(data, path)
+        if image.version == 2 and image.slot is None:
+            journal.problems.append(f"journal {path}: both header slots unreadable")
+    claimed = _claimed(journal, image)
+    _restore_term_and_vote(journal, image)
+    last = image.last
+    if claimed > last:
+        journal.need = claimed
+        journal.problems.append(_loss(last, claimed, image))
+    elif image.stop is not None and image.valid_after is not None:
+        journal.problems.append(
+            f"journal {path}: damaged record at offset {image.end} ({image.stop}) with "
+            f"good records after it, all past what was acknowledged; they are dropped"
+        )
+    elif image.stop is not None:
+        logger.warning(
+            "journal %s: torn tail at offset %d (%s); dropping %d bytes",
+            path,
+            image.end,
+            image.stop,
+            len(data) - image.end,
+        )
+    journal._entries, journal._offsets = image.entries, image.offsets
+    journal.durable_len = len(image.entries)
+    if image.version == FORMAT_VERSION and image.slot is not None and len(data) >= HEADER_V2:
+        journal._slot, journal._end = image.slot, image.end
+        # What the page cache held from before a crash is on disk before the header
+        # claims it.
+        journal._disk.fsync(journal._fd)
+        if image.stop is not None:
+            journal._truncate_durably(len(image.entries))
+        else:
+            journal._write_slot(last)
+            journal._disk.fsync(journal._fd)
+    else:  # a version 1 file, or one whose header is written again: atomically
+        journal._slot = Slot(image.slot.seq if image.slot else 0, NOTHING, 0, None)
+        journal._rewrite(list(image.entries), last)
+
+
+def _loss(last: Position, claimed: Position, image: LogImage) -> str:
+    what = (
+        "an unknown number of entries (the record of them is lost too)"
+        if claimed[1] == _MAX_U64
+        else f"through index {claimed[1]} (term {claimed[0]})"
+    )
+    where = f" ({image.stop} at offset {image.end})" if image.stop else ""
+    return (
+        f"lost acknowledged entries: the journal's records end at index {last[1]} "
+        f"(term {last[0]}) but it had acknowledged {what}{where}"
+    )
+
+
+def _claimed(journal: DurableJournal, image: LogImage) -> Position:
+    """What this replica may have acknowledged: the newest header slot; without one,
+    the hint's mirror of it (written lazily, it may still claim what a durable
+    truncation took back: only the header is trusted when it is there). With
+    neither, a replica that has lived before (a term or a hint) claims more than
+    anything it knows of (so it waits for a leader with a newer term to repair it), a
+    fresh one nothing; a version 1 log kept no claim: it is trusted."""
+    meta = journal._meta
+    if image.slot is not None:
+        return image.slot.acked
+    if meta.hint_acked is not None:
+        return meta.hint_acked
+    if image.version == 1:
+        return image.last
+    if journal.problems and (meta.state_found or meta.hint_found):
+        return (max(meta.term, image.last[0]), _MAX_U64)
+    return NOTHING
+
+
+def _restore_term_and_vote(journal: DurableJournal, image: LogImage) -> None:
+    """Raft's term and vote have two copies (the state file and the header's slot);
+    use the newer when both are readable, the other when one is lost, and when both
+    are lost, the newest term known with a vote for no one (`LOST_VOTE`)."""
+    meta, slot = journal._meta, image.slot
+    if slot is not None and (slot.term, slot.vote is not None) > (meta.term, meta.vote is not None):
+        if not meta.state_lost:
+            logger.info("journal %s: the header's term/vote copy is newer", journal.path)
+        meta.term, meta.vote = slot.term, slot.vote
+    # Entries of a term > 0 mean a term was set (a state file written) before them;
+    # a readable slot knows better: it has a copy of every term set.
+    lived = slot.term > 0 if slot is not None else image.last[0] > 0
+    if not meta.state_lost or not lived:
+        return
+    if slot is None:
+        meta.term = max(meta.term, image.last[0])
+        meta.vote = LOST_VOTE
+        journal.problems.append(
+            f"term and vote lost (both copies): restarting in term {meta.term} without voting in it"
+        )
+    else:
+        journal.problems.append(
+            "term and vote record missing or unreadable: restored from the journal header"
+        )
+    meta.set_term(meta.term, meta.vote)
+
+
+class FailStopJournal(DurableJournal):
+    """A DurableJournal that never claims durability again after an fsync failed.
+
+    After a failed fsync the kernel may have dropped the dirty pages and a retry can
+    "succeed" without the data being on disk, so retrying is not safe. The replica
+    treats the first failure as a crash: it stops acking, counting and applying."""
+
+    class _FailStopDisk(_Disk):
+        def fsync(self, fd: int) -> None:
+            try:
+                super().fsync(fd)
+            except OSError as exc:
+                self.failure = self.failure or f"{type(exc).__name__}: {exc}"
+                raise
+
+    _disk_class = _FailStopDisk
+
+    @property
+    def failure(self) -> str | None:
+        """Why an fsync failed, or None."""
+        return self._disk.failure
+
+    def _destroy(self) -> None:
+        if self.failure is not None and not self._closed:
+            self._closed = True  # nothing more can be made durable: just let go
+            os.close(self._fd)
+            return
+        super()._destroy()
+
+    def sync(self) -> bool:
+        if self.failure is not None:
+            raise JournalError(f"{self.path}: an earlier fsync failed ({self.failure})")
+        return super().sync()

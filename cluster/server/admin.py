@@ -113,6 +113,18 @@ class Admin:
         result, commit_index = await self._edge.commit(bucket, entry, EpochResult)
         return pb.EpochResponse(epoch_id=codec.epoch_to_pb(result.epoch), commit_index=commit_index)
 
+    async def recover_bucket(
+        self, request: pb.RecoverRequest, call: Call
+    ) -> pb.RecoverResponse:
+        self._admin(call)
+        self._edge.check_bucket(request.bucket)
+        replica = self._edge.replicas.get(request.bucket)
+        if replica is None:
+            return pb.RecoverResponse(has_replica=False)
+        if request.accept_loss:
+            await asyncio.to_thread(replica.accept_loss)
+        return pb.RecoverResponse(has_replica=True, state=replica.quarantined or "")
+
     # ---- operations (no token) ---------------------------------------------------------
 
     async def cluster_info(

@@ -24,7 +24,7 @@ from sevendb.cluster.common.auth import AUTH_METADATA_KEY, AuthError, principal_
 from sevendb.cluster.common.bundle import ClusterSecrets
 from sevendb.cluster.common.topology import ClusterSpec, NodeSpec
 from sevendb.cluster.raft.replica import ApplyOutcome, BucketReplica, ReplicaUnavailable
-from sevendb.cluster.server.errors import Ctx, Failure
+from sevendb.cluster.server.errors import Ctx, Failure, status_of_unavailable
 from sevendb.cluster.server.meta import ClusterView, MetaMember
 from sevendb.cluster.server.metrics import NodeMetrics
 from sevendb.notifier.host import BucketNotifier
@@ -149,7 +149,7 @@ class Edge:
 
     def unavailable(self, bucket: int, exc: ReplicaUnavailable) -> Failure:
         hint = self.client_address(bucket, exc.leader_hint)
-        return Failure(grpc.StatusCode.UNAVAILABLE, f"bucket {bucket}: {exc}", leader=hint)
+        return Failure(status_of_unavailable(exc.reason), f"bucket {bucket}: {exc}", leader=hint)
 
     # ---- forwarding --------------------------------------------------------------------
 
@@ -188,6 +188,9 @@ class Edge:
         if target is None and bucket not in self.replicas:
             target = self.some_host(bucket)
         if target is None or target == self.me:
+            local = self.replicas.get(bucket)
+            if local is not None and local.data_loss is not None:
+                raise self.unavailable(bucket, local.data_loss)
             raise Failure(
                 grpc.StatusCode.UNAVAILABLE,
                 f"bucket {bucket} has no known leader; retry shortly",

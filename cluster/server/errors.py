@@ -16,6 +16,14 @@ from sevendb.proto import sevendb_pb2 as pb
 Ctx: TypeAlias = "aio.ServicerContext[Any, Any]"
 
 
+def status_of_unavailable(reason: str) -> grpc.StatusCode:
+    """The status of a replica's refusal (`ReplicaUnavailable.reason`): DATA_LOSS when
+    no reachable replica of the bucket holds every acknowledged entry (docs/raft.md,
+    "Disk faults": retrying does not help until a replica comes back or an operator
+    decides), UNAVAILABLE otherwise (retry, here or at the leader)."""
+    return grpc.StatusCode.DATA_LOSS if reason == "data_loss" else grpc.StatusCode.UNAVAILABLE
+
+
 class Failure(Exception):
     """How a request fails: a gRPC status, plus the domain error code and the leader's
     client address as trailing metadata. Raised anywhere below a handler; the

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Final
 
 import grpc
+import xxhash
 
 from sevendb.cluster.common.files import fsync_dir, write_synced
 from sevendb.cluster.common.meta import overlay
@@ -55,6 +56,11 @@ class MetaState:
     records: Mapping[str, tuple[bytes, int]]
     """key -> (value, the key's version in the metadata group)."""
     spec: ClusterSpec
+
+
+def _checksum(body: Mapping[str, object]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return xxhash.xxh64_hexdigest(canonical)
 
 
 def _records_json(records: Mapping[str, tuple[bytes, int]]) -> dict[str, list[object]]:
@@ -115,11 +121,12 @@ class ClusterView:
             return self._state
 
     def _save_cache(self, state: MetaState) -> None:
-        body = {
+        body: dict[str, object] = {
             "cluster_id": self.genesis.cluster_id,
             "version": state.version,
             "records": _records_json(state.records),
         }
+        body["checksum"] = _checksum(body)
         tmp = self._cache.with_suffix(".tmp")
         self._cache.parent.mkdir(parents=True, exist_ok=True)
         write_synced(tmp, json.dumps(body).encode())
@@ -129,6 +136,8 @@ class ClusterView:
     def _load_cache(self) -> MetaState | None:
         try:
             body = json.loads(self._cache.read_text())
+            if body.pop("checksum", None) != _checksum(body):
+                raise ConfigError("checksum mismatch (the file is damaged)")
             if body["cluster_id"] != self.genesis.cluster_id:
                 raise ConfigError(f"it is cluster {body['cluster_id']}'s")
             records = {k: (v.encode(), int(ver)) for k, (v, ver) in body["records"].items()}

@@ -8,6 +8,12 @@
 * ``reconnect_status_total{status}`` (counter): Reconnect outcomes;
 * ``plan_hash_mismatch_total`` (counter): replicas of this node whose plan hash or
   outbox digest disagreed with a committed entry (each quarantined itself);
+* ``replica_disk_repairs_total{bucket}`` (counter): times this node's replica found
+  its files damaged (each logged at ERROR and repaired, in place or by its leader);
+  ``replica_repairing{bucket}`` (gauge, 0/1): it lost acknowledged entries and its
+  leader is sending them again; ``bucket_data_loss{bucket}`` (gauge, 0/1): no
+  reachable replica of the bucket holds every acknowledged entry, so it answers
+  DATA_LOSS (docs/raft.md, "Disk faults");
 * ``commits_total{bucket}`` (counter): entries this node's replica applied (the
   commit rate); ``purged_rows_total{bucket}``: rows removed by OUTBOX_PURGE (the
   purge rate); ``events_sent_total{bucket}``: events handed to client streams.
@@ -18,11 +24,11 @@ bucket's lease holder; applied entries and purges are counted by every replica.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from sevendb.outbox.model import OutboxRow
@@ -44,13 +50,20 @@ LATENCY_BUCKETS_S: Final = (
 )
 
 
+DiskState = tuple[int, int, bool, bool]
+"""A replica's (bucket, disk repairs, repairing, bucket in DATA_LOSS)."""
+
+
 class _ReplicaCounters(Collector):
     """Counters the replicas keep themselves, read at scrape time."""
 
-    def __init__(self, plan_mismatches: Callable[[], int]) -> None:
+    def __init__(
+        self, plan_mismatches: Callable[[], int], disk: Callable[[], Iterable[DiskState]]
+    ) -> None:
         self._plan_mismatches = plan_mismatches
+        self._disk = disk
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         family = CounterMetricFamily(
             "plan_hash_mismatch",
             "Replicas of this node whose own plan hash or outbox digest disagreed with "
@@ -58,12 +71,36 @@ class _ReplicaCounters(Collector):
         )
         family.add_metric([], self._plan_mismatches())
         yield family
+        repairs = CounterMetricFamily(
+            "replica_disk_repairs",
+            "Times this node's replica found its files damaged (each repaired)",
+            labels=["bucket"],
+        )
+        repairing = GaugeMetricFamily(
+            "replica_repairing",
+            "1 while this node's replica waits for its leader to resend lost entries",
+            labels=["bucket"],
+        )
+        data_loss = GaugeMetricFamily(
+            "bucket_data_loss",
+            "1 while no reachable replica of the bucket holds every acknowledged entry",
+            labels=["bucket"],
+        )
+        for bucket, count, is_repairing, is_lost in self._disk():
+            repairs.add_metric([str(bucket)], count)
+            repairing.add_metric([str(bucket)], int(is_repairing))
+            data_loss.add_metric([str(bucket)], int(is_lost))
+        yield from (repairs, repairing, data_loss)
 
 
 class NodeMetrics:
     """The metrics of one node process, on their own registry."""
 
-    def __init__(self, plan_mismatches: Callable[[], int] = lambda: 0) -> None:
+    def __init__(
+        self,
+        plan_mismatches: Callable[[], int] = lambda: 0,
+        disk: Callable[[], Iterable[DiskState]] = lambda: (),
+    ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.emit_latency = Histogram(
@@ -95,7 +132,7 @@ class NodeMetrics:
         self.events = Counter(
             "events_sent", "Events handed to client streams", ["bucket"], registry=r
         )
-        r.register(_ReplicaCounters(plan_mismatches))
+        r.register(_ReplicaCounters(plan_mismatches, disk))
 
     def serve(self, host: str, port: int) -> None:
         """Serve ``/metrics`` over HTTP on ``host:port`` (a daemon thread)."""
@@ -125,4 +162,4 @@ class NodeMetrics:
         self.reconnects.labels(status).inc()
 
 
-__all__ = ["LATENCY_BUCKETS_S", "NodeMetrics"]
+__all__ = ["LATENCY_BUCKETS_S", "DiskState", "NodeMetrics"]

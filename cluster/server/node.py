@@ -32,7 +32,7 @@ from sevendb.cluster.raft.replica import BucketReplica, RaftLoop
 from sevendb.cluster.server.config import SECTIONS, NodeConfig, load_node_config
 from sevendb.cluster.server.faults import KILL_BEFORE_SEND, FaultPoints
 from sevendb.cluster.server.meta import ClusterView, MetaFollower, MetaMember
-from sevendb.cluster.server.metrics import NodeMetrics
+from sevendb.cluster.server.metrics import DiskState, NodeMetrics
 from sevendb.cluster.server.service import NodeService
 from sevendb.notifier.host import BucketNotifier
 from sevendb.outbox.model import Applied
@@ -53,6 +53,18 @@ STOP_GRACE_S = 2.0
 JOIN_TIMEOUT_S = 60.0
 """How long a node that is not in the genesis waits to learn its place from the
 metadata voters before giving up."""
+
+
+def _disk_state(replica: BucketReplica) -> DiskState:
+    """What `/metrics` shows of a replica's disk-fault recovery."""
+    status = replica.status()
+    repairs = status.get("disk_repairs")
+    return (
+        replica.bucket,
+        repairs if isinstance(repairs, int) else 0,
+        bool(status.get("repairing")),
+        status.get("data_loss") is not None,
+    )
 
 
 class HandoverPacer:
@@ -132,7 +144,8 @@ class Node:
         root = config.archive.root or self.home / "archive"
         self.archive = ArchiveWriter(root, self.node_id, config.archive)
         self.metrics = NodeMetrics(
-            plan_mismatches=lambda: sum(r.plan_mismatches for r in self.replicas.values())
+            plan_mismatches=lambda: sum(r.plan_mismatches for r in self.replicas.values()),
+            disk=lambda: [_disk_state(r) for r in self.replicas.values()],
         )
         self.meta: MetaMember | None = None
         try:
@@ -192,6 +205,7 @@ class Node:
             tuning=self.tuning,
             on_applied=self._on_applied_hook(bucket, notifier_slot),
             archived_through=functools.partial(self.archive.archived_through, bucket),
+            publish_archive=self.archive.flush,
             loop=self.raft_loop,
         )
         faults = self._faults

@@ -66,6 +66,7 @@ class NodeService:
             "RemoveMember": Route(admin.remove_member),
             "TransferLeader": Route(admin.transfer_leader),
             "CreateEpoch": Route(admin.create_epoch),
+            "RecoverBucket": Route(admin.recover_bucket),
             "MetaRead": Route(self.metadata.meta_read),
             "MetaWrite": Route(self.metadata.meta_write),
             "JoinBundle": Route(self.metadata.join_bundle),
