@@ -184,6 +184,7 @@ def test_service_methods() -> None:
         "RemoveMember": ("MemberRequest", "MemberResponse", False, False),
         "TransferLeader": ("MemberRequest", "MemberResponse", False, False),
         "CreateEpoch": ("EpochRequest", "EpochResponse", False, False),
+        "RecoverBucket": ("RecoverRequest", "RecoverResponse", False, False),
         "MetaRead": ("MetaReadRequest", "MetaReadResponse", False, False),
         "MetaWrite": ("MetaWriteRequest", "MetaWriteResponse", False, False),
         "JoinBundle": ("JoinBundleRequest", "JoinBundleResponse", False, False),
@@ -289,6 +290,8 @@ MESSAGES: dict[str, Message] = {
     "EpochResponse": pb.EpochResponse(
         epoch_id=pb.EmitSeq.EpochId(bucket_uuid="u", epoch_counter=2), commit_index=9
     ),
+    "RecoverRequest": pb.RecoverRequest(bucket=2, accept_loss=True),
+    "RecoverResponse": pb.RecoverResponse(has_replica=True, state="repairing"),
     "MetaRecord": pb.MetaRecord(key="node/n4", value=b"{}", version=3),
     "MetaReadRequest": pb.MetaReadRequest(after_version=4, wait_ms=10_000),
     "MetaReadResponse": pb.MetaReadResponse(
