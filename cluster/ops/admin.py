@@ -31,6 +31,8 @@ __all__ = ["ClusterAdmin", "ClusterMeta", "MetadataConflict", "Unreachable"]
 T = TypeVar("T")
 CALL_TIMEOUT_S: Final = 10.0
 CONVERGE_TIMEOUT_S: Final = 30.0
+WRITE_RETRY_S: Final = 30.0
+"""How long a metadata write waits for the metadata group to have a leader."""
 
 
 class MetadataConflict(ConfigError):
@@ -133,22 +135,46 @@ class ClusterAdmin:
                 ops.append(pb.MetaOp(key=key, value=value, expected_version=expected))
         if not ops:
             return meta
-        try:
-            response: pb.MetaWriteResponse = self.any_node(
-                lambda s: s.MetaWrite(
-                    pb.MetaWriteRequest(ops=ops), metadata=self.metadata, timeout=self.timeout_s
-                )
-            )
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                raise MetadataConflict(
-                    "the cluster's metadata changed while this command ran (another "
-                    "operator?); run the command again"
-                ) from None
-            raise
+        response = self._write(meta, new, ops)
         if wait:
             self.wait_converged(response.version, new)
         return self.read()
+
+    def _write(
+        self, meta: ClusterMeta, new: ClusterSpec, ops: list[pb.MetaOp]
+    ) -> pb.MetaWriteResponse:
+        """MetaWrite, retried while the metadata group has no leader (a refusal that
+        changed nothing) for up to `WRITE_RETRY_S`. After an outcome left unknown, the
+        metadata is read again: a write that landed is taken as done."""
+        deadline = time.monotonic() + WRITE_RETRY_S
+        request = pb.MetaWriteRequest(ops=ops)
+        while True:
+            try:
+                answer: pb.MetaWriteResponse = self.any_node(
+                    lambda s: s.MetaWrite(request, metadata=self.metadata, timeout=self.timeout_s)
+                )
+                return answer
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    return self._conflict_or_done(new)
+                raise
+            except Unreachable as exc:
+                if "outcome is unknown" in str(exc):
+                    return self._conflict_or_done(new)
+                if "nothing was changed" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                self.progress("  the metadata group has no leader yet; retrying")
+                time.sleep(0.5)
+
+    def _conflict_or_done(self, new: ClusterSpec) -> pb.MetaWriteResponse:
+        """After a refused or unknown write: done if the metadata now says `new`."""
+        current = self.read()
+        if current.spec == new:
+            return pb.MetaWriteResponse(version=current.version)
+        raise MetadataConflict(
+            "the cluster's metadata changed while this command ran (another "
+            "operator?); run the command again"
+        )
 
     def wait_converged(
         self, version: int, spec: ClusterSpec, timeout_s: float = CONVERGE_TIMEOUT_S

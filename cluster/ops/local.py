@@ -338,6 +338,8 @@ def wait_for_leaders(
             leaderless = [r.bucket for r in status.replicas if not r.leader]
             if leaderless:
                 missing.append(f"{node.node_id}: buckets {leaderless} have no leader yet")
+            if status.meta_voter and not status.meta.leader:
+                missing.append(f"{node.node_id}: the metadata group has no leader yet")
         if spec is not None and not missing:
             return spec
         line = "; ".join(missing)

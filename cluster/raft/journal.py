@@ -195,6 +195,10 @@ class DurableJournal:
         """Every fsync/fdatasync this journal issued (log, sidecars and directories)."""
         return self._disk.fsyncs
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def _check_open(self) -> None:
         if self._closed:
             raise JournalError(f"{self.path}: journal is closed")

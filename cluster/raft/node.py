@@ -162,7 +162,10 @@ class RaftNode(SyncObj):  # type: ignore[misc]
 
     def tick(self) -> None:
         """One tick, from the `RaftLoop` (pysyncobj's ``_autoTickThread`` body: an
-        exception is logged and the replica waits a tick period before the next)."""
+        exception is logged and the replica waits a tick period before the next). A
+        tick the loop runs after the replica closed its journal does nothing."""
+        if self._journal.closed:
+            return
         try:
             if self._journal.failure is None:
                 self._loop_poller.activate()  # after a failed socket callback

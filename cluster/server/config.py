@@ -74,7 +74,12 @@ def load_node_config(
 ) -> NodeConfig:
     """Resolve a node's settings; relative paths are made absolute against the config
     file's directory (the working directory without a file). Raises ConfigError."""
-    settings = Settings(Layers.read(path, environ, flags), SECTIONS)
+    try:
+        settings = Settings(Layers.read(path, environ, flags), SECTIONS)
+    except ConfigError as exc:
+        if path is not None and str(path) not in str(exc):
+            raise ConfigError(f"{path}: {exc}") from None
+        raise
     base = (path.parent if path is not None else Path.cwd()).resolve()
     node = settings.section("node", NodeSettings)
     node = dataclasses.replace(
