@@ -12,6 +12,7 @@ from typing import NamedTuple
 from .emitseq import EmitSeq, EpochId
 from .entries import OpKind
 from .errors import Rejection
+from .query import Query
 
 
 class Change(NamedTuple):
@@ -148,8 +149,11 @@ class AckOutcome:
 class PurgeResult:
     acks: tuple[AckOutcome, ...] = ()
     expired: tuple[str, ...] = ()
+    """Subscriptions expired and deleted (in the entry's order)."""
     purged_rows: int = 0
     error: Rejection | None = None
+    expired_producers: tuple[int, ...] = ()
+    """Producers forgotten (in the entry's order)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +209,9 @@ class RowsPurged:
 
 class CloseReason(StrEnum):
     UNSUBSCRIBED = "UNSUBSCRIBED"
+    """Deleted by an UNSUBSCRIBE (its owner's, or an administrator's on its behalf)."""
     STALLED = "STALLED"
+    """Expired and deleted: idle past the stall window."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,3 +260,30 @@ class ReconnectDecision:
     resume: tuple[OutboxRow, ...] = ()
     message: str = ""
     not_owner: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionInfo:
+    """What an operator sees of one subscription (`sevendb subscriptions show`)."""
+
+    sub_id: str
+    principal: str
+    query: Query
+    start: EmitSeq
+    head: EmitSeq
+    """The last event computed for it (or its start)."""
+    acked: EmitSeq
+    """Everything up to here was acknowledged and purged."""
+    last_active_ms: int
+    """When it last acknowledged something, subscribed or was kept alive (log time)."""
+    rows: int
+    """Outboxed rows held for it, not yet acknowledged."""
+    row_bytes: int
+    """Keys and values of those rows."""
+    pending_rows: int
+    """Rows computed for it and not yet outboxed."""
+
+    @property
+    def lag(self) -> int:
+        """Commit indexes between its acknowledged point and its head."""
+        return self.head.commit_index - self.acked.commit_index
