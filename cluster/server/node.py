@@ -29,6 +29,7 @@ from sevendb.cluster.common.topology import SPEC_FILE, ClusterSpec, ConfigError
 from sevendb.cluster.raft.replica import BucketReplica, RaftLoop, RaftTuning
 from sevendb.cluster.server.faults import KILL_BEFORE_SEND, FaultPoints
 from sevendb.cluster.server.metrics import NodeMetrics
+from sevendb.cluster.server.overload import ServerLimits
 from sevendb.cluster.server.service import NodeService
 from sevendb.notifier.host import BucketNotifier, NotifierSettings
 from sevendb.outbox.model import Applied
@@ -39,6 +40,7 @@ GRPC_MESSAGE_BYTES_MAX = 4 * 1024 * 1024
 """Larger requests are refused by gRPC itself (RESOURCE_EXHAUSTED), before parsing."""
 TUNING_ENV_PREFIX = "SEVENDB_RAFT_"
 NOTIFIER_ENV_PREFIX = "SEVENDB_NOTIFIER_"
+SERVER_ENV_PREFIX = "SEVENDB_SERVER_"
 GC_THRESHOLDS = (20_000, 10, 10)
 """CPython's collection thresholds for a serving node (default 700, 10, 10). Every
 open stream keeps ~100 tracked objects alive (10,000 subscriptions: ~1 million). With
@@ -150,6 +152,7 @@ class Node:
         self.me = self.spec.node(node_id)
         self.tuning = tuning_from_env(environ)
         self._settings = notifier_settings_from_env(environ, self.tuning)
+        self._limits = settings_from_env(ServerLimits, SERVER_ENV_PREFIX, environ)
         self._stopping = threading.Event()
         self._reload_lock = threading.Lock()
         self._spec_mtime = self._spec_file_mtime()
@@ -170,7 +173,7 @@ class Node:
         except BaseException:
             self.stop_replicas()
             raise
-        self.service = NodeService(self, self.metrics)
+        self.service = NodeService(self, self.metrics, self._limits)
 
     # ---- replicas follow the spec ------------------------------------------------------
 
