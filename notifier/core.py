@@ -174,26 +174,33 @@ class _Stream:
     acked: EmitSeq
     """The client confirmed everything up to here (attach point or its acks)."""
     last_progress_ms: int
-    in_flight: deque[tuple[EmitSeq, int]] = field(default_factory=deque)
-    """Sent after `acked`, in emit_seq order, with each event's size: the window."""
+    in_flight: deque[EmitSeq] = field(default_factory=deque)
+    """Sent after `acked`, in emit_seq order: the flow-control window."""
+    sends: deque[tuple[EmitSeq, int]] = field(default_factory=deque)
+    """(last emit_seq, `row_bytes` total) of each batch in flight: the byte window
+    counts a batch until its last event is acknowledged (per event, the books cost
+    more than the rest of a send)."""
     in_flight_bytes: int = 0
     waiting_since_ms: int | None = None
     """Since when events have been in flight without the acks moving (kept across
     resends); None while nothing is in flight."""
 
-    def take(self, rows: tuple[OutboxRow, ...], sizes: list[int], now_ms: int) -> None:
+    def take(self, rows: tuple[OutboxRow, ...], size: int, now_ms: int) -> None:
         if not self.in_flight:
             self.last_progress_ms = now_ms
             if self.waiting_since_ms is None:
                 self.waiting_since_ms = now_ms
-        self.in_flight.extend(zip((row.emit_seq for row in rows), sizes, strict=True))
-        self.in_flight_bytes += sum(sizes)
+        self.in_flight.extend(row.emit_seq for row in rows)
         self.position = rows[-1].emit_seq
+        self.sends.append((self.position, size))
+        self.in_flight_bytes += size
 
     def acked_to(self, up_to: EmitSeq, now_ms: int) -> None:
         self.acked = up_to
-        while self.in_flight and self.in_flight[0][0] <= up_to:
-            self.in_flight_bytes -= self.in_flight.popleft()[1]
+        while self.in_flight and self.in_flight[0] <= up_to:
+            self.in_flight.popleft()
+        while self.sends and self.sends[0][0] <= up_to:
+            self.in_flight_bytes -= self.sends.popleft()[1]
         self.position = max(self.position, up_to)
         self.last_progress_ms = now_ms
         self.waiting_since_ms = now_ms if self.in_flight else None
@@ -202,6 +209,7 @@ class _Stream:
         """Resend from the acknowledged point (the wait goes on)."""
         self.position = self.acked
         self.in_flight.clear()
+        self.sends.clear()
         self.in_flight_bytes = 0
         self.last_progress_ms = now_ms
 
@@ -209,7 +217,11 @@ class _Stream:
 def row_bytes(row: OutboxRow) -> int:
     """About how much an event weighs on the wire (its keys and values, plus a fixed
     overhead for its positions): what the byte window counts."""
-    return 64 + sum(len(c.key) + len(c.value) for c in row.delta.changes)
+    changes = row.delta.changes
+    if len(changes) == 1:  # the common case, without a generator
+        change = changes[0]
+        return 64 + len(change.key) + len(change.value)
+    return 64 + sum(len(c.key) + len(c.value) for c in changes)
 
 
 class NotifierCore:
@@ -370,29 +382,31 @@ class NotifierCore:
             rows = sm.outbox_rows(sub_id, stream.position)[:room]
             if len(rows) < room:
                 self._ready.discard(sub_id)  # everything outboxed so far is sent
-            rows, sizes = self._within_bytes(stream, rows)
+            rows, size = self._within_bytes(stream, rows)
             if not rows:
                 continue
-            stream.take(rows, sizes, now_ms)
+            stream.take(rows, size, now_ms)
             budget -= len(rows)
             out.append((sub_id, rows))
         return out
 
     def _within_bytes(
         self, stream: _Stream, rows: tuple[OutboxRow, ...]
-    ) -> tuple[tuple[OutboxRow, ...], list[int]]:
+    ) -> tuple[tuple[OutboxRow, ...], int]:
         """The first of `rows` that fit the stream's byte window (at least one if none
-        is in flight), and their sizes."""
+        is in flight), and their `row_bytes` total."""
         room = self._config.window_bytes - stream.in_flight_bytes
-        sizes: list[int] = []
-        for row in rows:
-            size = row_bytes(row)
-            if size > room and (sizes or stream.in_flight):
+        sizes = [row_bytes(row) for row in rows]
+        total = sum(sizes)
+        if total <= room:
+            return rows, total
+        taken = 0
+        for i, size in enumerate(sizes):
+            if taken + size > room and (i or stream.in_flight):
                 self._ready.discard(stream.sub_id)  # an ack opens the window
-                break
-            sizes.append(size)
-            room -= size
-        return rows[: len(sizes)], sizes
+                return rows[:i], taken
+            taken += size
+        return rows, taken
 
     # ---- acks and purges -------------------------------------------------------
 

@@ -92,9 +92,12 @@ def test_the_byte_window_bounds_what_a_stream_has_in_flight() -> None:
     [(_, rows)] = core.next_batches(d.sm, 100, d.now_ms)
     assert [row_bytes(r) for r in rows] == [167, 167]  # a third would pass 400 bytes
     assert core.next_batches(d.sm, 100, d.now_ms) == []
+    # A batch counts until its last event is acknowledged.
     core.on_client_ack(d.sm, "s", "alice", rows[0].emit_seq, d.tick())
+    assert core.next_batches(d.sm, 100, d.now_ms) == []
+    core.on_client_ack(d.sm, "s", "alice", rows[1].emit_seq, d.tick())
     [(_, more)] = core.next_batches(d.sm, 100, d.now_ms)
-    assert [r.emit_seq for r in more] == [d.rows("s")[2].emit_seq]
+    assert [r.emit_seq for r in more] == [r.emit_seq for r in d.rows("s")[2:4]]
 
 
 def test_one_event_larger_than_the_byte_window_still_goes() -> None:
