@@ -32,6 +32,7 @@ import xxhash
 from sevendb.outbox import limits
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import Ack, Lease, OutboxPurge, OutboxWrite
+from sevendb.outbox.lifecycle import expirable_subscriptions
 from sevendb.outbox.model import (
     AckOutcome,
     AckStatus,
@@ -500,7 +501,7 @@ class NotifierCore:
         most = self._config.expires_per_purge_max
         settling = now_ms - self._since_ms < min(self._config.attach_grace_ms, stall_window_ms)
         keep: Container[str] = _Everyone() if settling else self._streams
-        expired = sm.expirable_subscriptions(now_ms, stall_window_ms, keep)[:most]
+        expired = expirable_subscriptions(sm, now_ms, stall_window_ms, keep)[:most]
         touch = []
         for sub_id in self._order:
             sub = sm.subscription(sub_id)

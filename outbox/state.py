@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Callable, Container, Iterable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Final
 
 import msgpack
@@ -38,6 +39,7 @@ from .entries import (
     decode_entry,
 )
 from .errors import ApplyOrderError, ErrorCode, PlanMismatch, Rejection, SnapshotError
+from .lifecycle import idle
 from .model import (
     AckOutcome,
     AckStatus,
@@ -64,7 +66,6 @@ from .model import (
     RowsPurged,
     SubscribeResult,
     SubscriptionClosed,
-    SubscriptionInfo,
     SyncPage,
     UnsubscribeResult,
     WriteBatchResult,
@@ -124,31 +125,9 @@ class _PendingBatch:
     rows: tuple[OutboxRow, ...]
 
 
-def _idle(sub: Subscription, now_ms: int, stall_window_ms: int) -> bool:
-    """No ack, subscribe or keep-alive within the window: it may be expired
-    (docs/contract.md §8). With rows to acknowledge it is *stalled*: it no longer
-    holds the safety point."""
-    return now_ms - sub.last_active_ms > stall_window_ms
-
-
 def _stalled(sub: Subscription, now_ms: int, stall_window_ms: int) -> bool:
     """Idle, with unacknowledged rows."""
-    return bool(sub.rows) and _idle(sub, now_ms, stall_window_ms)
-
-
-def cold_replica_checkpoint(
-    replicas: Iterable[tuple[int, int]],
-    now_ms: int,
-    window_ms: int = limits.STALL_WINDOW_MS_DEFAULT,
-) -> int | None:
-    """The `cold_replica_checkpoint` a replica adapter passes to `safety_point`: the
-    lowest log index any lagging replica still needs from the log, over the replicas
-    heard from within `window_ms`. `replicas` are `(index the replica holds, log
-    time it was last heard from)`; a replica silent longer no longer holds
-    compaction (it is repaired from a snapshot when it returns), as a subscription
-    idle past the stall window no longer does. None: no replica holds it back."""
-    held = [index for index, seen_ms in replicas if now_ms - seen_ms <= window_ms]
-    return min(held) if held else None
+    return bool(sub.rows) and idle(sub, now_ms, stall_window_ms)
 
 
 def _reject(code: ErrorCode, message: str) -> Rejection:
@@ -550,9 +529,10 @@ class BucketStateMachine:
         self._index_sub(sub)
         self._owned[sub.principal] = self._owned.get(sub.principal, 0) + 1
 
-    def _remove_sub(self, sub: Subscription) -> None:
+    def _remove_sub(self, sub: Subscription, *, expired: bool = False) -> None:
         """Delete a subscription: its rows go with it and its slot is free (rows still
-        pending for it are dropped when their OUTBOX_WRITE applies)."""
+        pending for it are dropped when their OUTBOX_WRITE applies). An `expired` one
+        is remembered (bounded), so that its Reconnect is STALE_SEQUENCE."""
         self._unindex_sub(sub)
         del self._subs[sub.sub_id]
         left = self._owned[sub.principal] - 1
@@ -560,12 +540,11 @@ class BucketStateMachine:
             self._owned[sub.principal] = left
         else:
             del self._owned[sub.principal]
-
-    def _remember_expired(self, sub: Subscription) -> None:
-        self._expired.pop(sub.sub_id, None)
-        self._expired[sub.sub_id] = sub.principal
-        while len(self._expired) > limits.EXPIRED_REMEMBERED_MAX:
-            del self._expired[next(iter(self._expired))]
+        if expired:
+            self._expired.pop(sub.sub_id, None)
+            self._expired[sub.sub_id] = sub.principal
+            while len(self._expired) > limits.EXPIRED_REMEMBERED_MAX:
+                del self._expired[next(iter(self._expired))]
 
     def subscription_count(self, principal: str | None = None) -> int:
         """Live subscriptions here (of `principal`, if given)."""
@@ -755,9 +734,8 @@ class BucketStateMachine:
         # cost each replica O(subscriptions) 50 times a second.
         for sub_id in entry.expire:
             sub = self._subs.get(sub_id)
-            if sub is not None and _idle(sub, now, entry.stall_window_ms):
-                self._remove_sub(sub)  # gone: a repeated sub_id is skipped
-                self._remember_expired(sub)
+            if sub is not None and idle(sub, now, entry.stall_window_ms):
+                self._remove_sub(sub, expired=True)  # gone: a repeated sub_id is skipped
                 expired.append(sub_id)
                 effects.append(SubscriptionClosed(sub_id, CloseReason.STALLED))
         forgotten = []
@@ -826,6 +804,11 @@ class BucketStateMachine:
 
     def subscriptions(self) -> list[Subscription]:
         return [self._subs[sub_id] for sub_id in sorted(self._subs)]
+
+    def subscriptions_by_id(self) -> Mapping[str, Subscription]:
+        """Every live subscription by sub_id, read-only, in no particular order (a
+        view, not a copy: for scans that need no order, outbox/lifecycle.py)."""
+        return MappingProxyType(self._subs)
 
     def outbox_rows(self, sub_id: str, after: EmitSeq | None = None) -> tuple[OutboxRow, ...]:
         """Outboxed (sendable) rows of a subscription after `after`, in emit_seq order."""
@@ -938,21 +921,6 @@ class BucketStateMachine:
             )
         )
 
-    def expirable_subscriptions(
-        self, now_ms: int, stall_window_ms: int, attached: Container[str] = ()
-    ) -> tuple[str, ...]:
-        """What an OUTBOX_PURGE may expire now (in sub_id order): every subscription
-        idle past the window, except those with nothing to acknowledge whose client
-        is `attached` (the holder keeps those alive instead: `touch`). A subscriber
-        that acknowledges nothing is expired attached or not (docs/contract.md §8)."""
-        return tuple(
-            sorted(
-                sub.sub_id
-                for sub in self._subs.values()
-                if _idle(sub, now_ms, stall_window_ms) and (sub.rows or sub.sub_id not in attached)
-            )
-        )
-
     def safety_point(
         self,
         now_ms: int,
@@ -967,7 +935,7 @@ class BucketStateMachine:
         to acknowledge that acknowledged within the window holds it: one idle past
         the window holds nothing, even before the OUTBOX_PURGE that deletes it
         commits. A cold replica silent past its window holds nothing either (see
-        `cold_replica_checkpoint`, which computes the argument).
+        `outbox.lifecycle.cold_replica_checkpoint`, which computes the argument).
         """
         bounds = [self._applied_index]
         if cold_replica_checkpoint is not None:
@@ -977,45 +945,9 @@ class BucketStateMachine:
         bounds.extend(
             sub.acked.commit_index
             for sub in self._subs.values()
-            if sub.rows and not _idle(sub, now_ms, stall_window_ms)
+            if sub.rows and not idle(sub, now_ms, stall_window_ms)
         )
         return max(0, min(bounds))
-
-    # ---- administration -------------------------------------------------------
-
-    def subscription_info(self, sub_id: str) -> SubscriptionInfo | None:
-        sub = self._subs.get(sub_id)
-        if sub is None:
-            return None
-        pending = sum(1 for row in self.pending_rows() if row.sub_id == sub_id)
-        size = sum(len(c.key) + len(c.value) for row in sub.rows for c in row.delta.changes)
-        return SubscriptionInfo(
-            sub.sub_id,
-            sub.principal,
-            sub.query,
-            sub.start,
-            sub.head,
-            sub.acked,
-            sub.last_active_ms,
-            len(sub.rows),
-            size,
-            pending,
-        )
-
-    def subscription_page(
-        self, after: str = "", limit: int = 0, principal: str | None = None
-    ) -> tuple[tuple[str, ...], bool]:
-        """sub_ids after `after` in sub_id order (only `principal`'s, if given), at
-        most `limit` (clamped as Sync pages are), and whether more follow."""
-        if limit <= 0:
-            limit = limits.SYNC_LIMIT_DEFAULT
-        limit = min(limit, limits.SYNC_LIMIT_MAX)
-        ids = sorted(
-            sub_id
-            for sub_id, sub in self._subs.items()
-            if sub_id > after and (principal is None or sub.principal == principal)
-        )
-        return tuple(ids[:limit]), len(ids) > limit
 
     # ---- snapshots -------------------------------------------------------------
 

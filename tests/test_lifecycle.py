@@ -21,6 +21,12 @@ from sevendb.outbox.entries import (
     encode_entry,
 )
 from sevendb.outbox.errors import ErrorCode, MalformedEntry
+from sevendb.outbox.lifecycle import (
+    cold_replica_checkpoint,
+    expirable_subscriptions,
+    subscription_info,
+    subscription_page,
+)
 from sevendb.outbox.model import (
     AckStatus,
     CloseReason,
@@ -30,7 +36,7 @@ from sevendb.outbox.model import (
     SubscriptionClosed,
     WriteResult,
 )
-from sevendb.outbox.state import BucketStateMachine, cold_replica_checkpoint
+from sevendb.outbox.state import BucketStateMachine
 
 WINDOW = 1_000
 IDLE = 5_000
@@ -89,8 +95,8 @@ def test_a_subscription_with_nothing_to_acknowledge_expires_too() -> None:
     assert d.sm.subscription_count() == 1
     # What the holder proposes: every idle one, except those whose client is attached
     # (it keeps them alive instead).
-    assert d.sm.expirable_subscriptions(at, WINDOW) == ("watched",)
-    assert d.sm.expirable_subscriptions(at, WINDOW, attached={"watched"}) == ()
+    assert expirable_subscriptions(d.sm, at, WINDOW) == ("watched",)
+    assert expirable_subscriptions(d.sm, at, WINDOW, attached={"watched"}) == ()
 
 
 def test_an_expired_subscription_answers_stale_then_can_start_again() -> None:
@@ -156,7 +162,7 @@ def test_keep_alives_hold_only_subscriptions_with_nothing_to_acknowledge() -> No
     d.apply(OutboxPurge(d.sm.lease_index, touch=("quiet", "busy", "gone"), now_ms=later))
     assert d.sm.subscription("quiet").last_active_ms == later  # type: ignore[union-attr]
     # A subscriber that acknowledges nothing is not kept alive by being attached.
-    assert d.sm.expirable_subscriptions(later + 1, WINDOW, attached={"busy"}) == ("busy",)
+    assert expirable_subscriptions(d.sm, later + 1, WINDOW, attached={"busy"}) == ("busy",)
     assert expire(d, "quiet", "busy", at=later + 1).expired == ("busy",)
 
 
@@ -177,7 +183,7 @@ def test_subscription_info_for_operators() -> None:
     d = holder()
     with_rows(d)
     d.set("k", b"abc")  # pending
-    info = d.sm.subscription_info("s")
+    info = subscription_info(d.sm, "s")
     assert info is not None
     assert (info.principal, str(info.query), info.rows, info.pending_rows) == (
         "alice",
@@ -187,11 +193,11 @@ def test_subscription_info_for_operators() -> None:
     )
     assert info.row_bytes == len("k") + len("v")
     assert info.lag == info.head.commit_index - info.acked.commit_index > 0
-    assert d.sm.subscription_info("nope") is None
+    assert subscription_info(d.sm, "nope") is None
     for i in range(5):
         d.subscribe(f"t{i}", "all", principal="bob")
-    assert d.sm.subscription_page("t1", 2, "bob") == (("t2", "t3"), True)
-    assert d.sm.subscription_page("", 0, "alice") == (("s",), False)
+    assert subscription_page(d.sm, "t1", 2, "bob") == (("t2", "t3"), True)
+    assert subscription_page(d.sm, "", 0, "alice") == (("s",), False)
 
 
 # ---- the safety point ------------------------------------------------------------------

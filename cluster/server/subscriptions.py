@@ -21,6 +21,7 @@ from sevendb.cluster.raft.replica import BucketReplica, ReplicaUnavailable
 from sevendb.cluster.server.edge import Call, Edge, now_ms
 from sevendb.cluster.server.errors import Failure
 from sevendb.cluster.server.streams import Streams
+from sevendb.outbox import lifecycle
 from sevendb.outbox.entries import Unsubscribe
 from sevendb.outbox.model import SubscriptionInfo, UnsubscribeResult
 from sevendb.outbox.state import BucketStateMachine
@@ -70,8 +71,8 @@ class SubscriptionAdmin:
         owner = (request.owner or None) if admin else call.principal
 
         def page(sm: BucketStateMachine) -> tuple[list[SubscriptionInfo], bool]:
-            ids, more = sm.subscription_page(request.after_sub_id, request.limit, owner)
-            infos = [sm.subscription_info(sub_id) for sub_id in ids]
+            ids, more = lifecycle.subscription_page(sm, request.after_sub_id, request.limit, owner)
+            infos = [lifecycle.subscription_info(sm, sub_id) for sub_id in ids]
             return [info for info in infos if info is not None], more
 
         async def serve(replica: BucketReplica) -> pb.ListSubscriptionsResponse:
@@ -110,7 +111,9 @@ class SubscriptionAdmin:
         """The subscription, if the caller may see it (NOT_FOUND otherwise)."""
         if not request.sub_id:
             raise Failure.invalid("a subscription request needs sub_id")
-        info = self._read(replica, request.bucket, lambda sm: sm.subscription_info(request.sub_id))
+        info = self._read(
+            replica, request.bucket, lambda sm: lifecycle.subscription_info(sm, request.sub_id)
+        )
         if info is None or (call.principal != ADMIN_PRINCIPAL and info.principal != call.principal):
             raise Failure(
                 grpc.StatusCode.NOT_FOUND,
