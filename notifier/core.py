@@ -39,6 +39,7 @@ from sevendb.outbox.model import (
     OutboxRow,
     ReconnectDecision,
     ReconnectStatus,
+    delta_bytes,
 )
 from sevendb.outbox.state import BucketStateMachine
 
@@ -218,11 +219,8 @@ class _Stream:
 def row_bytes(row: OutboxRow) -> int:
     """About how much an event weighs on the wire (its keys and values, plus a fixed
     overhead for its positions): what the byte window counts."""
-    changes = row.delta.changes
-    if len(changes) == 1:  # the common case, without a generator
-        change = changes[0]
-        return 64 + len(change.key) + len(change.value)
-    return 64 + sum(len(c.key) + len(c.value) for c in changes)
+    size = row.delta.size_bytes
+    return 64 + (size if size >= 0 else delta_bytes(row.delta.changes))
 
 
 class NotifierCore:
@@ -397,12 +395,15 @@ class NotifierCore:
         """The first of `rows` that fit the stream's byte window (at least one if none
         is in flight), and their `row_bytes` total."""
         room = self._config.window_bytes - stream.in_flight_bytes
-        sizes = [row_bytes(row) for row in rows]
-        total = sum(sizes)
+        total = 0  # all of them, usually: counted inline, no call per row
+        for row in rows:
+            size = row.delta.size_bytes
+            total += 64 + (size if size >= 0 else delta_bytes(row.delta.changes))
         if total <= room:
             return rows, total
         taken = 0
-        for i, size in enumerate(sizes):
+        for i, row in enumerate(rows):
+            size = row_bytes(row)
             if taken + size > room and (i or stream.in_flight):
                 self._ready.discard(stream.sub_id)  # an ack opens the window
                 return rows[:i], taken

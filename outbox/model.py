@@ -5,7 +5,7 @@ All frozen: callers (notifier, gRPC, archive, simulator) may keep them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import NamedTuple
 
@@ -35,9 +35,21 @@ class Delta:
 
     changes: tuple[Change, ...]
     commit_time_ms: int
+    size_bytes: int = field(default=-1, compare=False, repr=False)
+    """Its keys' and values' bytes, when its maker counted them (-1: not counted).
+    Not part of its value: the state machine counts them as it builds a delta, while
+    they are in cache, for the notifier's byte window (`delta_bytes`)."""
 
     def pack(self) -> list[object]:
         return [[c.pack() for c in self.changes], self.commit_time_ms]
+
+
+def delta_bytes(changes: tuple[Change, ...]) -> int:
+    """The keys' and values' bytes of `changes` (`Delta.size_bytes`)."""
+    size = 0
+    for change in changes:
+        size += len(change[0]) + len(change[2])  # key, value (by index: faster)
+    return size
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,6 +70,7 @@ from .model import (
     UnsubscribeResult,
     WriteBatchResult,
     WriteResult,
+    delta_bytes,
 )
 from .query import Plan, Planner, Query, QueryKind, plan_query
 
@@ -419,7 +420,8 @@ class BucketStateMachine:
             picked = tuple(matched[sub_id])
             delta = deltas.get(picked)
             if delta is None:
-                delta = deltas[picked] = Delta(tuple(changes[i] for i in picked), now_ms)
+                mine = tuple(changes[i] for i in picked)
+                delta = deltas[picked] = Delta(mine, now_ms, delta_bytes(mine))
             sub = self._subs[sub_id]
             rows.append(OutboxRow(sub_id, commit, sub.head, delta))
             sub.head = commit
@@ -441,7 +443,7 @@ class BucketStateMachine:
         hits = self._subs_matching(changes[0].key)
         if not hits:
             return ()
-        delta = Delta(changes, now_ms)
+        delta = Delta(changes, now_ms, delta_bytes(changes))
         subs = self._subs
         rows = []
         for sub_id in sorted(hits):
