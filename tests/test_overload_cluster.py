@@ -251,6 +251,9 @@ def test_subscriptions_are_listed_shown_and_deleted(
     assert (one["query"], one["attached"], two["attached"]) == ("prefix:adm/", False, True)
     assert one["lag"] > 0 and one["row_bytes"] > 0 and one["idle_s"] >= 0
     assert (two["rows"], two["lag"]) == (0, 0)
+    code, out = _cli(limited, capsys, "list")  # the table, every bucket
+    [line] = [line for line in out.splitlines() if "adm-1" in line]
+    assert code == 0 and out.startswith("bucket") and "prefix:adm/" in line and " no" in line
     code, out = _cli(limited, capsys, "show", "adm-1")  # found without --bucket
     assert code == 0 and "prefix:adm/" in out
     # Anyone else sees only their own.

@@ -112,18 +112,29 @@ def _as_dict(info: pb.SubscriptionInfo, now_ms: int) -> dict[str, Any]:
     }
 
 
-def _line(row: dict[str, Any]) -> str:
-    attached = {True: "yes", False: "no", None: "?"}[row["attached"]]
-    return (
-        f"{row['bucket']:>6} {row['sub_id']:<34} {row['owner']:<12} {row['query']:<20} "
-        f"{row['lag']:>8} {row['idle_s']:>9} {row['rows']:>7} {row['row_bytes']:>10} {attached:>8}"
-    )
-
-
-HEADER: Final = (
-    f"{'bucket':>6} {'sub_id':<34} {'owner':<12} {'query':<20} {'lag':>8} {'idle_s':>9} "
-    f"{'rows':>7} {'row_bytes':>10} {'attached':>8}"
+_COLUMNS: Final = (
+    ("bucket", ">6"),
+    ("sub_id", "<34"),
+    ("owner", "<12"),
+    ("query", "<20"),
+    ("acked", ">12"),
+    ("lag", ">8"),
+    ("idle_s", ">9"),
+    ("rows", ">7"),
+    ("row_bytes", ">10"),
+    ("attached", ">8"),
 )
+"""The table's columns: `acked` is the last acknowledged position (epoch:index),
+`idle_s` the time since its last ack, subscribe or keep-alive (it expires past the
+stall window)."""
+
+
+def _line(row: dict[str, Any]) -> str:
+    shown = {**row, "attached": {True: "yes", False: "no", None: "?"}[row["attached"]]}
+    return " ".join(f"{shown[name]:{spec}}" for name, spec in _COLUMNS)
+
+
+HEADER: Final = " ".join(f"{name:{spec}}" for name, spec in _COLUMNS)
 
 
 def _run(
