@@ -7,9 +7,12 @@ simulator perform it:
 * who should hold the lease (`default_lease_holder`, `rendezvous_lease_holder`)
   and when to propose a LEASE entry (`needs_lease`);
 * per connected subscriber stream (`NotifierCore`): where it is, what to send
-  next within a flow-control window, when to resend, which client acks to batch
-  into one OUTBOX_PURGE, and which OUTBOX_WRITE re-proposes the rows a
-  predecessor left un-outboxed.
+  next within a flow-control window (events and bytes), when to resend, when a
+  subscriber is too slow to keep its stream (`slow_streams`), which client acks to
+  batch into one OUTBOX_PURGE, and which OUTBOX_WRITE re-proposes the rows a
+  predecessor left un-outboxed;
+* lifecycles (docs/emission.md): which subscriptions an OUTBOX_PURGE expires or
+  keeps alive, and which idle producers it forgets.
 
 No I/O, clock, randomness or threads: time arrives as `now_ms`, the bucket state
 as a `BucketStateMachine` the caller keeps applying committed entries to.
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
@@ -29,12 +32,14 @@ import xxhash
 from sevendb.outbox import limits
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import Ack, Lease, OutboxPurge, OutboxWrite
+from sevendb.outbox.lifecycle import expirable_subscriptions
 from sevendb.outbox.model import (
     AckOutcome,
     AckStatus,
     OutboxRow,
     ReconnectDecision,
     ReconnectStatus,
+    delta_bytes,
 )
 from sevendb.outbox.state import BucketStateMachine
 
@@ -49,6 +54,20 @@ OUTBOX_WRITES_IN_FLIGHT_DEFAULT: Final = 4
 so a row waits for one Raft round after its write applies, not up to two."""
 OUTBOX_RETRY_MS_DEFAULT: Final = 1_000
 """An OUTBOX_WRITE not committed this long is taken as lost: propose from the log."""
+WINDOW_BYTES_DEFAULT: Final = 8 * 1024 * 1024
+"""Bytes (keys and values, about) sent on one stream and not yet acknowledged before
+sending pauses (one event is always let through, however large)."""
+SLOW_STREAM_MS_DEFAULT: Final = 60_000
+"""A stream with events in flight whose acks made no progress this long is ended
+(`slow_streams`): the subscriber resumes from its cursor on a new stream."""
+ATTACH_GRACE_MS_DEFAULT: Final = 60_000
+"""A new lease holder expires no subscription with nothing to acknowledge for this
+long after taking the lease (or the stall window, if shorter): its clients are
+still reconnecting to it, and it cannot tell them from clients that are gone."""
+SLOW_SUBSCRIBER: Final = "SLOW_SUBSCRIBER"
+"""How `slow_streams`' closures are named: the reason a host closes such a stream
+with starts with it (docs/wire.md: the stream ends UNAVAILABLE with
+`sevendb-error: SLOW_SUBSCRIBER`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +80,18 @@ class NotifierConfig:
     expires_per_purge_max: int = limits.EXPIRES_PER_PURGE_MAX
     outbox_writes_in_flight: int = OUTBOX_WRITES_IN_FLIGHT_DEFAULT
     outbox_retry_ms: int = OUTBOX_RETRY_MS_DEFAULT
+    window_bytes: int = WINDOW_BYTES_DEFAULT
+    slow_stream_ms: int = SLOW_STREAM_MS_DEFAULT
+    producer_idle_ms: int = limits.PRODUCER_IDLE_MS_DEFAULT
+    attach_grace_ms: int = ATTACH_GRACE_MS_DEFAULT
 
     def __post_init__(self) -> None:
-        if self.window_events < 1:
-            raise ValueError("window_events must be >= 1")
-        if self.resend_after_ms < 1:
-            raise ValueError("resend_after_ms must be >= 1")
+        if self.window_events < 1 or self.window_bytes < 1:
+            raise ValueError("window_events and window_bytes must be >= 1")
+        if self.resend_after_ms < 1 or self.slow_stream_ms < 1:
+            raise ValueError("resend_after_ms and slow_stream_ms must be >= 1")
+        if self.producer_idle_ms < 1 or self.attach_grace_ms < 0:
+            raise ValueError("producer_idle_ms must be >= 1 and attach_grace_ms >= 0")
         if not 1 <= self.acks_per_purge_max <= limits.ACKS_PER_PURGE_MAX:
             raise ValueError(f"acks_per_purge_max must be in [1, {limits.ACKS_PER_PURGE_MAX}]")
         if not 1 <= self.expires_per_purge_max <= limits.EXPIRES_PER_PURGE_MAX:
@@ -114,6 +139,14 @@ def needs_lease(
 # ---- streams -----------------------------------------------------------------------
 
 
+class _Everyone:
+    """Contains every name: while a new holder settles, no subscription with nothing
+    to acknowledge is expired, attached or not."""
+
+    def __contains__(self, item: object) -> bool:
+        return True
+
+
 class AttachStatus(StrEnum):
     ATTACHED = "ATTACHED"
     """The stream is registered; `next_batches` sends what follows `after`."""
@@ -145,6 +178,49 @@ class _Stream:
     last_progress_ms: int
     in_flight: deque[EmitSeq] = field(default_factory=deque)
     """Sent after `acked`, in emit_seq order: the flow-control window."""
+    sends: deque[tuple[EmitSeq, int]] = field(default_factory=deque)
+    """(last emit_seq, `row_bytes` total) of each batch in flight: the byte window
+    counts a batch until its last event is acknowledged (per event, the books cost
+    more than the rest of a send)."""
+    in_flight_bytes: int = 0
+    waiting_since_ms: int | None = None
+    """Since when events have been in flight without the acks moving (kept across
+    resends); None while nothing is in flight."""
+
+    def take(self, rows: tuple[OutboxRow, ...], size: int, now_ms: int) -> None:
+        if not self.in_flight:
+            self.last_progress_ms = now_ms
+            if self.waiting_since_ms is None:
+                self.waiting_since_ms = now_ms
+        self.in_flight.extend(row.emit_seq for row in rows)
+        self.position = rows[-1].emit_seq
+        self.sends.append((self.position, size))
+        self.in_flight_bytes += size
+
+    def acked_to(self, up_to: EmitSeq, now_ms: int) -> None:
+        self.acked = up_to
+        while self.in_flight and self.in_flight[0] <= up_to:
+            self.in_flight.popleft()
+        while self.sends and self.sends[0][0] <= up_to:
+            self.in_flight_bytes -= self.sends.popleft()[1]
+        self.position = max(self.position, up_to)
+        self.last_progress_ms = now_ms
+        self.waiting_since_ms = now_ms if self.in_flight else None
+
+    def rewind(self, now_ms: int) -> None:
+        """Resend from the acknowledged point (the wait goes on)."""
+        self.position = self.acked
+        self.in_flight.clear()
+        self.sends.clear()
+        self.in_flight_bytes = 0
+        self.last_progress_ms = now_ms
+
+
+def row_bytes(row: OutboxRow) -> int:
+    """About how much an event weighs on the wire (its keys and values, plus a fixed
+    overhead for its positions): what the byte window counts."""
+    size = row.delta.size_bytes
+    return 64 + (size if size >= 0 else delta_bytes(row.delta.changes))
 
 
 class NotifierCore:
@@ -165,6 +241,8 @@ class NotifierCore:
         self._acks: dict[str, Ack] = {}
         self._outbox_flight: deque[tuple[int, int]] = deque()
         """(through_index, proposed at ms) of this holder's OUTBOX_WRITEs in flight."""
+        self._since_ms: int | None = None
+        """When this core first judged expiries (about when it took the lease)."""
 
     @property
     def me(self) -> str:
@@ -240,9 +318,23 @@ class NotifierCore:
         gone = []
         for sub_id in self._order:
             sub = sm.subscription(sub_id)
-            if sub is None or sub.stale or sub.principal != self._streams[sub_id].principal:
+            if sub is None or sub.principal != self._streams[sub_id].principal:
                 gone.append(sub_id)
         return tuple(gone)
+
+    def slow_streams(self, now_ms: int) -> tuple[str, ...]:
+        """Attached streams whose subscriber acknowledged nothing for `slow_stream_ms`
+        while events were in flight: the host ends them (reason `SLOW_SUBSCRIBER`)
+        rather than resend to them for ever; the subscriber resumes from its cursor
+        on a new stream, and its subscription is untouched (it expires only if it
+        acknowledges nothing for the stall window)."""
+        limit = self._config.slow_stream_ms
+        return tuple(
+            sub_id
+            for sub_id in self._order
+            if (since := self._streams[sub_id].waiting_since_ms) is not None
+            and now_ms - since >= limit
+        )
 
     # ---- sending ---------------------------------------------------------------
 
@@ -281,25 +373,42 @@ class NotifierCore:
                 stream.in_flight
                 and now_ms - stream.last_progress_ms >= self._config.resend_after_ms
             ):
-                stream.position = stream.acked
-                stream.in_flight.clear()
-                stream.last_progress_ms = now_ms
+                stream.rewind(now_ms)
             room = min(budget, self._config.window_events - len(stream.in_flight))
-            if room <= 0:
+            if room <= 0 or stream.in_flight_bytes >= self._config.window_bytes:
                 self._ready.discard(sub_id)  # an ack opens the window (and marks it)
                 continue
             rows = sm.outbox_rows(sub_id, stream.position)[:room]
             if len(rows) < room:
                 self._ready.discard(sub_id)  # everything outboxed so far is sent
+            rows, size = self._within_bytes(stream, rows)
             if not rows:
                 continue
-            if not stream.in_flight:
-                stream.last_progress_ms = now_ms
-            stream.in_flight.extend(row.emit_seq for row in rows)
-            stream.position = rows[-1].emit_seq
+            stream.take(rows, size, now_ms)
             budget -= len(rows)
             out.append((sub_id, rows))
         return out
+
+    def _within_bytes(
+        self, stream: _Stream, rows: tuple[OutboxRow, ...]
+    ) -> tuple[tuple[OutboxRow, ...], int]:
+        """The first of `rows` that fit the stream's byte window (at least one if none
+        is in flight), and their `row_bytes` total."""
+        room = self._config.window_bytes - stream.in_flight_bytes
+        total = 0  # all of them, usually: counted inline, no call per row
+        for row in rows:
+            size = row.delta.size_bytes
+            total += 64 + (size if size >= 0 else delta_bytes(row.delta.changes))
+        if total <= room:
+            return rows, total
+        taken = 0
+        for i, row in enumerate(rows):
+            size = row_bytes(row)
+            if taken + size > room and (i or stream.in_flight):
+                self._ready.discard(stream.sub_id)  # an ack opens the window
+                return rows[:i], taken
+            taken += size
+        return rows, taken
 
     # ---- acks and purges -------------------------------------------------------
 
@@ -316,11 +425,7 @@ class NotifierCore:
             and outcome.status in (AckStatus.ACCEPTED, AckStatus.DUPLICATE)
             and up_to > stream.acked
         ):
-            stream.acked = up_to
-            while stream.in_flight and stream.in_flight[0] <= up_to:
-                stream.in_flight.popleft()
-            stream.position = max(stream.position, up_to)
-            stream.last_progress_ms = now_ms
+            stream.acked_to(up_to, now_ms)
             self._ready.add(sub_id)
         return outcome
 
@@ -354,13 +459,64 @@ class NotifierCore:
         *,
         expire: bool = True,
     ) -> OutboxPurge | None:
-        """One OUTBOX_PURGE batching the queued acks (and, with `expire`, the stalled
-        subscriptions to drop), or None. Acks stay queued until the applied state
-        covers them, so a purge lost with a leader change is proposed again. (Finding
-        stalled subscriptions scans them all: a notifier with many may do it less
-        often than it purges.)"""
+        """One OUTBOX_PURGE batching the queued acks and, with `expire`, the
+        lifecycle decisions (`lifecycle`), or None. Acks stay queued until the
+        applied state covers them, so a purge lost with a leader change is proposed
+        again. (The lifecycle decisions scan every subscription, stream and producer:
+        a notifier with many makes them less often than it purges.)"""
         if not self.holds_lease(sm):
             return None
+        acks = self._acks_to_purge(sm)
+        expired, touch, producers = (
+            self.lifecycle(sm, now_ms, stall_window_ms) if expire else ((), (), ())
+        )
+        if not acks and not expired and not touch and not producers:
+            return None
+        return OutboxPurge(
+            lease_index,
+            acks,
+            expired,
+            stall_window_ms,
+            now_ms,
+            touch,
+            producers,
+            self._config.producer_idle_ms,
+        )
+
+    def lifecycle(
+        self, sm: BucketStateMachine, now_ms: int, stall_window_ms: int
+    ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]]:
+        """(subscriptions to expire, to keep alive, producers to forget), each bounded
+        by `expires_per_purge_max` (docs/emission.md, lifecycles):
+
+        * expire every subscription idle past the window, except one with nothing to
+          acknowledge whose client is attached here, or that may still be
+          reconnecting to this new holder (`attach_grace_ms`);
+        * keep alive each attached one with nothing to acknowledge whose last sign
+          of life is older than a quarter of the window, so that it never expires
+          while its client stays (only an ack keeps one with rows alive);
+        * forget every producer idle past `producer_idle_ms`.
+        """
+        if self._since_ms is None:
+            self._since_ms = now_ms
+        most = self._config.expires_per_purge_max
+        settling = now_ms - self._since_ms < min(self._config.attach_grace_ms, stall_window_ms)
+        keep: Container[str] = _Everyone() if settling else self._streams
+        expired = expirable_subscriptions(sm, now_ms, stall_window_ms, keep)[:most]
+        touch = []
+        for sub_id in self._order:
+            sub = sm.subscription(sub_id)
+            stale_ms = 0 if sub is None else now_ms - sub.last_active_ms
+            if sub is not None and not sub.rows and stale_ms > stall_window_ms // 4:
+                touch.append(sub_id)
+                if len(touch) >= limits.TOUCHES_PER_PURGE_MAX:
+                    break
+        producers = sm.idle_producers(now_ms, self._config.producer_idle_ms)[:most]
+        return expired, tuple(touch), producers
+
+    def _acks_to_purge(self, sm: BucketStateMachine) -> tuple[Ack, ...]:
+        """The queued acks still to apply (at most `acks_per_purge_max`); those the
+        applied state covers (or made moot) are dropped from the queue."""
         acks = []
         for sub_id in sorted(self._acks):
             ack = self._acks[sub_id]
@@ -368,15 +524,7 @@ class NotifierCore:
                 acks.append(ack)
             else:
                 del self._acks[sub_id]  # covered (or moot): nothing left to propose
-        acks = acks[: self._config.acks_per_purge_max]
-        stalled = (
-            sm.stalled_subscriptions(now_ms, stall_window_ms)[: self._config.expires_per_purge_max]
-            if expire
-            else ()
-        )
-        if not acks and not stalled:
-            return None
-        return OutboxPurge(lease_index, tuple(acks), stalled, stall_window_ms, now_ms)
+        return tuple(acks[: self._config.acks_per_purge_max])
 
     def outbox_entry(
         self, sm: BucketStateMachine, lease_index: int, now_ms: int
@@ -415,9 +563,14 @@ class NotifierCore:
 
 
 __all__ = [
+    "ATTACH_GRACE_MS_DEFAULT",
     "BATCH_EVENTS_MAX",
     "RESEND_AFTER_MS_DEFAULT",
+    "SLOW_STREAM_MS_DEFAULT",
+    "SLOW_SUBSCRIBER",
+    "WINDOW_BYTES_DEFAULT",
     "WINDOW_EVENTS_DEFAULT",
+    "row_bytes",
     "Attach",
     "AttachStatus",
     "NotifierConfig",

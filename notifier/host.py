@@ -40,7 +40,11 @@ from enum import Enum
 from typing import Final, Protocol
 
 from sevendb.notifier.core import (
+    ATTACH_GRACE_MS_DEFAULT,
     OUTBOX_WRITES_IN_FLIGHT_DEFAULT,
+    SLOW_STREAM_MS_DEFAULT,
+    SLOW_SUBSCRIBER,
+    WINDOW_BYTES_DEFAULT,
     Attach,
     AttachStatus,
     NotifierConfig,
@@ -135,6 +139,15 @@ class NotifierSettings:
     """OUTBOX_WRITEs pipelined per bucket (1: each waits for the previous to commit)."""
     stall_window_ms: int = limits.STALL_WINDOW_MS_DEFAULT
     idle_wait_s: float = 0.1
+    window_bytes: int = WINDOW_BYTES_DEFAULT
+    """Bytes sent on one stream and not yet acknowledged before sending pauses."""
+    slow_stream_ms: int = SLOW_STREAM_MS_DEFAULT
+    """A stream whose acks made no progress this long while events were in flight is
+    ended (`SLOW_SUBSCRIBER`); the subscriber resumes from its cursor."""
+    producer_idle_ms: int = limits.PRODUCER_IDLE_MS_DEFAULT
+    """An idempotent producer that wrote nothing this long is forgotten."""
+    attach_grace_ms: int = ATTACH_GRACE_MS_DEFAULT
+    """A new holder expires no subscription with nothing to acknowledge this long."""
 
     def __post_init__(self) -> None:
         if self.lease_mode not in ("leader", "rendezvous"):
@@ -152,6 +165,10 @@ class NotifierSettings:
             self.resend_after_ms,
             outbox_writes_in_flight=self.outbox_writes_in_flight,
             outbox_retry_ms=self.retry_ms,
+            window_bytes=self.window_bytes,
+            slow_stream_ms=self.slow_stream_ms,
+            producer_idle_ms=self.producer_idle_ms,
+            attach_grace_ms=self.attach_grace_ms,
         )
 
 
@@ -466,10 +483,24 @@ class BucketNotifier:
                 core.detach(sub_id)
                 if sink is not None:
                     sink.close("the subscription ended or was dropped for stalling")
+        if housekeeping:
+            self._end_slow_streams(core, now)
         sent = self._send(core, sm, now, SEND_EVENTS_MAX, full=housekeeping)
         if self._metrics is not None and housekeeping:
             self._metrics.gauges(self.bucket, sm.outbox_size(), sm.max_ack_lag())
         return sent >= SEND_EVENTS_MAX
+
+    def _end_slow_streams(self, core: NotifierCore, now: int) -> None:
+        """End the streams of subscribers too slow to keep them (`slow_streams`)."""
+        for sub_id in core.slow_streams(now):
+            sink = self._sinks.pop(sub_id, None)
+            core.detach(sub_id)
+            if sink is not None:
+                sink.close(
+                    f"{SLOW_SUBSCRIBER}: nothing acknowledged for "
+                    f"{self.settings.slow_stream_ms} ms with events in flight; resume from "
+                    "the cursor"
+                )
 
     def _take_dirty(self, core: NotifierCore) -> None:
         with self._dirty_lock:

@@ -263,26 +263,51 @@ class Ack:
 
 @dataclass(frozen=True, slots=True)
 class OutboxPurge:
-    """A batch of acknowledgements (and stalled subscriptions to drop)."""
+    """The lease holder's housekeeping entry: a batch of acknowledgements, the
+    subscriptions idle past the stall window to expire (delete), keep-alives for
+    subscriptions with a client attached and nothing to acknowledge (`touch`), and
+    the producers idle past `producer_idle_ms` to forget. Every replica re-checks
+    each expiry against the entry's own `now_ms` and windows: a name that does not
+    qualify changes nothing (docs/core.md, lifecycles)."""
 
     lease_index: int
     acks: tuple[Ack, ...] = ()
     expire: tuple[str, ...] = ()
     stall_window_ms: int = limits.STALL_WINDOW_MS_DEFAULT
     now_ms: int = 0
+    touch: tuple[str, ...] = ()
+    expire_producers: tuple[int, ...] = ()
+    producer_idle_ms: int = limits.PRODUCER_IDLE_MS_DEFAULT
 
     def __post_init__(self) -> None:
         _check_int(self.lease_index, "lease_index")
         if len(self.acks) > limits.ACKS_PER_PURGE_MAX:
             raise LimitExceeded(f"{len(self.acks)} acks; the limit is {limits.ACKS_PER_PURGE_MAX}")
-        if len(self.expire) > limits.EXPIRES_PER_PURGE_MAX:
-            raise LimitExceeded(
-                f"{len(self.expire)} expiries; the limit is {limits.EXPIRES_PER_PURGE_MAX}"
-            )
-        for sub_id in self.expire:
-            _check_str(sub_id, "expired sub_id", limits.ID_BYTES_MAX)
+        for name, items, most in (
+            ("expiries", self.expire, limits.EXPIRES_PER_PURGE_MAX),
+            ("keep-alives", self.touch, limits.TOUCHES_PER_PURGE_MAX),
+            ("producer expiries", self.expire_producers, limits.EXPIRES_PER_PURGE_MAX),
+        ):
+            if len(items) > most:
+                raise LimitExceeded(f"{len(items)} {name}; the limit is {most}")
+        for sub_id in (*self.expire, *self.touch):
+            _check_str(sub_id, "expired or kept-alive sub_id", limits.ID_BYTES_MAX)
+        for pid in self.expire_producers:
+            _check_int(pid, "expired producer_id", lo=1)
         _check_int(self.stall_window_ms, "stall_window_ms", lo=1)
+        _check_int(self.producer_idle_ms, "producer_idle_ms", lo=1)
         _check_int(self.now_ms, "now_ms")
+
+    @property
+    def lifecycle_fields(self) -> bool:
+        """Does it carry keep-alives, producer expiries or a non-default producer idle
+        time? (Only then are they encoded: a purge without them keeps the five
+        fields it always had.)"""
+        return bool(
+            self.touch
+            or self.expire_producers
+            or self.producer_idle_ms != limits.PRODUCER_IDLE_MS_DEFAULT
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,7 +445,10 @@ def _fields(entry: Entry) -> list[object]:
         ]
     if isinstance(entry, OutboxPurge):
         acks = [[a.sub_id, a.principal, a.up_to.pack()] for a in entry.acks]
-        return [entry.lease_index, acks, list(entry.expire), entry.stall_window_ms, entry.now_ms]
+        fields = [entry.lease_index, acks, list(entry.expire), entry.stall_window_ms, entry.now_ms]
+        if entry.lifecycle_fields:
+            fields += [list(entry.touch), list(entry.expire_producers), entry.producer_idle_ms]
+        return fields
     if isinstance(entry, EpochCreate):
         return [entry.epoch_counter, entry.now_ms]
     if isinstance(entry, Lease):
@@ -502,14 +530,7 @@ def _decode_fields(kind: EntryType, f: list[object]) -> Entry:
         _arity(f, 6, "OUTBOX_WRITE")
         return OutboxWrite(*f)  # type: ignore[arg-type]
     if kind is EntryType.OUTBOX_PURGE:
-        _arity(f, 5, "OUTBOX_PURGE")
-        acks = []
-        for raw in _as_list(f[1], "acks", limits.ACKS_PER_PURGE_MAX):
-            item = _as_list(raw, "ack", 3)
-            _arity(item, 3, "ack")
-            acks.append(Ack(item[0], item[1], _emit_seq(item[2])))  # type: ignore[arg-type]
-        expire = tuple(_as_list(f[2], "expire", limits.EXPIRES_PER_PURGE_MAX))
-        return OutboxPurge(f[0], tuple(acks), expire, f[3], f[4])  # type: ignore[arg-type]
+        return _decode_purge(f)
     if kind is EntryType.EPOCH_CREATE:
         _arity(f, 2, "EPOCH_CREATE")
         return EpochCreate(*f)  # type: ignore[arg-type]
@@ -518,6 +539,27 @@ def _decode_fields(kind: EntryType, f: list[object]) -> Entry:
         return Lease(*f)  # type: ignore[arg-type]
     _arity(f, 2, "INIT_PRODUCER")
     return InitProducer(*f)  # type: ignore[arg-type]
+
+
+def _decode_purge(f: list[object]) -> OutboxPurge:
+    """Five fields, or eight with the lifecycle fields (`OutboxPurge.lifecycle_fields`);
+    eight that encode as five are not canonical, and refused."""
+    if len(f) != 8:
+        _arity(f, 5, "OUTBOX_PURGE")
+    acks = []
+    for raw in _as_list(f[1], "acks", limits.ACKS_PER_PURGE_MAX):
+        item = _as_list(raw, "ack", 3)
+        _arity(item, 3, "ack")
+        acks.append(Ack(item[0], item[1], _emit_seq(item[2])))  # type: ignore[arg-type]
+    expire = tuple(_as_list(f[2], "expire", limits.EXPIRES_PER_PURGE_MAX))
+    if len(f) == 5:
+        return OutboxPurge(f[0], tuple(acks), expire, f[3], f[4])  # type: ignore[arg-type]
+    touch = tuple(_as_list(f[5], "touch", limits.TOUCHES_PER_PURGE_MAX))
+    producers = tuple(_as_list(f[6], "expire_producers", limits.EXPIRES_PER_PURGE_MAX))
+    entry = OutboxPurge(f[0], tuple(acks), expire, f[3], f[4], touch, producers, f[7])  # type: ignore[arg-type]
+    if not entry.lifecycle_fields:
+        raise InvalidArgument("OUTBOX_PURGE with empty lifecycle fields must have five fields")
+    return entry
 
 
 def decode_entry(data: bytes) -> Entry:

@@ -34,10 +34,21 @@ PRINCIPAL_BYTES_MAX: Final = 256
 ACKS_PER_PURGE_MAX: Final = 4096
 """Most acknowledgements batched into one OUTBOX_PURGE entry."""
 EXPIRES_PER_PURGE_MAX: Final = 4096
-"""Most stalled subscriptions expired by one OUTBOX_PURGE entry."""
+"""Most subscriptions (and, separately, most producers) expired by one OUTBOX_PURGE."""
+TOUCHES_PER_PURGE_MAX: Final = 4096
+"""Most keep-alives (attached subscriptions with nothing to acknowledge) in one
+OUTBOX_PURGE."""
+EXPIRED_REMEMBERED_MAX: Final = 4096
+"""Expired subscriptions a bucket remembers (sub_id and owner, nothing else), so that
+their Reconnect is answered STALE_SEQUENCE; an older one is answered
+SUBSCRIPTION_NOT_FOUND. Neither counts toward SUBSCRIPTIONS_PER_BUCKET_MAX."""
 SYNC_LIMIT_DEFAULT: Final = 100
 """Items per Sync page when the client does not say."""
 SYNC_LIMIT_MAX: Final = 1000
 """Sync limits are clamped to this."""
 STALL_WINDOW_MS_DEFAULT: Final = 24 * 3600 * 1000
-"""A subscriber silent this long with unacknowledged rows is dropped (seed 000 §8)."""
+"""A subscription that acknowledged nothing this long (and, with nothing to
+acknowledge, had no client attached) is expired and deleted (docs/contract.md §8)."""
+PRODUCER_IDLE_MS_DEFAULT: Final = 24 * 3600 * 1000
+"""An idempotent producer that wrote nothing this long is forgotten (Kafka keeps a
+producer's state a day by default too); its next write is UNKNOWN_PRODUCER."""

@@ -5,13 +5,14 @@ All frozen: callers (notifier, gRPC, archive, simulator) may keep them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import NamedTuple
 
 from .emitseq import EmitSeq, EpochId
 from .entries import OpKind
 from .errors import Rejection
+from .query import Query
 
 
 class Change(NamedTuple):
@@ -34,9 +35,21 @@ class Delta:
 
     changes: tuple[Change, ...]
     commit_time_ms: int
+    size_bytes: int = field(default=-1, compare=False, repr=False)
+    """Its keys' and values' bytes, when its maker counted them (-1: not counted).
+    Not part of its value: the state machine counts them as it builds a delta, while
+    they are in cache, for the notifier's byte window (`delta_bytes`)."""
 
     def pack(self) -> list[object]:
         return [[c.pack() for c in self.changes], self.commit_time_ms]
+
+
+def delta_bytes(changes: tuple[Change, ...]) -> int:
+    """The keys' and values' bytes of `changes` (`Delta.size_bytes`)."""
+    size = 0
+    for change in changes:
+        size += len(change[0]) + len(change[2])  # key, value (by index: faster)
+    return size
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,8 +161,11 @@ class AckOutcome:
 class PurgeResult:
     acks: tuple[AckOutcome, ...] = ()
     expired: tuple[str, ...] = ()
+    """Subscriptions expired and deleted (in the entry's order)."""
     purged_rows: int = 0
     error: Rejection | None = None
+    expired_producers: tuple[int, ...] = ()
+    """Producers forgotten (in the entry's order)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +221,9 @@ class RowsPurged:
 
 class CloseReason(StrEnum):
     UNSUBSCRIBED = "UNSUBSCRIBED"
+    """Deleted by an UNSUBSCRIBE (its owner's, or an administrator's on its behalf)."""
     STALLED = "STALLED"
+    """Expired and deleted: idle past the stall window."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,3 +272,30 @@ class ReconnectDecision:
     resume: tuple[OutboxRow, ...] = ()
     message: str = ""
     not_owner: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionInfo:
+    """What an operator sees of one subscription (`sevendb subscriptions show`)."""
+
+    sub_id: str
+    principal: str
+    query: Query
+    start: EmitSeq
+    head: EmitSeq
+    """The last event computed for it (or its start)."""
+    acked: EmitSeq
+    """Everything up to here was acknowledged and purged."""
+    last_active_ms: int
+    """When it last acknowledged something, subscribed or was kept alive (log time)."""
+    rows: int
+    """Outboxed rows held for it, not yet acknowledged."""
+    row_bytes: int
+    """Keys and values of those rows."""
+    pending_rows: int
+    """Rows computed for it and not yet outboxed."""
+
+    @property
+    def lag(self) -> int:
+        """Commit indexes between its acknowledged point and its head."""
+        return self.head.commit_index - self.acked.commit_index

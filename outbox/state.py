@@ -2,15 +2,19 @@
 
 `apply(commit_index, entry_bytes)` is the only way state changes. Time and ids
 arrive inside entries (put there by the proposing adapter), so every replica and
-every replay computes byte-identical state (`digest()`), rows and results.
+every replay computes byte-identical state (`digest()`), rows and results. That
+includes lifecycles: a subscription or producer idle past its window is deleted by
+an entry that names it, judged against the time that entry carries
+(docs/core.md, lifecycles).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Final
 
 import msgpack
@@ -35,6 +39,7 @@ from .entries import (
     decode_entry,
 )
 from .errors import ApplyOrderError, ErrorCode, PlanMismatch, Rejection, SnapshotError
+from .lifecycle import idle
 from .model import (
     AckOutcome,
     AckStatus,
@@ -65,10 +70,14 @@ from .model import (
     UnsubscribeResult,
     WriteBatchResult,
     WriteResult,
+    delta_bytes,
 )
 from .query import Plan, Planner, Query, QueryKind, plan_query
 
-SNAPSHOT_FORMAT_VERSION: Final = 1
+SNAPSHOT_FORMAT_VERSION: Final = 2
+"""2: producers carry when they were last active, subscriptions no longer carry a
+stale flag, and the expired subscriptions remembered follow the pending rows.
+Version 1 snapshots are still read (`restore`)."""
 
 
 @dataclass(slots=True)
@@ -85,7 +94,7 @@ class Subscription:
     acked: EmitSeq
     """Everything up to here was acknowledged and purged."""
     last_active_ms: int
-    stale: bool = False
+    """Log time of its SUBSCRIBE, its last accepted ack or its last keep-alive."""
     rows: deque[OutboxRow] = field(default_factory=deque)
     """Outboxed rows not yet acknowledged."""
 
@@ -102,6 +111,9 @@ class Subscription:
 @dataclass(slots=True)
 class _Producer:
     epoch: int
+    last_active_ms: int
+    """Log time of its INIT_PRODUCER or of its last write taken (or answered as a
+    duplicate)."""
     last_seq: int = -1
     results: deque[tuple[int, WriteResult]] = field(
         default_factory=lambda: deque(maxlen=limits.PRODUCER_RESULTS_CACHED)
@@ -115,8 +127,8 @@ class _PendingBatch:
 
 
 def _stalled(sub: Subscription, now_ms: int, stall_window_ms: int) -> bool:
-    """Live, with unacknowledged rows, and no ack within the window."""
-    return not sub.stale and bool(sub.rows) and now_ms - sub.last_active_ms > stall_window_ms
+    """Idle, with unacknowledged rows."""
+    return bool(sub.rows) and idle(sub, now_ms, stall_window_ms)
 
 
 def _reject(code: ErrorCode, message: str) -> Rejection:
@@ -180,6 +192,11 @@ class BucketStateMachine:
         self._data: dict[str, _Record] = {}
         self._producers: dict[int, _Producer] = {}
         self._subs: dict[str, Subscription] = {}
+        self._expired: dict[str, str] = {}
+        """Expired subscriptions remembered, oldest first: sub_id -> owner (so their
+        Reconnect is STALE_SEQUENCE); at most EXPIRED_REMEMBERED_MAX."""
+        self._owned: dict[str, int] = {}
+        """principal -> how many subscriptions it has here (derived; not in snapshots)."""
         self._pending: deque[_PendingBatch] = deque()
         # Query indexes (live, non-stale subscriptions only).
         self._key_subs: dict[str, set[str]] = {}
@@ -311,6 +328,7 @@ class BucketStateMachine:
             if ref.sequence <= producer.last_seq:
                 for seq, cached in producer.results:
                     if seq == ref.sequence:
+                        producer.last_active_ms = max(producer.last_active_ms, entry.now_ms)
                         return dataclasses.replace(cached, duplicate=True), []
                 return _refused(
                     commit,
@@ -332,6 +350,7 @@ class BucketStateMachine:
         if producer is not None and entry.producer is not None:
             producer.last_seq = entry.producer.sequence
             producer.results.append((entry.producer.sequence, result))
+            producer.last_active_ms = max(producer.last_active_ms, entry.now_ms)
         return result, changes
 
     def _write_ops(self, commit: EmitSeq, entry: Write) -> tuple[WriteResult, list[Change]]:
@@ -401,7 +420,8 @@ class BucketStateMachine:
             picked = tuple(matched[sub_id])
             delta = deltas.get(picked)
             if delta is None:
-                delta = deltas[picked] = Delta(tuple(changes[i] for i in picked), now_ms)
+                mine = tuple(changes[i] for i in picked)
+                delta = deltas[picked] = Delta(mine, now_ms, delta_bytes(mine))
             sub = self._subs[sub_id]
             rows.append(OutboxRow(sub_id, commit, sub.head, delta))
             sub.head = commit
@@ -423,7 +443,7 @@ class BucketStateMachine:
         hits = self._subs_matching(changes[0].key)
         if not hits:
             return ()
-        delta = Delta(changes, now_ms)
+        delta = Delta(changes, now_ms, delta_bytes(changes))
         subs = self._subs
         rows = []
         for sub_id in sorted(hits):
@@ -445,10 +465,20 @@ class BucketStateMachine:
                         f"bucket already tracks {limits.PRODUCERS_PER_BUCKET_MAX} producers",
                     ),
                 )
-            self._producers[entry.producer_id] = _Producer(epoch=0)
+            self._producers[entry.producer_id] = _Producer(0, entry.now_ms)
             return InitProducerResult(entry.producer_id, 0)
-        self._producers[entry.producer_id] = _Producer(epoch=producer.epoch + 1)
+        self._producers[entry.producer_id] = _Producer(producer.epoch + 1, entry.now_ms)
         return InitProducerResult(entry.producer_id, producer.epoch + 1)
+
+    def idle_producers(self, now_ms: int, idle_ms: int) -> tuple[int, ...]:
+        """Producers that wrote nothing for longer than `idle_ms` (in id order): what
+        an OUTBOX_PURGE may forget (`expire_producers`)."""
+        return tuple(
+            sorted(pid for pid, p in self._producers.items() if now_ms - p.last_active_ms > idle_ms)
+        )
+
+    def producer_count(self) -> int:
+        return len(self._producers)
 
     # ---- subscriptions ---------------------------------------------------------
 
@@ -492,9 +522,37 @@ class BucketStateMachine:
         sub = Subscription(
             entry.sub_id, entry.principal, entry.query, plan, start, start, start, entry.now_ms
         )
-        self._subs[entry.sub_id] = sub
-        self._index_sub(sub)
+        self._expired.pop(entry.sub_id, None)  # a new incarnation of an expired sub_id
+        self._add_sub(sub)
         return SubscribeResult(entry.sub_id, start, plan.plan_hash)
+
+    def _add_sub(self, sub: Subscription) -> None:
+        self._subs[sub.sub_id] = sub
+        self._index_sub(sub)
+        self._owned[sub.principal] = self._owned.get(sub.principal, 0) + 1
+
+    def _remove_sub(self, sub: Subscription, *, expired: bool = False) -> None:
+        """Delete a subscription: its rows go with it and its slot is free (rows still
+        pending for it are dropped when their OUTBOX_WRITE applies). An `expired` one
+        is remembered (bounded), so that its Reconnect is STALE_SEQUENCE."""
+        self._unindex_sub(sub)
+        del self._subs[sub.sub_id]
+        left = self._owned[sub.principal] - 1
+        if left:
+            self._owned[sub.principal] = left
+        else:
+            del self._owned[sub.principal]
+        if expired:
+            self._expired.pop(sub.sub_id, None)
+            self._expired[sub.sub_id] = sub.principal
+            while len(self._expired) > limits.EXPIRED_REMEMBERED_MAX:
+                del self._expired[next(iter(self._expired))]
+
+    def subscription_count(self, principal: str | None = None) -> int:
+        """Live subscriptions here (of `principal`, if given)."""
+        if principal is None:
+            return len(self._subs)
+        return self._owned.get(principal, 0)
 
     def _index_sub(self, sub: Subscription) -> None:
         if sub.plan.kind is QueryKind.KEY:
@@ -529,10 +587,9 @@ class BucketStateMachine:
                     ErrorCode.NOT_OWNER, f"subscription {entry.sub_id} belongs to another principal"
                 ),
             )
-        self._unindex_sub(sub)
-        del self._subs[entry.sub_id]
         # Its pending rows stay in the pending batches (they are covered by digests
         # already proposed) and are dropped when an OUTBOX_WRITE moves them.
+        self._remove_sub(sub)
         effects.append(SubscriptionClosed(entry.sub_id, CloseReason.UNSUBSCRIBED))
         return UnsubscribeResult(entry.sub_id)
 
@@ -615,7 +672,7 @@ class BucketStateMachine:
             # A row older than the subscription's start was computed for an earlier
             # incarnation of a reused sub_id (UNSUBSCRIBE, then SUBSCRIBE again):
             # it is not on this stream's chain, and no ack could ever cover it.
-            if sub is not None and not sub.stale and row.emit_seq > sub.start:
+            if sub is not None and row.emit_seq > sub.start:
                 sub.rows.append(row)
                 kept.append(row)
         if kept:
@@ -625,17 +682,18 @@ class BucketStateMachine:
     def check_ack(self, sub_id: str, principal: str, up_to: EmitSeq) -> AckOutcome:
         """Would this cumulative ack be accepted now? (The notifier asks before proposing.)"""
         sub = self._subs.get(sub_id)
-        if sub is None:
+        owner = sub.principal if sub is not None else self._expired.get(sub_id)
+        if owner is None:
             return AckOutcome(sub_id, AckStatus.SUBSCRIPTION_NOT_FOUND, f"no subscription {sub_id}")
-        if sub.principal != principal:
+        if owner != principal:
             return AckOutcome(
                 sub_id, AckStatus.NOT_OWNER, f"subscription {sub_id} belongs to another principal"
             )
-        if sub.stale:
+        if sub is None:
             return AckOutcome(
                 sub_id,
                 AckStatus.STALE,
-                f"subscription {sub_id} was dropped for stalling; resubscribe",
+                f"subscription {sub_id} expired (idle past the stall window); resubscribe",
             )
         if up_to.bucket_uuid != self._bucket_uuid:
             return AckOutcome(
@@ -668,20 +726,31 @@ class BucketStateMachine:
             outcomes.append(outcome)
             if outcome.status is AckStatus.ACCEPTED:
                 purged.extend(self._purge(ack, entry.now_ms))
+        now = entry.now_ms
+        for sub_id in entry.touch:
+            sub = self._subs.get(sub_id)
+            if sub is not None and not sub.rows:  # only acks keep one with rows alive
+                sub.last_active_ms = max(sub.last_active_ms, now)
         expired = []
         # Only the named subscriptions are checked: scanning them all on every purge
         # cost each replica O(subscriptions) 50 times a second.
         for sub_id in entry.expire:
             sub = self._subs.get(sub_id)
-            if sub is not None and _stalled(sub, entry.now_ms, entry.stall_window_ms):
-                sub.stale = True  # no longer stalled: a repeated sub_id is skipped
-                sub.rows.clear()
-                self._unindex_sub(sub)
+            if sub is not None and idle(sub, now, entry.stall_window_ms):
+                self._remove_sub(sub, expired=True)  # gone: a repeated sub_id is skipped
                 expired.append(sub_id)
                 effects.append(SubscriptionClosed(sub_id, CloseReason.STALLED))
+        forgotten = []
+        for pid in entry.expire_producers:
+            producer = self._producers.get(pid)
+            if producer is not None and now - producer.last_active_ms > entry.producer_idle_ms:
+                del self._producers[pid]
+                forgotten.append(pid)
         if purged:
-            effects.insert(0, RowsPurged(tuple(purged), entry.now_ms))
-        return PurgeResult(tuple(outcomes), tuple(expired), len(purged))
+            effects.insert(0, RowsPurged(tuple(purged), now))
+        return PurgeResult(
+            tuple(outcomes), tuple(expired), len(purged), expired_producers=tuple(forgotten)
+        )
 
     def _purge(self, ack: Ack, now_ms: int) -> list[OutboxRow]:
         sub = self._subs[ack.sub_id]
@@ -738,6 +807,11 @@ class BucketStateMachine:
     def subscriptions(self) -> list[Subscription]:
         return [self._subs[sub_id] for sub_id in sorted(self._subs)]
 
+    def subscriptions_by_id(self) -> Mapping[str, Subscription]:
+        """Every live subscription by sub_id, read-only, in no particular order (a
+        view, not a copy: for scans that need no order, outbox/lifecycle.py)."""
+        return MappingProxyType(self._subs)
+
     def outbox_rows(self, sub_id: str, after: EmitSeq | None = None) -> tuple[OutboxRow, ...]:
         """Outboxed (sendable) rows of a subscription after `after`, in emit_seq order."""
         sub = self._subs.get(sub_id)
@@ -761,7 +835,7 @@ class BucketStateMachine:
 
     def max_ack_lag(self) -> int:
         """The largest `ack_lag` over live subscriptions (0 with none)."""
-        return max((s.ack_lag for s in self._subs.values() if not s.stale), default=0)
+        return max((s.ack_lag for s in self._subs.values()), default=0)
 
     def ack_lag(self, sub_id: str) -> int:
         """How many commit indexes the subscription's acks trail its stream head."""
@@ -774,20 +848,21 @@ class BucketStateMachine:
         """Seed 000 §5.2: OK / STALE_SEQUENCE / INVALID_SEQUENCE / SUBSCRIPTION_NOT_FOUND."""
         sub = self._subs.get(sub_id)
         epoch, nxt = self.epoch, self._applied_index + 1
-        if sub is None or sub.principal != principal:
+        owner = sub.principal if sub is not None else self._expired.get(sub_id)
+        if owner != principal:
             return ReconnectDecision(
                 ReconnectStatus.SUBSCRIPTION_NOT_FOUND,
                 epoch,
                 nxt,
                 message=f"no subscription {sub_id} for this principal",
-                not_owner=sub is not None,
+                not_owner=owner is not None,
             )
-        if sub.stale:
+        if sub is None:
             return ReconnectDecision(
                 ReconnectStatus.STALE_SEQUENCE,
                 epoch,
                 nxt,
-                message="dropped for stalling past the window; resubscribe",
+                message="expired: idle past the stall window; resubscribe",
             )
         if last_processed.bucket_uuid != self._bucket_uuid or last_processed < sub.start:
             return ReconnectDecision(
@@ -840,13 +915,11 @@ class BucketStateMachine:
         return ReconnectDecision(ReconnectStatus.OK, epoch, last_processed.commit_index + 1, resume)
 
     def stalled_subscriptions(self, now_ms: int, stall_window_ms: int) -> tuple[str, ...]:
-        """Live subscriptions with unacknowledged rows and no ack within the window
-        (in sub_id order)."""
+        """Subscriptions with unacknowledged rows and no ack within the window (in
+        sub_id order): they no longer hold the safety point."""
         return tuple(
             sorted(
-                sub.sub_id
-                for sub in self._subs.values()
-                if _stalled(sub, now_ms, stall_window_ms)
+                sub.sub_id for sub in self._subs.values() if _stalled(sub, now_ms, stall_window_ms)
             )
         )
 
@@ -857,22 +930,24 @@ class BucketStateMachine:
         cold_replica_checkpoint: int | None = None,
         migration_hold_point: int | None = None,
     ) -> int:
-        """The highest log index compaction may reach (seed 000 §8).
+        """The highest log index compaction may reach (docs/contract.md §8).
 
         min(oldest cold replica checkpoint, min active client ack, migration hold
-        point), never past what this replica applied. Subscriptions stalled past the
-        window no longer hold it back.
+        point), never past what this replica applied. Only a subscription with rows
+        to acknowledge that acknowledged within the window holds it: one idle past
+        the window holds nothing, even before the OUTBOX_PURGE that deletes it
+        commits. A cold replica silent past its window holds nothing either (see
+        `outbox.lifecycle.cold_replica_checkpoint`, which computes the argument).
         """
         bounds = [self._applied_index]
         if cold_replica_checkpoint is not None:
             bounds.append(cold_replica_checkpoint)
         if migration_hold_point is not None:
             bounds.append(migration_hold_point)
-        stalled = set(self.stalled_subscriptions(now_ms, stall_window_ms))
         bounds.extend(
             sub.acked.commit_index
             for sub in self._subs.values()
-            if sub.rows and not sub.stale and sub.sub_id not in stalled
+            if sub.rows and not idle(sub, now_ms, stall_window_ms)
         )
         return max(0, min(bounds))
 
@@ -894,7 +969,7 @@ class BucketStateMachine:
         call: 3 ms for 300k keys written in order, ~85 ms for 300k random ones."""
         records = self._data.copy()
         producers = [
-            (pid, p.epoch, p.last_seq, tuple(p.results))
+            (pid, p.epoch, p.last_seq, tuple(p.results), p.last_active_ms)
             for pid, p in sorted(self._producers.items())
         ]
         subs = [
@@ -907,12 +982,12 @@ class BucketStateMachine:
                 s.head,
                 s.acked,
                 s.last_active_ms,
-                s.stale,
                 tuple(s.rows),
             )
             for s in self.subscriptions()
         ]
         pending = [(b.commit_index, b.rows) for b in self._pending]
+        expired = [[sub_id, owner] for sub_id, owner in self._expired.items()]
         head = [
             SNAPSHOT_FORMAT_VERSION,
             self._bucket_uuid,
@@ -926,17 +1001,18 @@ class BucketStateMachine:
         def make() -> bytes:
             packer = msgpack.Packer(use_bin_type=True, autoreset=False)
             pack = packer.pack
-            packer.pack_array_header(len(head) + 4)
+            packer.pack_array_header(len(head) + 5)
             for item in head:
                 pack(item)
             packer.pack_array_header(len(records))
             for key in sorted(records):
                 pack((key, *records[key]))
             packer.pack_array_header(len(producers))
-            for pid, epoch, last_seq, results in producers:
-                pack([pid, epoch, last_seq, [[q, _pack_write_result(r)] for q, r in results]])
+            for pid, epoch, last_seq, results, p_active in producers:
+                packed = [[q, _pack_write_result(r)] for q, r in results]
+                pack([pid, epoch, last_seq, packed, p_active])
             packer.pack_array_header(len(subs))
-            for sub_id, who, query, plan_hash, start, head_, acked, active, stale, rows in subs:
+            for sub_id, who, query, plan_hash, start, head_, acked, active, rows in subs:
                 pack(
                     [
                         sub_id,
@@ -948,13 +1024,13 @@ class BucketStateMachine:
                         head_.pack(),
                         acked.pack(),
                         active,
-                        stale,
                         [row.pack() for row in rows],
                     ]
                 )
             packer.pack_array_header(len(pending))
             for commit_index, batch in pending:
                 pack([commit_index, [row.pack() for row in batch]])
+            pack(expired)
             return packer.bytes()
 
         return make
@@ -965,49 +1041,34 @@ class BucketStateMachine:
 
     @classmethod
     def restore(cls, data: bytes, *, planner: Planner = plan_query) -> BucketStateMachine:
+        """The state `snapshot()` made (format 2, or 1: see SNAPSHOT_FORMAT_VERSION)."""
         try:
             raw = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
-            (
-                version,
-                uuid,
-                epoch,
-                applied,
-                outboxed,
-                holder,
-                lease_index,
-                kv,
-                producers,
-                subs,
-                pending,
-            ) = raw
+            version = raw[0]
         except Exception as exc:
             raise SnapshotError(f"snapshot is not readable: {exc}") from None
-        if version != SNAPSHOT_FORMAT_VERSION:
+        if version not in (1, SNAPSHOT_FORMAT_VERSION) or isinstance(version, bool):
             raise SnapshotError(
-                f"snapshot format {version!r}; this build reads {SNAPSHOT_FORMAT_VERSION}"
+                f"snapshot format {version!r}; this build reads 1 and {SNAPSHOT_FORMAT_VERSION}"
             )
         try:
+            if len(raw) != (11 if version == 1 else 12):
+                raise ValueError(f"{len(raw)} fields")
+            _, uuid, epoch, applied, outboxed, holder, lease_index, kv, producers, subs = raw[:10]
+            pending = raw[10]
             sm = cls(uuid, planner=planner, epoch_counter=epoch)
             sm._applied_index, sm._outboxed_through = applied, outboxed
             sm._lease_holder, sm._lease_index = holder, lease_index
             sm._data = {k: (v, ver, mod) for k, v, ver, mod in kv}
-            for pid, p_epoch, last_seq, results in producers:
-                producer = _Producer(p_epoch, last_seq)
+            if version == 1:
+                producers, subs, expired = _from_version_1(producers, subs)
+            else:
+                expired = raw[11]
+            for pid, p_epoch, last_seq, results, p_active in producers:
+                producer = _Producer(p_epoch, p_active, last_seq)
                 producer.results.extend((seq, _unpack_write_result(r)) for seq, r in results)
                 sm._producers[pid] = producer
-            for (
-                sub_id,
-                principal,
-                kind,
-                arg,
-                plan_hash,
-                start,
-                head,
-                acked,
-                active,
-                stale,
-                rows,
-            ) in subs:
+            for sub_id, principal, kind, arg, plan_hash, start, head, acked, active, rows in subs:
                 query = Query(QueryKind(kind), arg)
                 plan = planner(query)
                 if plan.plan_hash != plan_hash:
@@ -1015,21 +1076,20 @@ class BucketStateMachine:
                         f"restored subscription {sub_id}: plan_hash "
                         f"{plan_hash:#x}, this replica planned {plan.plan_hash:#x}"
                     )
-                sub = Subscription(
-                    sub_id,
-                    principal,
-                    query,
-                    plan,
-                    EmitSeq(*start),
-                    EmitSeq(*head),
-                    EmitSeq(*acked),
-                    active,
-                    stale,
-                    deque(_unpack_row(r) for r in rows),
+                sm._add_sub(
+                    Subscription(
+                        sub_id,
+                        principal,
+                        query,
+                        plan,
+                        EmitSeq(*start),
+                        EmitSeq(*head),
+                        EmitSeq(*acked),
+                        active,
+                        deque(_unpack_row(r) for r in rows),
+                    )
                 )
-                sm._subs[sub_id] = sub
-                if not stale:
-                    sm._index_sub(sub)
+            sm._expired = {sub_id: owner for sub_id, owner in expired}
             sm._pending = deque(
                 _PendingBatch(index, tuple(_unpack_row(r) for r in rows)) for index, rows in pending
             )
@@ -1038,6 +1098,25 @@ class BucketStateMachine:
         except Exception as exc:
             raise SnapshotError(f"snapshot content is invalid: {exc}") from None
         return sm
+
+
+def _from_version_1(
+    producers: list[Any], subs: list[Any]
+) -> tuple[list[Any], list[Any], list[Any]]:
+    """Producers, live subscriptions and expired ones of a format 1 snapshot, in format
+    2's shapes. Format 1 kept no time per producer: each is taken as last active at the
+    latest time the snapshot holds (a subscription's activity or a row's commit
+    time), so none is forgotten before it had `producer_idle_ms` to write again. Its
+    stale subscriptions are the expired ones."""
+    latest = 0
+    live, expired = [], []
+    for sub_id, principal, kind, arg, plan_hash, start, head, acked, active, stale, rows in subs:
+        latest = max([latest, active, *(row[3][1] for row in rows)])
+        if stale:
+            expired.append([sub_id, principal])
+        else:
+            live.append([sub_id, principal, kind, arg, plan_hash, start, head, acked, active, rows])
+    return [[*p, latest] for p in producers], live, expired
 
 
 def _pack_write_result(result: WriteResult) -> list[object]:

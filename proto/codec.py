@@ -1,5 +1,6 @@
 """The wire codec: protobuf messages to and from the core's types, and how an error
-travels (gRPC status, `sevendb-error` and `sevendb-leader` trailers).
+travels (gRPC status, `sevendb-error`, `sevendb-leader` and `sevendb-retry-after-ms`
+trailers).
 
 The one place both ends of the wire convert: the nodes (`cluster/server`), the SDK
 and the tests import these functions instead of building messages field by field.
@@ -38,6 +39,22 @@ ERROR_CODE_KEY: Final = "sevendb-error"
 STREAM_SUPERSEDED: Final = "STREAM_SUPERSEDED"
 """`sevendb-error` of a subscription stream fenced by a newer stream of the same
 subscription (status FAILED_PRECONDITION): another consumer resumed it."""
+RETRY_AFTER_KEY: Final = "sevendb-retry-after-ms"
+"""Trailer of a RESOURCE_EXHAUSTED answer: wait this many milliseconds (a decimal
+integer) before trying again."""
+RATE_LIMITED: Final = "RATE_LIMITED"
+"""`sevendb-error` of a request over its principal's rate (RESOURCE_EXHAUSTED, with
+`sevendb-retry-after-ms`)."""
+OVERLOADED: Final = "OVERLOADED"
+"""`sevendb-error` of a request refused because a server queue is full
+(RESOURCE_EXHAUSTED, with `sevendb-retry-after-ms`)."""
+TOO_MANY_SUBSCRIPTIONS: Final = "TOO_MANY_SUBSCRIPTIONS"
+"""`sevendb-error` of a Subscribe over its principal's subscriptions in the bucket
+(RESOURCE_EXHAUSTED; no retry-after: one must end first)."""
+SLOW_SUBSCRIBER: Final = "SLOW_SUBSCRIBER"
+"""`sevendb-error` of a subscription stream the node ended because its subscriber
+acknowledged nothing for too long with events in flight (status UNAVAILABLE):
+resume from the cursor."""
 
 STATUS_OF: Final[dict[ErrorCode, grpc.StatusCode]] = {
     ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
@@ -64,13 +81,17 @@ replicas answer UNAVAILABLE, with the leader's client address (when known) in th
 `sevendb-leader` trailer."""
 
 
-def trailers(leader: str | None, error: str | None) -> tuple[tuple[str, str], ...]:
+def trailers(
+    leader: str | None, error: str | None, retry_after_ms: int | None = None
+) -> tuple[tuple[str, str], ...]:
     """The trailing metadata of a failed call (or of a Session's `StreamEnd`)."""
     out: list[tuple[str, str]] = []
     if leader:
         out.append((LEADER_HINT_KEY, leader))
     if error:
         out.append((ERROR_CODE_KEY, error))
+    if retry_after_ms:
+        out.append((RETRY_AFTER_KEY, str(retry_after_ms)))
     return tuple(out)
 
 
@@ -174,7 +195,12 @@ __all__ = [
     "ACK_STATUS",
     "ERROR_CODE_KEY",
     "LEADER_HINT_KEY",
+    "OVERLOADED",
+    "RATE_LIMITED",
     "RECONNECT_STATUS",
+    "RETRY_AFTER_KEY",
+    "SLOW_SUBSCRIBER",
+    "TOO_MANY_SUBSCRIPTIONS",
     "STATUS_OF",
     "STREAM_SUPERSEDED",
     "delta_to_pb",

@@ -167,16 +167,18 @@ class SessionRequest(_message.Message):
     def __init__(self, stream_id: _Optional[int] = ..., subscribe: _Optional[_Union[SubscribeRequest, _Mapping]] = ..., reconnect: _Optional[_Union[ReconnectRequest, _Mapping]] = ..., close: _Optional[bool] = ...) -> None: ...
 
 class StreamEnd(_message.Message):
-    __slots__ = ("code", "message", "leader", "error")
+    __slots__ = ("code", "message", "leader", "error", "retry_after_ms")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
     code: int
     message: str
     leader: str
     error: str
-    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., leader: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
+    retry_after_ms: int
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., leader: _Optional[str] = ..., error: _Optional[str] = ..., retry_after_ms: _Optional[int] = ...) -> None: ...
 
 class SessionItem(_message.Message):
     __slots__ = ("stream_id", "message", "end")
@@ -335,18 +337,20 @@ class WriteManyRequest(_message.Message):
     def __init__(self, writes: _Optional[_Iterable[_Union[WriteRequest, _Mapping]]] = ..., id: _Optional[int] = ...) -> None: ...
 
 class WriteOutcome(_message.Message):
-    __slots__ = ("ok", "code", "message", "error", "leader")
+    __slots__ = ("ok", "code", "message", "error", "leader", "retry_after_ms")
     OK_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
     ok: WriteResponse
     code: int
     message: str
     error: str
     leader: str
-    def __init__(self, ok: _Optional[_Union[WriteResponse, _Mapping]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., error: _Optional[str] = ..., leader: _Optional[str] = ...) -> None: ...
+    retry_after_ms: int
+    def __init__(self, ok: _Optional[_Union[WriteResponse, _Mapping]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., error: _Optional[str] = ..., leader: _Optional[str] = ..., retry_after_ms: _Optional[int] = ...) -> None: ...
 
 class WriteManyResponse(_message.Message):
     __slots__ = ("outcomes", "id")
@@ -631,3 +635,69 @@ class JoinBundleResponse(_message.Message):
     genesis: str
     secrets: str
     def __init__(self, genesis: _Optional[str] = ..., secrets: _Optional[str] = ...) -> None: ...
+
+class SubscriptionInfo(_message.Message):
+    __slots__ = ("sub_id", "bucket", "owner", "query", "start", "head", "acked", "lag", "last_active_ms", "rows", "row_bytes", "pending_rows", "attached", "attached_known")
+    SUB_ID_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    ACKED_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    LAST_ACTIVE_MS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    ROW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PENDING_ROWS_FIELD_NUMBER: _ClassVar[int]
+    ATTACHED_FIELD_NUMBER: _ClassVar[int]
+    ATTACHED_KNOWN_FIELD_NUMBER: _ClassVar[int]
+    sub_id: str
+    bucket: int
+    owner: str
+    query: Query
+    start: EmitSeq
+    head: EmitSeq
+    acked: EmitSeq
+    lag: int
+    last_active_ms: int
+    rows: int
+    row_bytes: int
+    pending_rows: int
+    attached: bool
+    attached_known: bool
+    def __init__(self, sub_id: _Optional[str] = ..., bucket: _Optional[int] = ..., owner: _Optional[str] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., start: _Optional[_Union[EmitSeq, _Mapping]] = ..., head: _Optional[_Union[EmitSeq, _Mapping]] = ..., acked: _Optional[_Union[EmitSeq, _Mapping]] = ..., lag: _Optional[int] = ..., last_active_ms: _Optional[int] = ..., rows: _Optional[int] = ..., row_bytes: _Optional[int] = ..., pending_rows: _Optional[int] = ..., attached: _Optional[bool] = ..., attached_known: _Optional[bool] = ...) -> None: ...
+
+class ListSubscriptionsRequest(_message.Message):
+    __slots__ = ("bucket", "owner", "after_sub_id", "limit")
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SUB_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    bucket: int
+    owner: str
+    after_sub_id: str
+    limit: int
+    def __init__(self, bucket: _Optional[int] = ..., owner: _Optional[str] = ..., after_sub_id: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListSubscriptionsResponse(_message.Message):
+    __slots__ = ("subscriptions", "has_more")
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    HAS_MORE_FIELD_NUMBER: _ClassVar[int]
+    subscriptions: _containers.RepeatedCompositeFieldContainer[SubscriptionInfo]
+    has_more: bool
+    def __init__(self, subscriptions: _Optional[_Iterable[_Union[SubscriptionInfo, _Mapping]]] = ..., has_more: _Optional[bool] = ...) -> None: ...
+
+class SubscriptionRequest(_message.Message):
+    __slots__ = ("bucket", "sub_id")
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    SUB_ID_FIELD_NUMBER: _ClassVar[int]
+    bucket: int
+    sub_id: str
+    def __init__(self, bucket: _Optional[int] = ..., sub_id: _Optional[str] = ...) -> None: ...
+
+class DeleteSubscriptionResponse(_message.Message):
+    __slots__ = ("rows_dropped",)
+    ROWS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    rows_dropped: int
+    def __init__(self, rows_dropped: _Optional[int] = ...) -> None: ...

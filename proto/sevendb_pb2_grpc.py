@@ -140,6 +140,21 @@ class SevenDBStub:
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.JoinBundleRequest.SerializeToString,
                 response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.JoinBundleResponse.FromString,
                 _registered_method=True)
+        self.ListSubscriptions = channel.unary_unary(
+                '/sevendb.v1.SevenDB/ListSubscriptions',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.ListSubscriptionsRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.ListSubscriptionsResponse.FromString,
+                _registered_method=True)
+        self.ShowSubscription = channel.unary_unary(
+                '/sevendb.v1.SevenDB/ShowSubscription',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.SubscriptionRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.SubscriptionInfo.FromString,
+                _registered_method=True)
+        self.DeleteSubscription = channel.unary_unary(
+                '/sevendb.v1.SevenDB/DeleteSubscription',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.SubscriptionRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.DeleteSubscriptionResponse.FromString,
+                _registered_method=True)
 
 
 class SevenDBServicer:
@@ -295,6 +310,26 @@ class SevenDBServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListSubscriptions(self, request, context):
+        """Subscription administration: list, show, delete (an UNSUBSCRIBE on the
+        owner's behalf: its rows go, its slot is freed).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ShowSubscription(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSubscription(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SevenDBServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -402,6 +437,21 @@ def add_SevenDBServicer_to_server(servicer, server):
                     servicer.JoinBundle,
                     request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.JoinBundleRequest.FromString,
                     response_serializer=sevendb_dot_proto_dot_sevendb__pb2.JoinBundleResponse.SerializeToString,
+            ),
+            'ListSubscriptions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSubscriptions,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.ListSubscriptionsRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.ListSubscriptionsResponse.SerializeToString,
+            ),
+            'ShowSubscription': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShowSubscription,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.SubscriptionRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.SubscriptionInfo.SerializeToString,
+            ),
+            'DeleteSubscription': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSubscription,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.SubscriptionRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.DeleteSubscriptionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -972,6 +1022,87 @@ class SevenDB:
             '/sevendb.v1.SevenDB/JoinBundle',
             sevendb_dot_proto_dot_sevendb__pb2.JoinBundleRequest.SerializeToString,
             sevendb_dot_proto_dot_sevendb__pb2.JoinBundleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSubscriptions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sevendb.v1.SevenDB/ListSubscriptions',
+            sevendb_dot_proto_dot_sevendb__pb2.ListSubscriptionsRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.ListSubscriptionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShowSubscription(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sevendb.v1.SevenDB/ShowSubscription',
+            sevendb_dot_proto_dot_sevendb__pb2.SubscriptionRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.SubscriptionInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSubscription(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sevendb.v1.SevenDB/DeleteSubscription',
+            sevendb_dot_proto_dot_sevendb__pb2.SubscriptionRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.DeleteSubscriptionResponse.FromString,
             options,
             channel_credentials,
             insecure,

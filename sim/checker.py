@@ -5,8 +5,10 @@ docs/emission.md) rather than from `outbox/state.py`: it follows the globally
 committed log and computes, per subscription, the stream the application must see,
 and compares everything the simulated system does with it — raft-safety,
 determinism, effective-once, visibility, purge-safety, bounded, monotonic,
-isolation, reconnect, durability (no acknowledged write lost) and liveness. A
-violation raises `Violation` at once, naming the invariant.
+isolation, reconnect, durability (no acknowledged write lost), lifecycle (only an
+owner's UNSUBSCRIBE or idleness past the configured stall window ends a
+subscription, and an ended one holds no slot) and liveness. A violation raises
+`Violation` at once, naming the invariant.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ INVARIANTS: Final = (
     "reconnect",
     "durability",
     "liveness",
+    "lifecycle",
 )
 
 RowKey = tuple[object, ...]
@@ -133,8 +136,12 @@ Summary = tuple[object, ...]
 class Model:
     """The bucket as the contract describes it, fed the committed log in order."""
 
-    def __init__(self, bucket_uuid: str) -> None:
+    def __init__(self, bucket_uuid: str, stall_window_ms: int | None = None) -> None:
         self.bucket_uuid = bucket_uuid
+        self.stall_window_ms = stall_window_ms
+        """The configured stall window: an expiry of a subscription that acknowledged
+        (or was kept alive) within it is a lifecycle violation, whatever window the
+        entry names. None: the entry's window is taken as configured."""
         self.epoch = 1
         self.lease_holder = ""
         self.lease_index = 0
@@ -160,11 +167,13 @@ class Model:
     def live(self) -> list[MSub]:
         return [s for s in self.subs.values() if not s.ended]
 
-    def stalled(self, now_ms: int, window_ms: int) -> list[str]:
+    def idle(self, now_ms: int, window_ms: int) -> list[str]:
+        """Live subscriptions with no ack, subscribe or keep-alive within the window:
+        the ones an OUTBOX_PURGE may expire (docs/contract.md §8)."""
         return [
             s.sub_id
             for s in sorted(self.live(), key=lambda s: s.sub_id)
-            if not s.stale and s.rows and now_ms - s.last_active_ms > window_ms
+            if now_ms - s.last_active_ms > window_ms
         ]
 
     def apply(self, index: int, data: bytes) -> Summary:
@@ -180,7 +189,7 @@ class Model:
             summary = self._subscribe(index, entry)
         elif isinstance(entry, Unsubscribe):
             sub = self.subs.get(entry.sub_id)
-            if sub is None or sub.ended == "unsubscribed":
+            if sub is None or sub.ended:
                 summary = ("U", "SUBSCRIPTION_NOT_FOUND")
             elif sub.principal != entry.principal:
                 summary = ("U", "NOT_OWNER")
@@ -270,7 +279,7 @@ class Model:
 
     def _subscribe(self, index: int, entry: Subscribe) -> Summary:
         existing = self.subs.get(entry.sub_id)
-        if existing is not None and existing.ended != "unsubscribed":
+        if existing is not None and not existing.ended:
             if existing.principal != entry.principal:
                 return ("S", None, False, "NOT_OWNER")
             if (existing.kind, existing.arg) != (entry.query.kind, entry.query.arg):
@@ -319,7 +328,7 @@ class Model:
 
     def check_ack(self, sub_id: str, principal: str, up_to: EmitSeq) -> str:
         sub = self.subs.get(sub_id)
-        if sub is None or sub.ended == "unsubscribed":
+        if sub is None or sub.ended == "unsubscribed":  # an expired one: STALE below
             return "SUBSCRIPTION_NOT_FOUND"
         if sub.principal != principal:
             return "NOT_OWNER"
@@ -352,15 +361,27 @@ class Model:
                 sub.acked = ack.up_to
                 sub.last_active_ms = entry.now_ms
                 self.accepted_acks.append((ack.sub_id, ack.principal, ack.up_to))
-        stalled = self.stalled(entry.now_ms, entry.stall_window_ms)
+        for sub_id in entry.touch:  # keep-alives count only with nothing to acknowledge
+            touched = self.subs.get(sub_id)
+            if touched is not None and not touched.ended and not touched.rows:
+                touched.last_active_ms = max(touched.last_active_ms, entry.now_ms)
+        idle = self.idle(entry.now_ms, entry.stall_window_ms)
+        window = self.stall_window_ms or entry.stall_window_ms
         expired = []
         for sub_id in entry.expire:
-            if sub_id in stalled:
+            if sub_id in idle:
                 sub = self.subs[sub_id]
+                if entry.now_ms - sub.last_active_ms <= window:
+                    raise Violation(
+                        "lifecycle",
+                        f"OUTBOX_PURGE expires {sub_id} (dropping {len(sub.rows)} rows), "
+                        f"active {entry.now_ms - sub.last_active_ms} ms ago, within the "
+                        f"{window} ms stall window",
+                    )
                 sub.stale = True
                 sub.ended = "stale"
                 sub.rows.clear()
-                stalled.remove(sub_id)
+                idle.remove(sub_id)
                 expired.append(sub_id)
         return ("P", None, tuple(statuses), tuple(expired), purged)
 
@@ -414,8 +435,14 @@ class AppStream:
 
 
 class Checker:
-    def __init__(self, bucket_uuid: str, *, tolerate_divergence: bool = False) -> None:
-        self.model = Model(bucket_uuid)
+    def __init__(
+        self,
+        bucket_uuid: str,
+        *,
+        tolerate_divergence: bool = False,
+        stall_window_ms: int | None = None,
+    ) -> None:
+        self.model = Model(bucket_uuid, stall_window_ms)
         self.tolerate_divergence = tolerate_divergence
         """PLN-01: a replica may diverge (a broken planner) if it quarantines itself
         and nothing it computed reaches a client; `diverged` names such replicas."""
@@ -538,8 +565,8 @@ class Checker:
         self.checks += 1
         bound = sm.applied_index
         for sub in sm.subscriptions():
-            stalled = now_ms - sub.last_active_ms > window_ms
-            if sub.rows and not sub.stale and not stalled:
+            idle = now_ms - sub.last_active_ms > window_ms
+            if sub.rows and not idle:
                 bound = min(bound, sub.acked.commit_index)
         if new_base > bound:
             raise Violation(
@@ -704,8 +731,16 @@ class Checker:
                     f"{name} diverged and never quarantined itself: {self.diverged[name]}",
                 )
         digests: dict[int, tuple[str, str]] = {}
+        live = sorted(s.sub_id for s in self.model.live())
         for name, applied, sm in replicas:
             self.checks += 1
+            held = [s.sub_id for s in sm.subscriptions()]
+            if applied >= self.commit_index and held != live:
+                raise Violation(
+                    "lifecycle",
+                    f"{name} holds subscriptions {held}; the live ones are {live} (an ended "
+                    "subscription must free its slot, a live one keep it)",
+                )
             if sm.outbox_size():
                 raise Violation(
                     "bounded", f"{name} still holds {sm.outbox_size()} rows after every ack"

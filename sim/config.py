@@ -81,6 +81,9 @@ class Bugs:
     """A new holder outboxes only what was computed after it took the lease."""
     damaged_replica_votes: bool = False
     """A replica that lost acknowledged log entries votes before it is repaired."""
+    expiry_window_in_seconds: bool = False
+    """The holder proposes expiries with the stall window read as seconds where it is
+    milliseconds: live subscriptions are expired and their rows dropped."""
 
     def names(self) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(self) if getattr(self, f.name))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from sevendb.notifier.core import Attach, AttachStatus, NotifierConfig, NotifierCore
 from sevendb.notifier.host import CoreFactory
 from sevendb.outbox.emitseq import EmitSeq
-from sevendb.outbox.entries import OutboxWrite
+from sevendb.outbox.entries import OutboxPurge, OutboxWrite
 from sevendb.outbox.model import OutboxRow, ReconnectStatus
 from sevendb.outbox.state import BucketStateMachine, rows_digest
 
@@ -72,6 +72,24 @@ class ForgetsTail(NotifierCore):
         return OutboxWrite(lease_index, start, through, count, digest, now_ms)
 
 
+class SecondsWindow(NotifierCore):
+    """Proposes its OUTBOX_PURGEs with the stall window in seconds (1,500 ms becomes
+    1 ms): every replica checks each expiry against the window the entry names, so
+    subscriptions that acknowledged a moment ago are expired, their rows dropped."""
+
+    def purge_entry(
+        self,
+        sm: BucketStateMachine,
+        lease_index: int,
+        now_ms: int,
+        stall_window_ms: int,
+        *,
+        expire: bool = True,
+    ) -> OutboxPurge | None:
+        window = max(1, stall_window_ms // 1000)
+        return super().purge_entry(sm, lease_index, now_ms, window, expire=expire)
+
+
 def core_factory(bugs: Bugs) -> CoreFactory:
     """What a replica's host builds when it takes the lease: the production core unless
     a bug is injected."""
@@ -81,4 +99,6 @@ def core_factory(bugs: Bugs) -> CoreFactory:
         return lambda me, config, sm: Unfenced(me, config)
     if bugs.forget_unoutboxed_tail:
         return lambda me, config, sm: ForgetsTail(me, config, sm.applied_index)
+    if bugs.expiry_window_in_seconds:
+        return lambda me, config, sm: SecondsWindow(me, config)
     return lambda me, config, sm: NotifierCore(me, config)

@@ -73,7 +73,11 @@ class Simulation:
         self.now_ms = 0
         self.replica_names = config.replica_names()
         self.net = Network(self.rng)
-        self.checker = Checker(BUCKET, tolerate_divergence=bool(config.planners))
+        self.checker = Checker(
+            BUCKET,
+            tolerate_divergence=bool(config.planners),
+            stall_window_ms=config.stall_window_ms,
+        )
         self.raft = RaftGroup(
             BUCKET,
             self.replica_names,

@@ -188,6 +188,14 @@ def test_service_methods() -> None:
         "MetaRead": ("MetaReadRequest", "MetaReadResponse", False, False),
         "MetaWrite": ("MetaWriteRequest", "MetaWriteResponse", False, False),
         "JoinBundle": ("JoinBundleRequest", "JoinBundleResponse", False, False),
+        "ListSubscriptions": (
+            "ListSubscriptionsRequest",
+            "ListSubscriptionsResponse",
+            False,
+            False,
+        ),
+        "ShowSubscription": ("SubscriptionRequest", "SubscriptionInfo", False, False),
+        "DeleteSubscription": ("SubscriptionRequest", "DeleteSubscriptionResponse", False, False),
     }
 
 
@@ -302,8 +310,33 @@ MESSAGES: dict[str, Message] = {
     "MetaWriteResponse": pb.MetaWriteResponse(version=6),
     "JoinBundleRequest": pb.JoinBundleRequest(),
     "JoinBundleResponse": pb.JoinBundleResponse(genesis="{}", secrets="raft_password = 'x'"),
+    "ListSubscriptionsRequest": pb.ListSubscriptionsRequest(
+        bucket=2, owner="alice", after_sub_id="s1", limit=50
+    ),
+    "SubscriptionInfo": pb.SubscriptionInfo(
+        sub_id="s2",
+        bucket=2,
+        owner="alice",
+        query=pb.Query(kind=pb.Query.PREFIX, arg="orders/"),
+        start=emit_seq(3),
+        head=emit_seq(40),
+        acked=emit_seq(30),
+        lag=10,
+        last_active_ms=1_700_000_000_000,
+        rows=4,
+        row_bytes=120,
+        pending_rows=1,
+        attached=True,
+        attached_known=True,
+    ),
+    "ListSubscriptionsResponse": pb.ListSubscriptionsResponse(
+        subscriptions=[pb.SubscriptionInfo(sub_id="s2", owner="alice")], has_more=True
+    ),
+    "SubscriptionRequest": pb.SubscriptionRequest(bucket=2, sub_id="s2"),
+    "DeleteSubscriptionResponse": pb.DeleteSubscriptionResponse(rows_dropped=5),
     "WriteManyRequest": pb.WriteManyRequest(id=5, writes=[pb.WriteRequest(ops=[pb.Op(key="a")])]),
     "WriteOutcome": pb.WriteOutcome(code=9, message="m", error="PRECONDITION_FAILED"),
+    "RateLimitedOutcome": pb.WriteOutcome(code=8, error="RATE_LIMITED", retry_after_ms=250),
     "WriteManyResponse": pb.WriteManyResponse(
         outcomes=[pb.WriteOutcome(ok=pb.WriteResponse(bucket=1)), pb.WriteOutcome(code=14)]
     ),
@@ -443,4 +476,8 @@ def test_the_codecs_tables_cover_every_value() -> None:
     assert codec.trailers("n:1", "NOT_OWNER") == (
         (codec.LEADER_HINT_KEY, "n:1"),
         (codec.ERROR_CODE_KEY, "NOT_OWNER"),
+    )
+    assert codec.trailers(None, codec.RATE_LIMITED, 250) == (
+        (codec.ERROR_CODE_KEY, "RATE_LIMITED"),
+        ("sevendb-retry-after-ms", "250"),
     )

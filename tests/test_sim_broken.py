@@ -51,6 +51,7 @@ VARIANTS: list[tuple[str, dict[str, Any], str]] = [
     ("lease_without_fencing", STALE_HOLDER, "reconnect"),
     ("forget_unoutboxed_tail", {}, "liveness"),
     ("damaged_replica_votes", DAMAGED_VOTER, "durability"),
+    ("expiry_window_in_seconds", {}, "lifecycle"),
 ]
 
 

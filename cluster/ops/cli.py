@@ -655,6 +655,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="when a stream cannot be resumed (default: start afresh and say so on stderr)",
     )
     subscribe.set_defaults(fn=cmd_subscribe)
+    from sevendb.cluster.ops.subscriptions import add_commands
+
+    add_commands(sub, common, _endpoints, _token)
     return parser
 
 

@@ -17,6 +17,10 @@ delayed, under load batches grow by themselves - and no thread is woken per writ
 Writes are submitted as groups (one `WriteMany` call's writes to one bucket), and
 a group has one future, settled when all its writes are: no asyncio future,
 callback and loop turn per write.
+
+The queue is bounded (`writes_max`, `bytes_max`): a group that would overfill it is
+refused at once (`BatcherFull`, which the node answers RESOURCE_EXHAUSTED with a
+retry-after) instead of waiting in memory while the bucket cannot keep up.
 """
 
 from __future__ import annotations
@@ -42,6 +46,14 @@ OP_OVERHEAD_BYTES: Final = 24
 
 def write_size(write: Write) -> int:
     return 32 + sum(len(op.key.encode()) + len(op.value) + OP_OVERHEAD_BYTES for op in write.ops)
+
+
+class BatcherFull(Exception):
+    """The bucket's write queue is full: nothing of the group was queued."""
+
+    def __init__(self, message: str, retry_after_ms: int) -> None:
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms
 
 
 Outcome = WriteResult | BaseException
@@ -90,12 +102,19 @@ class WriteBatcher:
         *,
         timeout_s: float = 5.0,
         entries_in_flight: int = ENTRIES_IN_FLIGHT,
+        writes_max: int = 65_536,
+        bytes_max: int = 64 * 1024 * 1024,
+        retry_after_ms: int = 100,
     ) -> None:
         self.replica = replica
         self._loop = loop
         self._timeout_s = timeout_s
         self._in_flight_max = entries_in_flight
+        self._writes_max = writes_max
+        self._bytes_max = bytes_max
+        self._retry_after_ms = retry_after_ms
         self._queue: collections.deque[_Waiting] = collections.deque()
+        self._queued_bytes = 0
         self._in_flight = 0
         self._propose_scheduled = False
         self._closed = False
@@ -108,10 +127,24 @@ class WriteBatcher:
         `ReplicaUnavailable` saying why it was not committed. Callers bound the wait."""
         if self._closed:
             raise ReplicaUnavailable("node is shutting down", reason="closed")
+        sizes = [write_size(write) for write in writes]
+        size = sum(sizes)
+        if self._queue and (
+            len(self._queue) + len(writes) > self._writes_max
+            or self._queued_bytes + size > self._bytes_max
+        ):
+            raise BatcherFull(
+                f"bucket {self.replica.bucket}: {len(self._queue)} writes "
+                f"({self._queued_bytes} bytes) wait to be proposed, the most this node "
+                f"queues is {self._writes_max} ({self._bytes_max} bytes); retry in "
+                f"{self._retry_after_ms} ms",
+                self._retry_after_ms,
+            )
         group = _Group(self._loop.create_future(), [None] * len(writes), len(writes))
         self._queue.extend(
-            _Waiting(write, write_size(write), group, slot) for slot, write in enumerate(writes)
+            _Waiting(write, sizes[slot], group, slot) for slot, write in enumerate(writes)
         )
+        self._queued_bytes += size
         if not self._propose_scheduled:
             self._propose_scheduled = True
             self._loop.call_soon(self._propose)
@@ -122,6 +155,12 @@ class WriteBatcher:
         closed = ReplicaUnavailable("node is shutting down", reason="closed")
         self._fail(list(self._queue), closed)
         self._queue.clear()
+        self._queued_bytes = 0
+
+    @property
+    def queued(self) -> int:
+        """Writes waiting to be proposed."""
+        return len(self._queue)
 
     def _propose(self) -> None:
         self._propose_scheduled = False
@@ -136,6 +175,7 @@ class WriteBatcher:
                 waiting = self._queue.popleft()
                 batch.append(waiting)
                 size += waiting.size
+            self._queued_bytes -= size
             writes = tuple(w.write for w in batch)
             entry = writes[0] if len(writes) == 1 else WriteBatch(writes)
             try:
@@ -211,4 +251,4 @@ def _results(outcome: ApplyOutcome, count: int) -> list[WriteResult]:
     raise ReplicaUnavailable(f"unexpected result {type(result).__name__} for a write")
 
 
-__all__ = ["Outcome", "WriteBatcher", "write_size"]
+__all__ = ["BatcherFull", "Outcome", "WriteBatcher", "write_size"]

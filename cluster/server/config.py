@@ -4,10 +4,10 @@
     sevendb node run --config node.toml --print-config
 
 Sections: ``[node]`` (`NodeSettings`: identity, addresses, files), ``[raft]``
-(`RaftTuning`), ``[notifier]`` (`NotifierSettings`) and ``[archive]``
-(`ArchiveSettings`). Precedence, highest first: flag, environment, file, default
-(`sevendb.cluster.common.settings`). Relative paths in the file are relative to
-the file's directory. docs/deploy.md lists every key.
+(`RaftTuning`), ``[notifier]`` (`NotifierSettings`), ``[archive]``
+(`ArchiveSettings`) and ``[server]`` (`ServerLimits`). Precedence, highest first:
+flag, environment, file, default (`sevendb.cluster.common.settings`). Relative paths
+in the file are relative to the file's directory. docs/deploy.md lists every key.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from sevendb.cluster.archive.writer import ArchiveSettings
 from sevendb.cluster.common.settings import Layers, Settings
 from sevendb.cluster.common.topology import ConfigError
 from sevendb.cluster.raft.replica import RaftTuning
+from sevendb.cluster.server.overload import ServerLimits
 from sevendb.notifier.host import NotifierSettings
 
 __all__ = ["SECTIONS", "NodeConfig", "NodeSettings", "load_node_config"]
@@ -56,6 +57,7 @@ SECTIONS: Mapping[str, type[Any]] = {
     "raft": RaftTuning,
     "notifier": NotifierSettings,
     "archive": ArchiveSettings,
+    "server": ServerLimits,
 }
 
 
@@ -65,6 +67,7 @@ class NodeConfig:
     raft: RaftTuning
     notifier: NotifierSettings
     archive: ArchiveSettings
+    server: ServerLimits
     settings: Settings
     """Where each value came from (`Settings.explain` for ``--print-config``)."""
 
@@ -94,4 +97,5 @@ def load_node_config(
         raise ConfigError("notifier.stall_window_ms is raft.stall_window_ms; set that one")
     notifier = dataclasses.replace(notifier, stall_window_ms=raft.stall_window_ms)
     archive = settings.section("archive", ArchiveSettings)
-    return NodeConfig(node, raft, notifier, archive, settings)
+    server = settings.section("server", ServerLimits)
+    return NodeConfig(node, raft, notifier, archive, server, settings)

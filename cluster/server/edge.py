@@ -27,6 +27,7 @@ from sevendb.cluster.raft.replica import ApplyOutcome, BucketReplica, ReplicaUna
 from sevendb.cluster.server.errors import Ctx, Failure, status_of_unavailable
 from sevendb.cluster.server.meta import ClusterView, MetaMember
 from sevendb.cluster.server.metrics import NodeMetrics
+from sevendb.cluster.server.overload import RateLimiter, ServerLimits
 from sevendb.notifier.host import BucketNotifier
 from sevendb.outbox.entries import Entry, OutboxPurge, encode_entry
 from sevendb.outbox.errors import Rejection
@@ -86,11 +87,19 @@ class NodeHost(Protocol):
 class Edge:
     """The node as its handlers use it (see the module docstring)."""
 
-    def __init__(self, node: NodeHost, metrics: NodeMetrics | None = None) -> None:
+    def __init__(
+        self,
+        node: NodeHost,
+        metrics: NodeMetrics | None = None,
+        limits: ServerLimits | None = None,
+    ) -> None:
         self.node = node
         self.node_id = node.node_id
         self.me = node.me.grpc_address
         self.metrics = metrics
+        self.limits = limits or ServerLimits()
+        self.rates = RateLimiter(self.limits)
+        """Per-principal write rates (charged by the node whose replica batches a write)."""
         self.bucket_of_uuid = {b.bucket_uuid: b.bucket for b in node.spec.buckets}
         self._channels: dict[str, aio.Channel] = {}
 

@@ -1,6 +1,7 @@
 """How a request fails at the node's edge: `Failure`, a gRPC status plus the domain
-error and the leader's address as trailers (the table of domain errors to statuses
-is the wire codec's, `sevendb.proto.codec.STATUS_OF`)."""
+error, the leader's address and (RESOURCE_EXHAUSTED) how long to wait as trailers
+(the table of domain errors to statuses is the wire codec's,
+`sevendb.proto.codec.STATUS_OF`)."""
 
 from __future__ import annotations
 
@@ -37,12 +38,14 @@ class Failure(Exception):
         *,
         leader: str | None = None,
         error: str | None = None,
+        retry_after_ms: int | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.leader = leader
         self.error = error
+        self.retry_after_ms = retry_after_ms
 
     @classmethod
     def rejected(cls, rejection: Rejection) -> Failure:
@@ -60,12 +63,20 @@ class Failure(Exception):
     def invalid(cls, message: str) -> Failure:
         return cls(grpc.StatusCode.INVALID_ARGUMENT, message)
 
+    @classmethod
+    def exhausted(cls, message: str, error: str, retry_after_ms: int | None) -> Failure:
+        """RESOURCE_EXHAUSTED: a limit (docs/limits.md); retry after the time given."""
+        return cls(
+            grpc.StatusCode.RESOURCE_EXHAUSTED, message, error=error, retry_after_ms=retry_after_ms
+        )
+
     def fill(self, out: pb.WriteOutcome) -> None:
         """Make `out` the outcome of a write of a WriteMany that failed this way."""
         out.code = self.code.value[0]
         out.message = self.message
         out.error = self.error or ""
         out.leader = self.leader or ""
+        out.retry_after_ms = self.retry_after_ms or 0
 
     def stream_end(self) -> pb.StreamEnd:
         """How a Session stream ends that its own call would have ended this way."""
@@ -74,11 +85,14 @@ class Failure(Exception):
             message=self.message,
             leader=self.leader or "",
             error=self.error or "",
+            retry_after_ms=self.retry_after_ms or 0,
         )
 
     async def abort(self, context: Ctx) -> NoReturn:
         await context.abort(
-            self.code, self.message, trailing_metadata=codec.trailers(self.leader, self.error)
+            self.code,
+            self.message,
+            trailing_metadata=codec.trailers(self.leader, self.error, self.retry_after_ms),
         )
         raise AssertionError("unreachable")  # context.abort raises
 

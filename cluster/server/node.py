@@ -133,6 +133,7 @@ class Node:
         self.me = self.spec.node(self.node_id)
         self.tuning = config.raft
         self._settings = config.notifier
+        self._limits = config.server
         self._stopping = threading.Event()
         self._reload_lock = threading.Lock()
         self._faults = FaultPoints.from_env(self.home)
@@ -164,7 +165,7 @@ class Node:
             self.stop_replicas()
             raise
         self.view.listen(lambda _: self._reload_logged())
-        self.service = NodeService(self, self.metrics)
+        self.service = NodeService(self, self.metrics, self._limits)
 
     @property
     def token_secret(self) -> str:

@@ -5,8 +5,8 @@ Thin by design: validation comes from the core's entry constructors, decisions f
 the core and `NotifierCore`, replication from `BucketReplica`, conversions from the
 wire codec (`sevendb.proto.codec`); the handlers only translate. They are grouped by
 concern - `writes`, `reads`, subscription `streams` and their `session`, `acks`,
-`admin` - over one `Edge` (the node as they use it), behind the guard of `rpc`
-(token first, then parsing).
+`admin` and the administration of `subscriptions` - over one `Edge` (the node as
+they use it), behind the guard of `rpc` (token first, then parsing).
 """
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ from sevendb.cluster.server.admin import Admin
 from sevendb.cluster.server.edge import Edge, NodeHost
 from sevendb.cluster.server.metadata import Metadata
 from sevendb.cluster.server.metrics import NodeMetrics
+from sevendb.cluster.server.overload import ServerLimits
 from sevendb.cluster.server.reads import Reads
 from sevendb.cluster.server.rpc import Auth, Route, method_handlers, register
 from sevendb.cluster.server.session import Sessions
 from sevendb.cluster.server.streams import Streams
+from sevendb.cluster.server.subscriptions import SubscriptionAdmin
 from sevendb.cluster.server.writes import Writes
 from sevendb.proto import sevendb_pb2 as pb
 
@@ -29,8 +31,13 @@ from sevendb.proto import sevendb_pb2 as pb
 class NodeService:
     """Client-facing API of one node; any node accepts any request."""
 
-    def __init__(self, node: NodeHost, metrics: NodeMetrics | None = None) -> None:
-        self.edge = Edge(node, metrics)
+    def __init__(
+        self,
+        node: NodeHost,
+        metrics: NodeMetrics | None = None,
+        limits: ServerLimits | None = None,
+    ) -> None:
+        self.edge = Edge(node, metrics, limits)
         self.writes = Writes(self.edge)
         self.reads = Reads(self.edge)
         self.streams = Streams(self.edge)
@@ -38,6 +45,7 @@ class NodeService:
         self.acks = Acks(self.edge)
         self.admin = Admin(self.edge)
         self.metadata = Metadata(self.edge)
+        self.subscriptions = SubscriptionAdmin(self.edge, self.streams)
 
     def routes(self) -> dict[str, Route]:
         """Each method of the service and the handler that serves it."""
@@ -70,6 +78,9 @@ class NodeService:
             "MetaRead": Route(self.metadata.meta_read),
             "MetaWrite": Route(self.metadata.meta_write),
             "JoinBundle": Route(self.metadata.join_bundle),
+            "ListSubscriptions": Route(self.subscriptions.list_subscriptions),
+            "ShowSubscription": Route(self.subscriptions.show_subscription),
+            "DeleteSubscription": Route(self.subscriptions.delete_subscription),
         }
 
     def serve_on(self, server: aio.Server) -> None:

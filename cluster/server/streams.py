@@ -8,7 +8,10 @@ One stream per subscription: a newer one fences the older, which ends
 FAILED_PRECONDITION with the `STREAM_SUPERSEDED` error (docs/wire.md). A Reconnect
 from a position beyond what the holder applied is judged only once the holder is
 current (a read barrier): a lagging holder answers after catching up, and a
-position beyond the log is INVALID_SEQUENCE, never an endless retry.
+position beyond the log is INVALID_SEQUENCE, never an endless retry. A principal
+holding `principal_subscriptions_max` subscriptions in a bucket is refused a new one
+(RESOURCE_EXHAUSTED, `TOO_MANY_SUBSCRIPTIONS`); a stream the notifier ends for a
+slow subscriber ends UNAVAILABLE with `SLOW_SUBSCRIBER` (docs/wire.md).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from sevendb.cluster.server.sinks import (
     StreamSink,
     event_message,
 )
-from sevendb.notifier.core import Attach, AttachStatus
+from sevendb.notifier.core import SLOW_SUBSCRIBER, Attach, AttachStatus
 from sevendb.notifier.host import BucketNotifier
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import Subscribe
@@ -84,6 +87,30 @@ class Streams:
             leader=hint if hint != me else None,
         )
 
+    def _check_room(self, notifier: BucketNotifier, principal: str, sub_id: str) -> None:
+        """Refuse a new subscription to a principal holding its most in the bucket (a
+        repeated Subscribe of one it holds is let through: it is idempotent)."""
+        most = self._edge.limits.principal_subscriptions_max
+        try:
+            full = notifier.replica.read(
+                lambda sm: (
+                    sm.subscription(sub_id) is None and sm.subscription_count(principal) >= most
+                )
+            )
+        except ReplicaUnavailable as exc:
+            raise self._edge.unavailable(notifier.bucket, exc) from None
+        if full:
+            raise Failure.exhausted(
+                f"principal {principal!r} holds {most} subscriptions in bucket "
+                f"{notifier.bucket}, its most; unsubscribe one first",
+                codec.TOO_MANY_SUBSCRIPTIONS,
+                None,
+            )
+
+    def attached(self, bucket: int, sub_id: str) -> bool:
+        """Is a stream of this subscription attached on this node?"""
+        return (bucket, sub_id) in self._attached
+
     def _fence(self, bucket: int, sub_id: str, sink: StreamSink) -> None:
         """`sink`'s stream is the subscription's newest: end an older one."""
         older = self._attached.get((bucket, sub_id))
@@ -109,6 +136,7 @@ class Streams:
         except ValueError as exc:
             raise Failure.invalid(f"bad query: {exc}") from None
         notifier = self._holder(bucket)
+        self._check_room(notifier, principal, sub_id)
         result, _ = await self._edge.commit(bucket, entry, SubscribeResult)
         assert result.start is not None
         sink = StreamSink(asyncio.get_running_loop())
@@ -271,6 +299,12 @@ class Streams:
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"subscription {sub_id} was resumed on a newer stream; this one is over",
                 error=codec.STREAM_SUPERSEDED,
+            )
+        if reason.startswith(SLOW_SUBSCRIBER):
+            return Failure(
+                grpc.StatusCode.UNAVAILABLE,
+                f"stream of {sub_id} ended: {reason}",
+                error=codec.SLOW_SUBSCRIBER,
             )
         holder = self._edge.client_address(notifier.bucket, notifier.holder())
         return Failure(

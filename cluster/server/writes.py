@@ -4,7 +4,9 @@ A write is validated by the core's constructors, routed to its bucket, and hande
 to that bucket's `WriteBatcher` when this node has a replica of it (the batcher
 shares Raft entries among concurrent writes), or forwarded to a node that has one.
 The answer names the bucket's leader when it is elsewhere, so clients go there
-next.
+next. A write handed to a batcher is first charged to its principal's rate
+(`overload.RateLimiter`), and refused RESOURCE_EXHAUSTED with a retry-after over it
+or when the batcher's queue is full.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Final
 import grpc
 
 from sevendb.cluster.raft.replica import ReplicaUnavailable
-from sevendb.cluster.server.batcher import Outcome, WriteBatcher
+from sevendb.cluster.server.batcher import BatcherFull, Outcome, WriteBatcher, write_size
 from sevendb.cluster.server.edge import PROPOSE_TIMEOUT_S, Call, Edge, now_ms
 from sevendb.cluster.server.errors import Failure
 from sevendb.outbox import limits
@@ -77,10 +79,29 @@ class Writes:
             return None
         batcher = self._batchers.get(bucket)
         if batcher is None or batcher.replica is not replica:  # new, or restarted
+            limits = self._edge.limits
             batcher = self._batchers[bucket] = WriteBatcher(
-                replica, asyncio.get_running_loop(), timeout_s=PROPOSE_TIMEOUT_S
+                replica,
+                asyncio.get_running_loop(),
+                timeout_s=PROPOSE_TIMEOUT_S,
+                writes_max=limits.batcher_writes_max,
+                bytes_max=limits.batcher_bytes_max,
+                retry_after_ms=limits.overloaded_retry_after_ms,
             )
         return batcher
+
+    def _submit(
+        self, principal: str, bucket: int, batcher: WriteBatcher, writes: list[Write]
+    ) -> asyncio.Future[list[Outcome]]:
+        """Charge `writes` to `principal`'s rate and queue them (raises the Failure:
+        RESOURCE_EXHAUSTED over the rate or with the queue full, UNAVAILABLE)."""
+        self._edge.rates.charge_writes(principal, len(writes), sum(map(write_size, writes)))
+        try:
+            return batcher.submit(writes)
+        except BatcherFull as exc:
+            raise Failure.exhausted(str(exc), codec.OVERLOADED, exc.retry_after_ms) from None
+        except ReplicaUnavailable as exc:
+            raise self._edge.unavailable(bucket, exc) from None
 
     def _forward(
         self, call: Call, bucket: int, request: pb.WriteRequest
@@ -129,11 +150,7 @@ class Writes:
         if batcher is None:
             done = await self._forward(call, bucket, request)
         else:
-            try:
-                submitted = batcher.submit([entry])
-            except ReplicaUnavailable as exc:
-                raise self._edge.unavailable(bucket, exc) from None
-            (done,) = await submitted
+            (done,) = await self._submit(call.principal, bucket, batcher, [entry])
         response = pb.WriteResponse()
         self._fill(response, bucket, self._committed(bucket, done), {})
         return response
@@ -168,9 +185,9 @@ class Writes:
             batcher = self._batcher(bucket)
             assert batcher is not None  # the bucket has a replica here
             try:
-                submitted[bucket] = batcher.submit(group)
-            except ReplicaUnavailable as exc:
-                refused[bucket] = self._edge.unavailable(bucket, exc)
+                submitted[bucket] = self._submit(call.principal, bucket, batcher, group)
+            except Failure as failure:
+                refused[bucket] = failure
         done = await asyncio.gather(*submitted.values(), *forwards, return_exceptions=True)
         outcomes = dict(zip(submitted, done, strict=False))
         forwarded = done[len(submitted) :]
