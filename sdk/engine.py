@@ -22,6 +22,8 @@ from sevendb.proto.threads import name_os_thread
 T = TypeVar("T")
 LEADER_HINT_KEY: Final = "sevendb-leader"
 ERROR_CODE_KEY: Final = "sevendb-error"
+RETRY_AFTER_KEY: Final = "retry-after-ms"
+"""A RESOURCE_EXHAUSTED answer's wait before a retry, in milliseconds (a rate limit)."""
 
 
 _STATUS_BY_VALUE: Final = {code.value[0]: code for code in grpc.StatusCode}
@@ -94,4 +96,12 @@ class Engine:
             self._thread.join(5)
 
 
-__all__ = ["ERROR_CODE_KEY", "LEADER_HINT_KEY", "Engine", "leader_hint", "status_code", "trailer"]
+__all__ = [
+    "ERROR_CODE_KEY",
+    "LEADER_HINT_KEY",
+    "RETRY_AFTER_KEY",
+    "Engine",
+    "leader_hint",
+    "status_code",
+    "trailer",
+]

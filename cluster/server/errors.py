@@ -27,9 +27,15 @@ STATUS_OF: Final[dict[ErrorCode, grpc.StatusCode]] = {
     ErrorCode.STALE_LEASE: grpc.StatusCode.ABORTED,
     ErrorCode.STALE_RANGE: grpc.StatusCode.ABORTED,
     ErrorCode.STALE_EPOCH: grpc.StatusCode.ABORTED,
+    ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    ErrorCode.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorCode.CLIENT_CLOSED: grpc.StatusCode.CANCELLED,
+    ErrorCode.SUBSCRIPTION_BROKEN: grpc.StatusCode.ABORTED,
 }
 """Not-leader / no-quorum / quarantined replicas map to UNAVAILABLE, with the
 leader's client address (when known) in the `sevendb-leader` trailing metadata."""
 
 LEADER_HINT_KEY: Final = "sevendb-leader"
 ERROR_CODE_KEY: Final = "sevendb-error"
+RETRY_AFTER_KEY: Final = "retry-after-ms"
