@@ -372,13 +372,6 @@ def build_parser() -> argparse.ArgumentParser:
         default="default",
         help="with a local data dir and no token: act as this principal (default: default)",
     )
-    client_common = _Parser(add_help=False, parents=[common])
-    client_common.add_argument(
-        "--timeout",
-        type=_seconds,
-        default=DEFAULT_TIMEOUT_S,
-        help=f"give up after this many seconds without an answer (default {DEFAULT_TIMEOUT_S:g})",
-    )
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the demo (starts and stops a local cluster)")
     demo.add_argument(
@@ -402,20 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", parents=[common], help="per-bucket leader, commit, lag")
     status.add_argument("--json", action="store_true")
     status.set_defaults(fn=cmd_status)
-    write = sub.add_parser("write", parents=[client_common], help="write KEY VALUE")
-    write.add_argument("key")
-    write.add_argument("value")
-    write.add_argument(
-        "--expect-version",
-        type=int,
-        default=None,
-        help="only if KEY is at this version; 0: only if KEY does not exist",
-    )
-    write.add_argument("--if-absent", action="store_true", help="fail if the key exists")
-    write.set_defaults(fn=cmd_write)
-    get = sub.add_parser("get", parents=[client_common], help="read KEY")
-    get.add_argument("key")
-    get.set_defaults(fn=cmd_get)
+    _add_client_commands(sub, common)
     bucket = sub.add_parser("bucket", help="bucket operations").add_subparsers(
         dest="action", required=True
     )
@@ -454,6 +434,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="PySpark jobs over the drained outbox: audit|stats|export|stream "
         "(`sevendb spark --help`)",
     )
+    return parser
+
+
+def _add_client_commands(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
+    """write, get, token and subscribe: the commands of the client's CLI."""
+    client_common = _Parser(add_help=False, parents=[common])
+    client_common.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"give up after this many seconds without an answer (default {DEFAULT_TIMEOUT_S:g})",
+    )
+    write = sub.add_parser("write", parents=[client_common], help="write KEY VALUE")
+    write.add_argument("key")
+    write.add_argument("value")
+    write.add_argument(
+        "--expect-version",
+        type=int,
+        default=None,
+        help="only if KEY is at this version; 0: only if KEY does not exist",
+    )
+    write.add_argument("--if-absent", action="store_true", help="fail if the key exists")
+    write.set_defaults(fn=cmd_write)
+    get = sub.add_parser("get", parents=[client_common], help="read KEY")
+    get.add_argument("key")
+    get.set_defaults(fn=cmd_get)
     token = sub.add_parser(
         "token", parents=[common], help="print a token for principal NAME (local cluster)"
     )
@@ -482,7 +488,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="when a stream cannot be resumed (default: start afresh and say so on stderr)",
     )
     subscribe.set_defaults(fn=cmd_subscribe)
-    return parser
 
 
 def cmd_spark(argv: list[str]) -> int:
