@@ -82,7 +82,7 @@ def _token(args: argparse.Namespace) -> str | None:
 def _client(args: argparse.Namespace) -> Client:
     from sevendb.sdk import Client, RetryPolicy
 
-    timeout = args.timeout
+    timeout: float = getattr(args, "timeout", DEFAULT_TIMEOUT_S)
     retry = RetryPolicy(deadline_s=timeout, call_timeout_s=min(timeout, 10.0))
     return Client(_endpoints(args), token=_token(args), retry=retry)
 
