@@ -13,13 +13,15 @@ file), nothing sent or changed; 3 the cluster could not be reached in time;
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sevendb.cluster.common.topology import MigrationSpec
@@ -31,13 +33,6 @@ DEFAULT_TIMEOUT_S = 5.0
 EXIT_REFUSED = 1
 EXIT_BAD_INPUT = 2
 EXIT_UNREACHABLE = 3
-
-
-class _Parser(argparse.ArgumentParser):
-    """Usage errors in one line (exit 2), like every other error of the command."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def _seconds(text: str) -> float:
@@ -356,10 +351,10 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = argparse.ArgumentParser(
         prog="sevendb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    common = _Parser(add_help=False)
+    common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--data", help=f"cluster data dir (default ${{SEVENDB_DATA}} or ./{DEFAULT_DATA})"
     )
@@ -437,9 +432,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_client_commands(sub: argparse._SubParsersAction[_Parser], common: _Parser) -> None:
+def _add_client_commands(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
     """write, get, token and subscribe: the commands of the client's CLI."""
-    client_common = _Parser(add_help=False, parents=[common])
+    client_common = argparse.ArgumentParser(add_help=False, parents=[common])
     client_common.add_argument(
         "--timeout",
         type=_seconds,
@@ -516,7 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["spark"]:
         return cmd_spark(argv[1:])
-    args = build_parser().parse_args(argv)
+    args = _parse(build_parser(), argv)
     if args.command == "demo":
         from sevendb.cluster.ops.demo import run_demo
 
@@ -535,6 +532,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, SevenDBError, TimeoutError, MigrationError, AuthError) as exc:
         print(f"sevendb: {exc.__class__.__name__}: {exc}", file=sys.stderr)
         return exit_code(exc)
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """`parser.parse_args`, with a usage error in one line (exit 2) like every other
+    error of the command, instead of argparse's usage lines."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return parser.parse_args(argv)
+    except SystemExit as exc:
+        lines = err.getvalue().strip().splitlines()
+        if exc.code == EXIT_BAD_INPUT and lines:
+            prog = lines[-1].split(": error:", 1)[0]
+            print(f"{lines[-1]} (see {prog} --help)", file=sys.stderr)
+        else:
+            sys.stderr.write(err.getvalue())
+        raise
 
 
 def exit_code(exc: BaseException) -> int:
