@@ -38,6 +38,12 @@ class ErrorCode(StrEnum):
     STALE_LEASE = "STALE_LEASE"
     STALE_RANGE = "STALE_RANGE"
     STALE_EPOCH = "STALE_EPOCH"
+    # The client's own errors (sevendb.sdk.errors); a node never sends these.
+    UNAVAILABLE = "UNAVAILABLE"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+    CLIENT_CLOSED = "CLIENT_CLOSED"
+    SUBSCRIPTION_BROKEN = "SUBSCRIPTION_BROKEN"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +60,10 @@ class Rejection:
 
 class SevenDBError(Exception):
     """Root of every error sevendb raises on purpose (the core's rejections and the
-    SDK's errors). `code` is the rejection a node reports; errors that are not a
-    rejection keep the INVALID_ARGUMENT default (a node maps any `SevenDBError` to a
-    status by its `code`)."""
+    SDK's errors). `code` names the error: the rejection a node reports, or one of the
+    client's own codes (`Unavailable` is UNAVAILABLE, ...). A node maps any
+    `SevenDBError` to a status by its `code`; an error made with no code of its own
+    keeps the INVALID_ARGUMENT default."""
 
     code: ErrorCode = ErrorCode.INVALID_ARGUMENT
 

@@ -75,6 +75,11 @@ STATUS_OF: Final[dict[ErrorCode, grpc.StatusCode]] = {
     ErrorCode.STALE_LEASE: grpc.StatusCode.ABORTED,
     ErrorCode.STALE_RANGE: grpc.StatusCode.ABORTED,
     ErrorCode.STALE_EPOCH: grpc.StatusCode.ABORTED,
+    ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+    ErrorCode.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorCode.CLIENT_CLOSED: grpc.StatusCode.CANCELLED,
+    ErrorCode.SUBSCRIPTION_BROKEN: grpc.StatusCode.ABORTED,
 }
 """The gRPC status of each domain error. Not-leader / no-quorum / quarantined
 replicas answer UNAVAILABLE, with the leader's client address (when known) in the

@@ -3,10 +3,11 @@
     from sevendb.sdk import Client, set_op
 
     with Client(["127.0.0.1:7001"], token=token) as client:
-        client.put("orders/1", b"paid")
+        client.put("orders/1", b"paid")   # idempotent: a retry never applies twice
         client.write([set_op("orders/2", b"new", must_not_exist=True)])  # keys of one bucket
-        for event in client.subscribe("prefix:orders/", cursor="orders.cursor"):
-            ...
+        with client.subscribe("prefix:orders/", cursor="orders.cursor") as sub:
+            for event in sub:
+                ...   # an exception here leaves the event unacked: it comes again
 
 The names below (`__all__`) are the public API; the modules under this package are
 how it is built and may change. Every error is a `SevenDBError` (the tree:
@@ -35,12 +36,13 @@ from sevendb.outbox.errors import (
 )
 from sevendb.outbox.model import Change
 from sevendb.outbox.query import Query, QueryKind
-from sevendb.sdk.client import Client, IdempotentProducer, RetryPolicy
+from sevendb.sdk.client import Client, IdempotentProducer, RetryPolicy, WriteQueue
 from sevendb.sdk.cursor_store import CursorStore, SavedCursor
 from sevendb.sdk.errors import (
     BrokenReason,
     ClientClosed,
     CursorStoreError,
+    ResourceExhausted,
     SubscriptionBroken,
     Unauthenticated,
     Unavailable,
@@ -55,6 +57,7 @@ from sevendb.sdk.models import (
     set_op,
 )
 from sevendb.sdk.subscription import (
+    AckMode,
     Event,
     Recovery,
     StreamReset,
@@ -65,6 +68,7 @@ from sevendb.sdk.subscription import (
 )
 
 __all__ = [
+    "AckMode",
     "BrokenReason",
     "Change",
     "Client",
@@ -95,6 +99,7 @@ __all__ = [
     "Record",
     "Recovery",
     "ReplicaStatus",
+    "ResourceExhausted",
     "RetryPolicy",
     "SavedCursor",
     "SevenDBError",
@@ -110,6 +115,7 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "UnknownProducer",
+    "WriteQueue",
     "WriteResult",
     "delete_op",
     "set_op",

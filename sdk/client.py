@@ -8,7 +8,10 @@ cluster node.
 
 Any node accepts any request (it forwards to the bucket's leader, or redirects a
 subscription to the bucket's notifier lease holder); on UNAVAILABLE the client
-follows the leader hint or tries the next endpoint, with jittered backoff.
+follows the leader hint or tries the next endpoint, with jittered backoff; on
+RESOURCE_EXHAUSTED with a `sevendb-retry-after-ms` trailer (a rate limit) it waits that long.
+Every write is idempotent: the client is a producer (`sevendb.sdk.producer`), so a
+write retried after a lost answer, a timeout or a failover never applies twice.
 Every error is a `SevenDBError` (the tree: `sevendb.sdk.errors`); what a call takes
 and returns is in `sevendb.sdk.models`, never a protobuf message.
 """
@@ -16,6 +19,7 @@ and returns is in `sevendb.sdk.models`, never a protobuf message.
 from __future__ import annotations
 
 import random
+import sys
 import threading
 import time
 import weakref
@@ -27,17 +31,16 @@ from typing import Any, TypeVar
 
 import grpc
 
-from sevendb.outbox.entries import ANY, ExpectKind, Op, OpKind
+from sevendb.outbox.entries import ANY, ExpectKind, Op, OpKind, Write
 from sevendb.outbox.errors import InvalidArgument, SevenDBError
-from sevendb.outbox.keys import bucket_of
 from sevendb.outbox.query import Query, QueryKind
 from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 from sevendb.sdk.acks import AckPipeline
 from sevendb.sdk.cursor_store import CursorStore
-from sevendb.sdk.engine import ERROR_CODE_KEY, LEADER_HINT_KEY, Engine
-from sevendb.sdk.errors import Unavailable, domain_error
+from sevendb.sdk.engine import ERROR_CODE_KEY, LEADER_HINT_KEY, RETRY_AFTER_KEY, Engine
+from sevendb.sdk.errors import ResourceExhausted, Unavailable, domain_error, retry_after_s
 from sevendb.sdk.models import (
     ClusterLayout,
     NodeStatus,
@@ -47,6 +50,7 @@ from sevendb.sdk.models import (
     delete_op,
     set_op,
 )
+from sevendb.sdk.producer import Producer
 from sevendb.sdk.sessions import Sessions
 from sevendb.sdk.subscription import (
     SubscribeOptions,
@@ -54,14 +58,17 @@ from sevendb.sdk.subscription import (
     close_subscriptions,
     parse_query,
 )
-from sevendb.sdk.writer import WritePipeline
+from sevendb.sdk.writer import QUEUE_BYTES_MAX, QUEUE_WAIT_S, QUEUE_WRITES_MAX, WritePipeline
 
 T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """How long and how often to retry UNAVAILABLE (leader changes, restarts)."""
+    """How long and how often to retry UNAVAILABLE (leader changes, restarts) and
+    RESOURCE_EXHAUSTED with a retry-after (rate limits). `deadline_s` bounds a call
+    or a write, all attempts included; it also bounds how long `Client.subscribe`
+    waits for its streams."""
 
     attempts_max: int = 40
     backoff_initial_s: float = 0.05
@@ -74,6 +81,24 @@ class RetryPolicy:
             raise InvalidArgument("attempts_max >= 1, deadline_s > 0, call_timeout_s > 0")
         if not 0 < self.backoff_initial_s <= self.backoff_max_s:
             raise InvalidArgument("0 < backoff_initial_s <= backoff_max_s")
+
+
+@dataclass(frozen=True, slots=True)
+class WriteQueue:
+    """Backpressure: how many unanswered writes a `Client` holds (queued, in flight,
+    or waiting to be retried). A write beyond `max_writes` or `max_bytes` *blocks*
+    until earlier ones are answered, for up to `wait_s`, then raises
+    `ResourceExhausted` (nothing is sent). On the client's own loop thread (a write's
+    callback), where waiting would deadlock, it raises at once. A single write larger
+    than `max_bytes` is taken when nothing else is unanswered."""
+
+    max_writes: int = QUEUE_WRITES_MAX
+    max_bytes: int = QUEUE_BYTES_MAX
+    wait_s: float = QUEUE_WAIT_S
+
+    def __post_init__(self) -> None:
+        if self.max_writes < 1 or self.max_bytes < 1 or self.wait_s < 0:
+            raise InvalidArgument("max_writes >= 1, max_bytes >= 1, wait_s >= 0")
 
 
 def _write_result(response: pb.WriteResponse) -> WriteResult:
@@ -114,17 +139,23 @@ def _node_status(response: pb.StatusResponse) -> NodeStatus:
     return NodeStatus(response.node_id, tuple(replica(r) for r in response.replicas))
 
 
+def _trailer(exc: grpc.RpcError, key: str) -> str | None:
+    value = dict(exc.trailing_metadata() or ()).get(key)
+    return value if isinstance(value, str) else None
+
+
 def _call_error(exc: grpc.RpcError) -> SevenDBError | None:
-    trailers = dict(exc.trailing_metadata() or ())
-    error = trailers.get(ERROR_CODE_KEY)
-    return domain_error(exc.code(), exc.details() or "", error if isinstance(error, str) else None)
+    after = retry_after_s(_trailer(exc, RETRY_AFTER_KEY))
+    return domain_error(exc.code(), exc.details() or "", _trailer(exc, ERROR_CODE_KEY), after)
 
 
 class Client:
     """A connection to a sevendb cluster through any of its nodes' client endpoints.
 
     `token` authenticates every call (`sevendb token NAME` mints one); a subscription
-    belongs to the token's principal. Thread-safe.
+    belongs to the token's principal. `retry` says how long to retry, `write_queue`
+    how many unanswered writes to hold before a write waits (backpressure).
+    Thread-safe.
     """
 
     def __init__(
@@ -133,11 +164,15 @@ class Client:
         *,
         token: str | None = None,
         retry: RetryPolicy | None = None,
+        write_queue: WriteQueue | None = None,
     ) -> None:
         if not endpoints:
             raise InvalidArgument("a Client needs at least one endpoint (host:port)")
         self._endpoints = list(endpoints)
         self._retry = retry or RetryPolicy()
+        self._write_queue = write_queue or WriteQueue()
+        self._producer = Producer()
+        """The client's own idempotent producer: every write carries its sequence."""
         self.metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ()
         )
@@ -153,10 +188,12 @@ class Client:
 
     def close(self) -> None:
         """Close the connections. Writes not answered yet fail with "the client is
-        closing" (they may still commit: retry them through an idempotent producer).
-        Open subscriptions are closed first, as by their own `close()`: what they
-        processed is persisted and acknowledged (the final acks of all of them
-        together), and their consumers' iterations end."""
+        closing" (they may still commit). Open subscriptions are closed first, as by
+        their own `close()` (the final acks and unsubscribes of all of them together),
+        and their consumers' iterations end."""
+        self._close(failed=sys.exc_info()[1] is not None)
+
+    def _close(self, *, failed: bool) -> None:
         with self._lock:
             subs = list(self._subscriptions)
             self._subscriptions.clear()
@@ -168,16 +205,19 @@ class Client:
             self._channels.clear()
         if engine is None:
             return
+        args = (engine, writes, subs, failed)
         if engine.on_loop_thread():  # from a callback: the loop cannot wait for itself
-            threading.Thread(target=_shut_down, args=(engine, writes, subs), daemon=True).start()
+            threading.Thread(target=_shut_down, args=args, daemon=True).start()
         else:
-            _shut_down(engine, writes, subs)
+            _shut_down(*args)
 
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        """Leaving the block by an exception leaves the event each subscription's
+        consumer had in hand unprocessed (`Subscription.close`)."""
+        self._close(failed=exc is not None)
 
     def _stub(self, address: str) -> pb_grpc.SevenDBStub:
         with self._lock:
@@ -187,31 +227,42 @@ class Client:
         return pb_grpc.SevenDBStub(channel)
 
     def _call(self, fn: Callable[[pb_grpc.SevenDBStub, float], T]) -> T:
+        """`fn(stub, timeout)` retried per the `RetryPolicy`: every attempt ends by
+        the deadline."""
         policy = self._retry
         deadline = time.monotonic() + policy.deadline_s
         backoff = policy.backoff_initial_s
         target = self._endpoints[self._preferred % len(self._endpoints)]
         last: grpc.RpcError | None = None
         for _attempt in range(policy.attempts_max):
+            left = deadline - time.monotonic()
             try:
-                return fn(self._stub(target), policy.call_timeout_s)
+                return fn(self._stub(target), max(0.01, min(policy.call_timeout_s, left)))
             except grpc.RpcError as exc:
                 typed = _call_error(exc)
                 if typed is not None:
                     raise typed from None
                 last = exc
-                hint = dict(exc.trailing_metadata() or ()).get(LEADER_HINT_KEY)
+                hint = _trailer(exc, LEADER_HINT_KEY)
                 if hint:
                     target = hint
                 else:
                     self._preferred += 1
                     target = self._endpoints[self._preferred % len(self._endpoints)]
-            if time.monotonic() + backoff > deadline:
+            after = retry_after_s(_trailer(last, RETRY_AFTER_KEY))
+            wait = after if after is not None else backoff * (0.5 + random.random())
+            if time.monotonic() + wait > deadline:
                 break
-            time.sleep(backoff * (0.5 + random.random()))
+            time.sleep(wait)
             backoff = min(backoff * 2, policy.backoff_max_s)
-        detail = last.details() if last is not None else "no attempt"
-        raise Unavailable(f"cluster unavailable after retries: {detail}")
+        detail = "no attempt" if last is None else f"{last.code().name}: {last.details()}"
+        if last is not None and last.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
+            after = retry_after_s(_trailer(last, RETRY_AFTER_KEY))
+            raise ResourceExhausted(f"refused for now by the cluster: {detail}", after)
+        raise Unavailable(
+            f"cannot reach the cluster at {','.join(self._endpoints)} within "
+            f"{policy.deadline_s:g} s: {detail}"
+        )
 
     # ---- cluster ---------------------------------------------------------------------
 
@@ -244,20 +295,31 @@ class Client:
 
     def write(self, ops: Sequence[Op]) -> WriteResult:
         """Apply `ops` atomically (all keys in one bucket); returns once committed.
-        Build them with `set_op` and `delete_op`."""
+        Build them with `set_op` and `delete_op`. Idempotent: retried after a lost
+        answer, it never applies twice (`WriteResult.duplicate` then says it was a
+        retry of a committed write)."""
         return self.write_async(ops).result()
 
     def write_async(self, ops: Sequence[Op]) -> Future[WriteResult]:
         """`write` without blocking: keep many in flight from one thread. Concurrent
-        writes share `WriteMany` requests (see `sevendb.sdk.writer`)."""
-        return self._submit(ops, None)
+        writes share `WriteMany` requests (see `sevendb.sdk.writer`). Blocks only
+        while the client's `WriteQueue` is full."""
+        return self._submit(ops, self._producer)
 
-    def _submit(self, ops: Sequence[Op], producer: pb.ProducerRef | None) -> Future[WriteResult]:
+    def _submit(self, ops: Sequence[Op], producer: Producer) -> Future[WriteResult]:
         if not ops:
             raise InvalidArgument("a write needs at least one op")
-        request = pb.WriteRequest(ops=[_op_pb(op) for op in ops], producer=producer)
-        bucket = self.layout().bucket_of(ops[0].key)
-        return self._pipeline().submit(request, bucket)
+        request = pb.WriteRequest(ops=[_op_pb(op) for op in ops])
+        Write(tuple(ops))  # the node's own checks (limits, a key twice), before sending
+        layout = self.layout()
+        bucket = layout.bucket_of(ops[0].key)
+        if len(ops) > 1:
+            buckets = {layout.bucket_of(op.key) for op in ops}
+            if len(buckets) > 1:
+                raise InvalidArgument(
+                    f"ops route to buckets {sorted(buckets)}; a write is atomic within one bucket"
+                )
+        return self._pipeline().submit(request, bucket, producer)
 
     def put(
         self,
@@ -267,13 +329,15 @@ class Client:
         expected_version: int | None = None,
         must_not_exist: bool = False,
     ) -> WriteResult:
-        """Set one key (`set_op` says what the conditions mean)."""
+        """Set one key (`set_op` says what the conditions mean: `expected_version=0`
+        is "must not exist")."""
         return self.write(
             [set_op(key, value, expected_version=expected_version, must_not_exist=must_not_exist)]
         )
 
     def delete(self, key: str, *, expected_version: int | None = None) -> WriteResult:
-        """Delete one key (`delete_op` says what the condition means)."""
+        """Delete one key (`delete_op` says what the condition means: `expected_version=0`
+        is "must not exist")."""
         return self.write([delete_op(key, expected_version=expected_version)])
 
     def get(self, key: str) -> Record | None:
@@ -302,7 +366,10 @@ class Client:
             since_index, since_key = page.next_since_commit_index, page.next_since_key
 
     def producer(self, bucket_count: int | None = None) -> IdempotentProducer:
-        return IdempotentProducer(self, bucket_count or self.layout().buckets)
+        """A producer of its own (another id, its own sequences): every `Client` write
+        is idempotent already, through the client's producer. `bucket_count` is
+        ignored (the cluster's layout decides; kept for earlier callers)."""
+        return IdempotentProducer(self)
 
     # ---- subscriptions ----------------------------------------------------------------
 
@@ -320,7 +387,8 @@ class Client:
         subscriptions sharing one cursor file (default: the query).
 
         Returns once every bucket's stream is established: a write made afterwards is
-        always delivered. Raises `SubscriptionBroken` if that takes over 30 s."""
+        always delivered. Raises `SubscriptionBroken` if that takes longer than the
+        `RetryPolicy` deadline (30 s by default)."""
         parsed = parse_query(query)
         layout = self.layout()
         if parsed.kind is QueryKind.KEY:
@@ -344,6 +412,7 @@ class Client:
             cursor=cursor,
             name=name,
             options=options,
+            ready_timeout_s=self._retry.deadline_s,
         )
         with self._lock:
             self._subscriptions.add(sub)
@@ -366,66 +435,43 @@ class Client:
                     call_timeout_s=policy.call_timeout_s,
                     backoff_initial_s=policy.backoff_initial_s,
                     backoff_max_s=policy.backoff_max_s,
+                    max_writes=self._write_queue.max_writes,
+                    max_bytes=self._write_queue.max_bytes,
+                    wait_s=self._write_queue.wait_s,
                 )
             return self._writes
 
 
 def _shut_down(
-    engine: Engine, writes: WritePipeline[Any] | None, subs: Sequence[Subscription]
+    engine: Engine,
+    writes: WritePipeline[Any] | None,
+    subs: Sequence[Subscription],
+    failed: bool,
 ) -> None:
-    close_subscriptions(subs)
+    close_subscriptions(subs, failed=failed)
     if writes is not None and engine.loop.is_running():
         engine.submit(writes.close()).result(10)
     engine.close()
 
 
 class IdempotentProducer:
-    """Writes whose retries never double-commit: one producer id, and an epoch and a
-    sequence per bucket, obtained lazily with InitProducer (docs/core.md, entries
-    WRITE and INIT_PRODUCER). Made by `Client.producer()`."""
+    """A producer of its own: writes with another producer id than the client's, each
+    sequenced per bucket (docs/core.md, entries WRITE and INIT_PRODUCER), so retries
+    never double-commit. Every `Client` write does that already through the client's
+    own producer; this is for code that wants a separate identity. Made by
+    `Client.producer()`."""
 
-    def __init__(self, client: Client, bucket_count: int) -> None:
+    def __init__(self, client: Client) -> None:
         self._client = client
-        self._buckets = bucket_count
-        self._producer_id = 0
-        self._state: dict[int, tuple[int, int]] = {}  # bucket -> (epoch, next sequence)
-        self._lock = threading.Lock()
+        self._producer = Producer()
 
     @property
     def producer_id(self) -> int:
-        return self._producer_id
-
-    def _init(self, bucket: int) -> tuple[int, int]:
-        request = pb.InitProducerRequest(producer_id=self._producer_id, bucket=bucket)
-        response: pb.InitProducerResponse = self._client._call(
-            lambda s, t: s.InitProducer(request, timeout=t, metadata=self._client.metadata)
-        )
-        self._producer_id = response.producer_id
-        return response.producer_epoch, 0
+        return self._producer.producer_id
 
     def put(self, key: str, value: bytes, *, expected_version: int | None = None) -> WriteResult:
-        # Whatever fails before the write reaches the log must not use up a sequence:
-        # the next write would then skip one and be refused (OUT_OF_ORDER_SEQUENCE).
         op = set_op(key, value, expected_version=expected_version)
-        bucket = bucket_of(key, self._buckets)
-        with self._lock:
-            if bucket not in self._state:
-                self._state[bucket] = self._init(bucket)
-            epoch, seq = self._state[bucket]
-            self._state[bucket] = (epoch, seq + 1)
-        ref = pb.ProducerRef(producer_id=self._producer_id, producer_epoch=epoch, sequence=seq)
-        try:
-            # _call retries UNAVAILABLE with the same sequence: a retry of a write that
-            # did commit returns the original commit (duplicate=True), never a second one.
-            return self._client._submit([op], ref).result()
-        except InvalidArgument:
-            # Refused before the log (malformed, over a limit): the sequence is unused.
-            with self._lock:
-                if self._state.get(bucket) == (epoch, seq + 1):
-                    self._state[bucket] = (epoch, seq)
-                else:  # later sequences were taken meanwhile: start again in a new epoch
-                    self._state.pop(bucket, None)
-            raise
+        return self._client._submit([op], self._producer).result()
 
 
-__all__ = ["Client", "IdempotentProducer", "RetryPolicy"]
+__all__ = ["Client", "IdempotentProducer", "RetryPolicy", "WriteQueue"]

@@ -16,7 +16,7 @@ import grpc
 from grpc import aio
 
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
-from sevendb.proto.codec import ERROR_CODE_KEY, LEADER_HINT_KEY
+from sevendb.proto.codec import ERROR_CODE_KEY, LEADER_HINT_KEY, RETRY_AFTER_KEY
 from sevendb.proto.mailbox import mailbox
 from sevendb.proto.threads import name_os_thread
 
@@ -93,4 +93,12 @@ class Engine:
             self._thread.join(5)
 
 
-__all__ = ["ERROR_CODE_KEY", "LEADER_HINT_KEY", "Engine", "leader_hint", "status_code", "trailer"]
+__all__ = [
+    "ERROR_CODE_KEY",
+    "LEADER_HINT_KEY",
+    "RETRY_AFTER_KEY",
+    "Engine",
+    "leader_hint",
+    "status_code",
+    "trailer",
+]

@@ -107,11 +107,12 @@ class Flusher:
         self._handed += count
         self._arm(self._interval_s)
 
-    def processed(self, bucket: int, sub_id: str, position: EmitSeq) -> None:
-        """The application finished with the event at `position` (its thread)."""
+    def processed(self, bucket: int, sub_id: str, position: EmitSeq, count: int = 1) -> None:
+        """The application finished with the events of the stream up to `position`
+        (`count` of them since the last call; its thread)."""
         with self._lock:
-            self._progress.processed(bucket, sub_id, position, time.monotonic())
-            self._marked += 1
+            self._progress.processed(bucket, sub_id, position, time.monotonic(), count)
+            self._marked += count
             arm, self._arm_on_mark = self._arm_on_mark, False
         if arm:
             with contextlib.suppress(RuntimeError):  # the client's loop is gone
@@ -131,6 +132,12 @@ class Flusher:
     def due(self) -> bool:
         with self._lock:
             return self._progress.due(time.monotonic())
+
+    def flush_soon(self) -> None:
+        """Any thread, never blocking: the loop looks for due flushes now (and does
+        the fsync, if any, off the loop)."""
+        with contextlib.suppress(RuntimeError):  # the client's loop is gone
+            self._engine.mailbox.post(self._arm, 0.0)
 
     def flush(self, early_s: float = 0.0) -> None:
         """Persist, then acknowledge, whatever is due `early_s` from now (any thread;

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import ANY, NOT_EXISTS, Expected, Op, OpKind
+from sevendb.outbox.errors import InvalidArgument
 from sevendb.outbox.keys import bucket_of
 
 
@@ -19,19 +20,32 @@ def set_op(
     key: str, value: bytes, *, expected_version: int | None = None, must_not_exist: bool = False
 ) -> Op:
     """Set `key` to `value`; with `expected_version` only if the key is at exactly
-    that version, with `must_not_exist` only if it does not exist."""
+    that version, where 0 means "does not exist" (a key's versions start at 1, as in
+    etcd); with `must_not_exist` only if it does not exist. Both together must agree
+    (`expected_version` 0 or None), else `InvalidArgument`."""
     if expected_version is None and not must_not_exist:  # most writes
         return Op(OpKind.SET, key, value)
     return Op(OpKind.SET, key, value, _expected(expected_version, must_not_exist))
 
 
 def delete_op(key: str, *, expected_version: int | None = None) -> Op:
-    """Delete `key`; with `expected_version` only if the key is at exactly that version."""
+    """Delete `key`; with `expected_version` only if the key is at exactly that
+    version, where 0 means "does not exist" (the delete then changes nothing, and
+    fails if the key exists)."""
     return Op(OpKind.DEL, key, b"", _expected(expected_version, False))
 
 
 def _expected(version: int | None, must_not_exist: bool) -> Expected:
-    if must_not_exist:
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+        raise InvalidArgument(f"expected_version must be an integer, not {version!r}")
+    if version is not None and version < 0:
+        raise InvalidArgument(f"expected_version must be >= 0 (0: must not exist), not {version}")
+    if must_not_exist and version:
+        raise InvalidArgument(
+            f"must_not_exist and expected_version={version} contradict each other "
+            "(a key that must not exist has no version; expected_version=0 says the same)"
+        )
+    if must_not_exist or version == 0:
         return NOT_EXISTS
     return ANY if version is None else Expected.exact(version)
 

@@ -17,7 +17,9 @@ is an argument; no I/O (`sevendb.sdk.flusher` does that around it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import collections
+from dataclasses import dataclass, field
+from enum import Enum
 
 from sevendb.outbox.emitseq import EmitSeq
 
@@ -66,12 +68,16 @@ class Progress:
         stream = self._streams.get(bucket)
         return None if stream is None else stream.flushed
 
-    def processed(self, bucket: int, sub_id: str, position: EmitSeq, now_s: float) -> None:
+    def processed(
+        self, bucket: int, sub_id: str, position: EmitSeq, now_s: float, count: int = 1
+    ) -> None:
+        """The application finished every event of the stream up to `position`
+        (`count` of them since the last call)."""
         stream = self._streams.get(bucket)
         if stream is None or stream.sub_id != sub_id or position <= stream.processed:
             return  # an event of a replaced stream, or a duplicate
         stream.processed = position
-        self._unflushed += 1
+        self._unflushed += count
         if self._first_unflushed_s is None:
             self._first_unflushed_s = now_s
 
@@ -129,4 +135,68 @@ class Progress:
             s.confirmed = min(position, s.flushed)
 
 
-__all__ = ["Flush", "Progress"]
+class Acked(Enum):
+    """What `Outstanding.ack` found."""
+
+    PENDING = "pending"
+    """Acked now (the processed position may not have moved: an earlier one is out)."""
+    ALREADY = "already"
+    """Acked before (or of a stream that was replaced since): nothing to do."""
+    UNKNOWN = "unknown"
+    """Never handed to the application: a caller's mistake."""
+
+
+@dataclass(slots=True)
+class _Handed:
+    sub_id: str
+    order: collections.deque[EmitSeq] = field(default_factory=collections.deque)
+    """Positions handed out and not yet covered by the processed position, in order."""
+    open: set[EmitSeq] = field(default_factory=set)
+    """Those not acked yet."""
+    processed: EmitSeq | None = None
+
+
+class Outstanding:
+    """Explicit acks (`AckMode.EXPLICIT`): the events handed to the application and
+    not acked yet, per bucket stream. Acks may come in any order; a stream's
+    processed position moves only over the acked prefix of what was handed out, so
+    the cumulative ack a node receives never covers an event not acked yet (or
+    nak'd)."""
+
+    def __init__(self) -> None:
+        self._streams: dict[int, _Handed] = {}
+
+    def handed(self, bucket: int, sub_id: str, position: EmitSeq) -> None:
+        """The application was given this event (again, for a nak'd one)."""
+        stream = self._streams.get(bucket)
+        if stream is None or stream.sub_id != sub_id:  # new, or its stream was replaced
+            stream = self._streams[bucket] = _Handed(sub_id)
+        if position not in stream.open and (
+            stream.processed is None or position > stream.processed
+        ):
+            stream.order.append(position)
+            stream.open.add(position)
+
+    def is_open(self, bucket: int, sub_id: str, position: EmitSeq) -> bool:
+        """Handed out and not acked yet?"""
+        stream = self._streams.get(bucket)
+        return stream is not None and stream.sub_id == sub_id and position in stream.open
+
+    def ack(self, bucket: int, sub_id: str, position: EmitSeq) -> tuple[Acked, EmitSeq | None, int]:
+        """Ack one event: (what was found, the stream's new processed position or None
+        if it did not move, how many events that position newly covers)."""
+        stream = self._streams.get(bucket)
+        if stream is None or stream.sub_id != sub_id:
+            return (Acked.ALREADY if stream is not None else Acked.UNKNOWN), None, 0
+        if position not in stream.open:
+            known = stream.processed is not None and position <= stream.processed
+            return (Acked.ALREADY if known or position in stream.order else Acked.UNKNOWN), None, 0
+        stream.open.discard(position)
+        covered = 0
+        while stream.order and stream.order[0] not in stream.open:
+            stream.processed = stream.order.popleft()
+            covered += 1
+        return Acked.PENDING, (stream.processed if covered else None), covered
+
+
+__all__ = ["Acked", "Flush", "Outstanding", "Progress"]

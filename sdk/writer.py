@@ -10,33 +10,57 @@ unanswered after `call_timeout_s`, or on a stream that breaks, fails like a call
 ("stop 17" and "Durable writes").
 
 Each write keeps its own outcome. UNAVAILABLE (no leader, a leader change, a dead
-node) retries that write alone, following the leader hint, with jittered backoff
-until the `RetryPolicy` deadline; rejections (a failed precondition, a fenced
-producer, ...) are never retried. A retried unconditional write can apply twice if
-its first answer was lost: use an idempotent producer (`Client.producer()`) where
-that matters.
+node) retries it, following the leader hint, with jittered backoff until the
+`RetryPolicy` deadline; RESOURCE_EXHAUSTED (a rate limit) retries it after the wait
+the node names in its `retry-after-ms` trailer; rejections (a failed precondition,
+...) are never retried. A bucket's failed writes are retried together, in the order
+they were submitted, in one *round* per bucket (later writes of that bucket join the
+round instead of overtaking it): a producer's sequence must reach the log in order.
+
+Writes with a producer (every `Client` write: `sevendb.sdk.producer`) are sequenced
+here, on the loop, in submission order: a retry of a write whose answer was lost
+returns the original commit instead of applying it again.
+
+The queue is bounded (`max_writes` unanswered writes, `max_bytes` of them): a
+`submit` beyond it blocks until writes are answered, for up to `wait_s`, then raises
+`ResourceExhausted` (at once on the loop's own thread, which must not block).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, TypeVar
 
 import grpc
 from grpc import aio
 
-from sevendb.outbox.errors import InvalidArgument, SevenDBError
+from sevendb.outbox.errors import DuplicateSequence, ErrorCode, InvalidArgument, SevenDBError
 from sevendb.proto import sevendb_pb2 as pb
-from sevendb.sdk.engine import ERROR_CODE_KEY, Engine, leader_hint, status_code, trailer
-from sevendb.sdk.errors import ClientClosed, Unavailable, domain_error
+from sevendb.sdk.engine import (
+    ERROR_CODE_KEY,
+    RETRY_AFTER_KEY,
+    Engine,
+    leader_hint,
+    status_code,
+    trailer,
+)
+from sevendb.sdk.errors import (
+    ClientClosed,
+    ResourceExhausted,
+    Unavailable,
+    domain_error,
+    retry_after_s,
+)
+from sevendb.sdk.producer import IN_LOG_CODES, RESET_CODES, Producer, init_producer
 
 BATCH_WRITES_MAX: Final = 512
 BATCH_BYTES_MAX: Final = 3 * 1024 * 1024
@@ -44,6 +68,13 @@ BATCH_BYTES_MAX: Final = 3 * 1024 * 1024
 CALLS_IN_FLIGHT: Final = 4
 PIPELINE_MIN_WRITES: Final = 64
 """A request leaves while another is in flight to the node only with this many writes."""
+QUEUE_WRITES_MAX: Final = 20_000
+QUEUE_BYTES_MAX: Final = 64 * 1024 * 1024
+QUEUE_WAIT_S: Final = 10.0
+"""Defaults of `WriteQueue`: unanswered writes (and their bytes) a client holds, and
+how long a write waits for room."""
+_REF_BYTES: Final = 32
+"""What a ProducerRef adds to a write's size, at most."""
 T = TypeVar("T")
 
 
@@ -53,9 +84,17 @@ class _Pending:
     bucket: int
     deadline: float
     size: int
+    producer: Producer | None = None
     future: Future[Any] = field(default_factory=Future)
     attempts: int = 0
     backoff_s: float = 0.0
+    seq: int = -1
+    """Its producer sequence (-1: not sequenced yet, or sequenced again after a reset)."""
+    generation: int = -1
+    """The producer generation `seq` belongs to."""
+    ambiguous: bool = False
+    """An attempt failed in a way that may have reached the log (its outcome unknown)."""
+    settled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +105,7 @@ class _CallFailure:
     message: str
     error: str | None = None
     hint: str | None = None
+    retry_after: float | None = None
 
 
 @dataclass(eq=False)
@@ -96,6 +136,9 @@ class WritePipeline(Generic[T]):
         batch_writes_max: int = BATCH_WRITES_MAX,
         calls_in_flight: int = CALLS_IN_FLIGHT,
         pipeline_min_writes: int = PIPELINE_MIN_WRITES,
+        max_writes: int = QUEUE_WRITES_MAX,
+        max_bytes: int = QUEUE_BYTES_MAX,
+        wait_s: float = QUEUE_WAIT_S,
     ) -> None:
         self._engine = engine
         self._metadata = metadata
@@ -107,26 +150,42 @@ class WritePipeline(Generic[T]):
         self._batch_max = batch_writes_max
         self._calls_max = calls_in_flight
         self._pipeline_min = pipeline_min_writes
+        self._max_writes = max_writes
+        self._max_bytes = max_bytes
+        self._wait_s = wait_s
         self._leaders: dict[int, str] = {}
         self._queues: dict[str, collections.deque[_Pending]] = {}
         self._calls: dict[str, int] = {}
         self._streams: dict[str, _Stream] = {}
         self._inbox: collections.deque[_Pending] = collections.deque()
         self._inbox_lock = threading.Lock()
+        self._room = threading.Condition(self._inbox_lock)
+        """Signalled when writes are answered while a `submit` waits for room."""
+        self._unanswered = 0
+        self._unanswered_bytes = 0
+        self._waiters = 0
         self._drain_scheduled = False
         self._closed = False
-        self._retrying: set[_Pending] = set()
-        """Writes waiting out a retry backoff (in no queue until it ends)."""
+        self._parked: dict[int, list[_Pending]] = {}
+        """A bucket's writes waiting for its next retry round (in no queue until then)."""
+        self._rounds: dict[int, asyncio.TimerHandle] = {}
+        self._initialising: dict[tuple[Producer, int], list[_Pending]] = {}
+        """Writes waiting for their producer's InitProducer in their bucket."""
+        self._inits: set[asyncio.Task[None]] = set()
         self._sending: dict[asyncio.Task[None], list[_Pending]] = {}
         """Requests in flight (or about to leave) and their writes."""
         self.calls = 0
         self.writes = 0
 
-    def submit(self, request: pb.WriteRequest, bucket: int) -> Future[T]:
+    def submit(
+        self, request: pb.WriteRequest, bucket: int, producer: Producer | None = None
+    ) -> Future[T]:
         """Queue a write (any thread); the future holds its converted response or error.
         A write too large for a request is refused here: sent, it would end the stream
-        (RESOURCE_EXHAUSTED) for every write in flight on it."""
-        size = request.ByteSize()
+        (RESOURCE_EXHAUSTED) for every write in flight on it. With `producer`, the
+        write is sequenced (idempotent). Blocks while the queue is full (see the
+        module docstring)."""
+        size = request.ByteSize() + (_REF_BYTES if producer is not None else 0)
         if size > BATCH_BYTES_MAX:
             raise InvalidArgument(f"a write of {size} bytes; the limit is {BATCH_BYTES_MAX}")
         pending = _Pending(
@@ -134,11 +193,16 @@ class WritePipeline(Generic[T]):
             bucket,
             time.monotonic() + self._deadline_s,
             size,
+            producer,
             backoff_s=self._backoff_initial_s,
         )
         with self._inbox_lock:
             if self._closed:
                 raise _closing()
+            if not self._fits(size):
+                self._wait_for_room(size)
+            self._unanswered += 1
+            self._unanswered_bytes += size
             self._inbox.append(pending)
             if self._drain_scheduled:
                 return pending.future
@@ -148,32 +212,87 @@ class WritePipeline(Generic[T]):
         except RuntimeError:  # the loop is closed: fail this write, not the next ones
             with self._inbox_lock:
                 self._drain_scheduled = False
+                self._inbox.remove(pending)
+                self._unanswered -= 1
+                self._unanswered_bytes -= size
             raise
         return pending.future
 
+    def _fits(self, size: int) -> bool:
+        """Under `_inbox_lock`. A write larger than `max_bytes` fits an empty queue."""
+        if self._unanswered >= self._max_writes:
+            return False
+        return self._unanswered == 0 or self._unanswered_bytes + size <= self._max_bytes
+
+    def _wait_for_room(self, size: int) -> None:
+        """Under `_inbox_lock`: wait until the write fits, or raise."""
+        full = (
+            f"the client's write queue is full ({self._unanswered} writes, "
+            f"{self._unanswered_bytes} bytes unanswered; WriteQueue(max_writes="
+            f"{self._max_writes}, max_bytes={self._max_bytes}))"
+        )
+        if self._engine.on_loop_thread():
+            raise ResourceExhausted(f"{full}: a write from the client's own loop cannot wait")
+        deadline = time.monotonic() + self._wait_s
+        self._waiters += 1
+        try:
+            while not self._closed and not self._fits(size):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ResourceExhausted(f"{full} for {self._wait_s} s")
+                self._room.wait(left)
+        finally:
+            self._waiters -= 1
+        if self._closed:
+            raise _closing()
+
+    def _settle(
+        self, pending: _Pending, result: Any = None, error: BaseException | None = None
+    ) -> None:
+        """Answer a write (once), and give its room in the queue back."""
+        if pending.settled:
+            return
+        pending.settled = True
+        with self._inbox_lock:
+            self._unanswered -= 1
+            self._unanswered_bytes -= pending.size
+            if self._waiters:
+                self._room.notify_all()
+        with contextlib.suppress(InvalidStateError):  # the caller cancelled its future
+            if error is not None:
+                pending.future.set_exception(error)
+            else:
+                pending.future.set_result(result)
+
     async def close(self) -> None:
         """On the loop, before the client's channels close: every write not answered
-        yet (queued, waiting out a backoff, or in flight) fails with "the client is
-        closing" instead of waiting forever on a loop that is about to stop."""
+        yet (queued, waiting out a backoff or an InitProducer, or in flight) fails
+        with "the client is closing" instead of waiting forever on a loop that is
+        about to stop; so does a `submit` waiting for room."""
         with self._inbox_lock:
             self._closed = True
-            waiting = [*self._inbox, *self._retrying]
+            waiting = list(self._inbox)
             self._inbox.clear()
-        self._retrying.clear()
-        for queue in self._queues.values():
-            waiting.extend(queue)
-            queue.clear()
+            self._room.notify_all()
+        for timer in self._rounds.values():
+            timer.cancel()
+        for task in self._inits:
+            task.cancel()
+        for group in (*self._parked.values(), *self._initialising.values(), *self._queues.values()):
+            waiting.extend(group)
+        self._rounds.clear()
+        self._parked.clear()
+        self._initialising.clear()
+        self._queues.clear()
         for pending in waiting:
-            if not pending.future.done():
-                pending.future.set_exception(_closing())
+            self._settle(pending, error=_closing())
         sending = list(self._sending.items())
         for task, _ in sending:
             task.cancel()  # `_send` settles its batch on the way out, if it started
         await asyncio.gather(*(task for task, _ in sending), return_exceptions=True)
         for _, batch in sending:  # a task cancelled before it ran settled nothing
             for pending in batch:
-                if not pending.future.done():
-                    pending.future.set_exception(_closing())
+                self._settle(pending, error=_closing())
         for stream in list(self._streams.values()):
             if stream.reader is not None:
                 stream.reader.cancel()
@@ -184,22 +303,117 @@ class WritePipeline(Generic[T]):
     def _drain(self) -> None:
         with self._inbox_lock:
             self._drain_scheduled = False
-        targets = set()
-        while self._inbox:
-            targets.add(self._queue(self._inbox.popleft()))
+            taken = list(self._inbox)
+            self._inbox.clear()
+        targets: set[str] = set()
+        for pending in taken:
+            self._route(pending, targets)
         for target in targets:
             self._kick(target)
 
-    def _queue(self, pending: _Pending) -> str:
-        target = self._leaders.get(pending.bucket) or self._engine.any_endpoint()
+    def _route(self, pending: _Pending, targets: set[str]) -> None:
+        """Send a write next: sequenced first if it has a producer (after its
+        InitProducer), behind its bucket's retry round if one is due."""
+        if self._closed:
+            self._settle(pending, error=_closing())
+            return
+        producer = pending.producer
+        if producer is not None and pending.seq < 0:
+            if not producer.ready(pending.bucket):
+                self._await_init(producer, pending)
+                return
+            epoch, pending.seq, pending.generation = producer.take(pending.bucket)
+            ref = pending.request.producer
+            ref.producer_id, ref.producer_epoch, ref.sequence = (
+                producer.producer_id,
+                epoch,
+                pending.seq,
+            )
+        if pending.bucket in self._rounds:
+            self._parked[pending.bucket].append(pending)  # in order, after the retries
+            return
+        target = self._leaders.get(pending.bucket)
+        if target is None:  # one guess per bucket: its writes leave in order to one node
+            target = self._leaders[pending.bucket] = self._engine.any_endpoint()
         self._queues.setdefault(target, collections.deque()).append(pending)
-        return target
+        targets.add(target)
 
-    def _enqueue(self, pending: _Pending) -> None:
-        """A retry's backoff is over."""
-        self._retrying.discard(pending)
-        if not self._closed:
-            self._kick(self._queue(pending))
+    def _await_init(self, producer: Producer, pending: _Pending) -> None:
+        key = (producer, pending.bucket)
+        waiting = self._initialising.get(key)
+        if waiting is not None:
+            waiting.append(pending)
+            return
+        self._initialising[key] = [pending]
+        producer.bucket(pending.bucket).initialising = True
+        task = self._engine.loop.create_task(self._init(producer, pending.bucket))
+        self._inits.add(task)
+        task.add_done_callback(self._inits.discard)
+
+    async def _init(self, producer: Producer, bucket: int) -> None:
+        """InitProducer for the writes waiting in `_initialising`, then send them.
+        Those whose deadline passes first fail; a refusal fails them all."""
+        key = (producer, bucket)
+        request = pb.InitProducerRequest(producer_id=producer.producer_id, bucket=bucket)
+        try:
+            while waiting := self._initialising.get(key):
+                try:
+                    epoch = await init_producer(
+                        self._engine,
+                        self._metadata,
+                        request,
+                        first_target=lambda: (
+                            self._leaders.get(bucket) or self._engine.any_endpoint()
+                        ),
+                        deadline=min(p.deadline for p in waiting),
+                        call_timeout_s=self._call_timeout_s,
+                        backoff_initial_s=self._backoff_initial_s,
+                        backoff_max_s=self._backoff_max_s,
+                    )
+                except (Unavailable, ResourceExhausted) as exc:
+                    now = time.monotonic()
+                    self._initialising[key] = [p for p in waiting if p.deadline > now]
+                    for p in waiting:
+                        if p.deadline <= now:
+                            self._settle(p, error=exc)
+                    continue
+                except SevenDBError as exc:
+                    for p in self._initialising.pop(key, []):
+                        self._settle(p, error=exc)
+                    return
+                if producer.granted(bucket, epoch):
+                    break
+        finally:
+            producer.bucket(bucket).initialising = False
+        targets: set[str] = set()
+        for pending in self._initialising.pop(key, []):
+            self._route(pending, targets)
+        for target in targets:
+            self._kick(target)
+
+    def _park(self, pending: _Pending, delay_s: float) -> None:
+        """Retry `pending` in its bucket's next round, no sooner than `delay_s`."""
+        loop = self._engine.loop
+        when = loop.time() + delay_s
+        self._parked.setdefault(pending.bucket, []).append(pending)
+        timer = self._rounds.get(pending.bucket)
+        if timer is not None:
+            if timer.when() >= when:
+                return
+            timer.cancel()
+        self._rounds[pending.bucket] = loop.call_at(when, self._round, pending.bucket)
+
+    def _round(self, bucket: int) -> None:
+        """A bucket's retry round: its parked writes leave again, in sequence order
+        (the unsequenced ones last, in the order they came)."""
+        self._rounds.pop(bucket, None)
+        parked = self._parked.pop(bucket, [])
+        parked.sort(key=lambda p: (p.seq < 0, p.generation, p.seq))
+        targets: set[str] = set()
+        for pending in parked:
+            self._route(pending, targets)
+        for target in targets:
+            self._kick(target)
 
     def _kick(self, target: str) -> None:
         queue = self._queues.get(target)
@@ -246,7 +460,11 @@ class WritePipeline(Generic[T]):
                 # (the node stopping, say): the transport broke, so like UNAVAILABLE.
                 code = grpc.StatusCode.UNAVAILABLE
             ended = _CallFailure(
-                code, exc.details() or "", trailer(exc, ERROR_CODE_KEY), leader_hint(exc)
+                code,
+                exc.details() or "",
+                trailer(exc, ERROR_CODE_KEY),
+                leader_hint(exc),
+                retry_after_s(trailer(exc, RETRY_AFTER_KEY)),
             )
         except asyncio.CancelledError:
             # The client closing, or the call cancelled here for any other reason (a
@@ -287,22 +505,14 @@ class WritePipeline(Generic[T]):
             response = await self._request(target, batch)
             if isinstance(response, _CallFailure):
                 for pending in batch:
-                    self._failed(
-                        pending,
-                        response.code,
-                        response.message,
-                        response.error,
-                        response.hint,
-                        target,
-                    )
+                    self._failed(pending, response, target)
             else:
                 self._answered(target, batch, response)
         except BaseException as exc:  # never strand a batch: settle what is left, loudly
             closing = isinstance(exc, asyncio.CancelledError)
             failure = _closing() if closing else SevenDBError(f"write failed: {exc!r}")
             for pending in batch:
-                if not pending.future.done():
-                    pending.future.set_exception(failure)
+                self._settle(pending, error=failure)
             raise
         finally:
             self._calls[target] -= 1
@@ -360,50 +570,128 @@ class WritePipeline(Generic[T]):
             if outcome.HasField("ok"):
                 # A node names the leader only when it is another node.
                 self._leaders[pending.bucket] = outcome.leader or target
-                if not pending.future.done():
-                    pending.future.set_result(self._convert(outcome.ok))
-            else:
-                code = status_code(outcome.code)
-                self._failed(pending, code, outcome.message, outcome.error, outcome.leader, target)
+                if not pending.settled:
+                    self._settle(pending, self._convert(outcome.ok))
+                continue
+            code = status_code(outcome.code)
+            failure = _CallFailure(
+                code,
+                outcome.message,
+                outcome.error,
+                outcome.leader,
+                # A write's own RESOURCE_EXHAUSTED is a node refusing it for now (gRPC's
+                # size limit ends the whole stream instead): retry after the backoff.
+                0.0 if code is grpc.StatusCode.RESOURCE_EXHAUSTED else None,
+            )
+            self._failed(pending, failure, target)
 
-    def _failed(
-        self,
-        pending: _Pending,
-        code: grpc.StatusCode,
-        message: str,
-        error: str | None,
-        hint: str | None,
-        target: str,
-    ) -> None:
-        if pending.future.done():
+    def _failed(self, pending: _Pending, failure: _CallFailure, target: str) -> None:
+        if pending.settled:
             return
+        code = failure.code
         if self._closed and code is grpc.StatusCode.CANCELLED:
-            pending.future.set_exception(_closing())
+            self._settle(pending, error=_closing())
             return
-        typed = domain_error(code, message, error)
+        typed = domain_error(code, failure.message, failure.error, failure.retry_after)
         if typed is not None:
-            pending.future.set_exception(typed)
+            if pending.producer is None:
+                self._settle(pending, error=typed)
+            else:
+                self._refused(pending, typed)
             return
+        pending.ambiguous = True  # it may have reached the log before the failure
+        hint = failure.hint
         if hint:
             self._leaders[pending.bucket] = hint
         elif self._leaders.get(pending.bucket) == target:
             del self._leaders[pending.bucket]  # it failed there: try another node
         pending.attempts += 1
-        now = time.monotonic()
-        if now + pending.backoff_s > pending.deadline:
-            pending.future.set_exception(
-                Unavailable(
-                    f"write not committed after {pending.attempts} attempts: {code.name}: {message}"
-                )
+        if failure.retry_after:  # the node named its wait (a rate limit)
+            delay = failure.retry_after
+        else:
+            delay = 0.0 if hint and pending.attempts == 1 else pending.backoff_s
+            delay *= 0.5 + random.random()
+        pending.backoff_s = min(pending.backoff_s * 2, self._backoff_max_s)
+        if time.monotonic() + delay > pending.deadline:
+            self._give_up(pending, failure)
+        else:
+            self._park(pending, delay)
+
+    def _give_up(self, pending: _Pending, failure: _CallFailure) -> None:
+        """A write out of time: it fails, and (its outcome unknown) its producer's
+        sequence in the bucket cannot continue past it."""
+        if pending.producer is not None and pending.seq >= 0:
+            pending.producer.new_generation(pending.bucket, pending.generation)
+        detail = f"{failure.code.name}: {failure.message}"
+        if failure.code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+            self._settle(
+                pending,
+                error=ResourceExhausted(
+                    f"write refused for now after {pending.attempts} attempts: {detail}",
+                    failure.retry_after or None,
+                ),
+            )
+        else:
+            self._settle(
+                pending,
+                error=Unavailable(
+                    f"write not committed after {pending.attempts} attempts: {detail}"
+                ),
+            )
+
+    def _refused(self, pending: _Pending, typed: SevenDBError) -> None:
+        """A producer's write refused with `typed` (see `sevendb.sdk.producer`)."""
+        producer = pending.producer
+        assert producer is not None
+        code = typed.code
+        state = producer.bucket(pending.bucket)
+        if code is ErrorCode.OUT_OF_ORDER_SEQUENCE and pending.generation == state.generation:
+            # An earlier sequence is still on its way (being retried): after it.
+            pending.attempts += 1
+            if time.monotonic() + self._backoff_initial_s > pending.deadline:
+                self._give_up(pending, _CallFailure(grpc.StatusCode.OUT_OF_RANGE, str(typed)))
+            else:
+                self._park(pending, self._backoff_initial_s)
+        elif code in RESET_CODES or code is ErrorCode.OUT_OF_ORDER_SEQUENCE:
+            producer.new_generation(pending.bucket, pending.generation)
+            self._sequence_again(pending, typed)
+        elif code is ErrorCode.DUPLICATE_SEQUENCE:
+            self._settle(
+                pending,
+                error=DuplicateSequence(
+                    f"the write committed (an earlier attempt of it did), but its result "
+                    f"is older than what the node keeps per producer: {typed}"
+                ),
+            )
+        else:
+            if code not in IN_LOG_CODES:  # refused before the log: its sequence is unused
+                if pending.ambiguous:  # ... unless an earlier attempt used it
+                    producer.new_generation(pending.bucket, pending.generation)
+                else:
+                    producer.give_back(pending.bucket, pending.seq, pending.generation)
+            self._settle(pending, error=typed)
+
+    def _sequence_again(self, pending: _Pending, typed: SevenDBError) -> None:
+        """A write of a producer generation that ended: never applied unless an
+        attempt of it may have reached the log. Then its outcome is unknown and it
+        fails; otherwise it is sent again with a sequence of the new generation."""
+        if pending.ambiguous:
+            self._settle(
+                pending,
+                error=Unavailable(
+                    "the write's outcome is unknown: an attempt may have committed before "
+                    f"its producer's sequence had to start again ({typed})"
+                ),
             )
             return
-        if self._closed:
-            pending.future.set_exception(_closing())
+        if time.monotonic() > pending.deadline:
+            self._settle(pending, error=Unavailable(f"write not committed in time: {typed}"))
             return
-        delay = 0.0 if hint and pending.attempts == 1 else pending.backoff_s
-        pending.backoff_s = min(pending.backoff_s * 2, self._backoff_max_s)
-        self._retrying.add(pending)
-        self._engine.loop.call_later(delay * (0.5 + random.random()), self._enqueue, pending)
+        pending.seq = pending.generation = -1
+        targets: set[str] = set()
+        self._route(pending, targets)
+        for target in targets:
+            self._kick(target)
 
 
 def _closing() -> ClientClosed:

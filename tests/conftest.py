@@ -7,9 +7,10 @@ import pytest
 # tests/helpers.py is shared by the test modules.
 sys.path.insert(0, str(Path(__file__).parent))
 
-from cluster_harness import STARTED
+from cluster_harness import STARTED, LocalCluster
 
 from sevendb.cluster.ops.local import log_file
+from sevendb.sdk import Client
 
 _LOG_LINES = 80
 
@@ -35,3 +36,27 @@ def pytest_runtest_makereport(
 def _forget_started_clusters() -> Iterator[None]:
     STARTED.clear()
     yield
+
+
+@pytest.fixture(scope="module")
+def module_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """One local cluster (3 nodes, 2 buckets, settled) shared by the tests of a module
+    that take `shared_cluster`: for tests that each use keys of their own."""
+    c = LocalCluster.start(tmp_path_factory.mktemp("module") / "data", buckets=2)
+    try:
+        c.wait_settled()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def shared_cluster(module_cluster: LocalCluster) -> LocalCluster:
+    STARTED.append(module_cluster.data_dir)  # a failing test reports the node logs
+    return module_cluster
+
+
+@pytest.fixture
+def shared_client(shared_cluster: LocalCluster) -> Iterator[Client]:
+    with shared_cluster.client() as c:
+        yield c

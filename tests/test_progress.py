@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sevendb.outbox.emitseq import EmitSeq
-from sevendb.sdk.progress import Progress
+from sevendb.sdk.progress import Acked, Outstanding, Progress
 
 
 def seq(i: int) -> EmitSeq:
@@ -75,3 +75,34 @@ def test_a_final_flush_takes_every_stream_that_processed_anything() -> None:
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError):
         Progress(every_events=0, interval_s=1, resend_after_s=1)
+
+
+def test_explicit_acks_move_the_processed_position_only_over_the_acked_prefix() -> None:
+    """Acks come in any order; the cumulative position a node is sent never covers
+    an event not acked yet (nor one nak'd, which is simply not acked)."""
+    out = Outstanding()
+    for i in (11, 12, 13, 14):
+        out.handed(0, "s0", seq(i))
+    assert out.ack(0, "s0", seq(13)) == (Acked.PENDING, None, 0)
+    assert out.ack(0, "s0", seq(12)) == (Acked.PENDING, None, 0)  # 11 is still out
+    assert out.ack(0, "s0", seq(11)) == (Acked.PENDING, seq(13), 3)
+    assert out.ack(0, "s0", seq(12)) == (Acked.ALREADY, None, 0)  # twice: nothing
+    assert out.is_open(0, "s0", seq(14)) and not out.is_open(0, "s0", seq(13))
+    out.handed(0, "s0", seq(14))  # delivered again after a nak: still one entry
+    assert out.ack(0, "s0", seq(14)) == (Acked.PENDING, seq(14), 1)
+    assert out.ack(0, "s0", seq(99)) == (Acked.UNKNOWN, None, 0)
+    assert out.ack(1, "s1", seq(1)) == (Acked.UNKNOWN, None, 0)
+
+
+def test_explicit_acks_of_a_replaced_stream_are_dropped() -> None:
+    out = Outstanding()
+    out.handed(0, "old", seq(11))
+    out.handed(0, "new", seq(5))  # the bucket resubscribed: a new stream
+    assert out.ack(0, "old", seq(11)) == (Acked.ALREADY, None, 0)
+    assert out.ack(0, "new", seq(5)) == (Acked.PENDING, seq(5), 1)
+
+
+def test_processed_counts_every_event_a_position_covers() -> None:
+    p = progress(every=3)
+    p.processed(0, "s0", seq(13), now_s=0.0, count=3)
+    assert p.due(0.0)

@@ -1,9 +1,11 @@
 """The `Client` against a real gRPC server in this process that plays a node: what
-`status` returns, and that a node without `Session` is refused, not served a call
-per stream (a cluster runs one version: docs/emission.md)."""
+`status` returns, that a node without `Session` is refused, not served a call per
+stream (a cluster runs one version: docs/emission.md), and that RESOURCE_EXHAUSTED
+with a `sevendb-retry-after-ms` trailer (a rate limit) is retried after that long."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -13,13 +15,16 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
+from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 from sevendb.sdk import (
     BrokenReason,
     Client,
+    ErrorCode,
     NodeStatus,
     ReplicaStatus,
+    ResourceExhausted,
     RetryPolicy,
     SubscriptionBroken,
     Unavailable,
@@ -118,3 +123,122 @@ def test_a_node_without_session_is_refused_not_served_a_call_per_stream(
     assert broken.value.reason is BrokenReason.UNIMPLEMENTED
     assert time.monotonic() - started < 10  # at once, not after the 30 s ready timeout
     assert servicer.subscribes == 0
+
+
+class _BusyNode(pb_grpc.SevenDBServicer):  # type: ignore[misc]
+    """One bucket, answering like a node under a rate limit: the first `refusals`
+    calls of `Get`, and of write requests on `WriteStream`, are refused with
+    RESOURCE_EXHAUSTED and a `sevendb-retry-after-ms` trailer (`per_write`: each write's
+    outcome is refused instead, with no trailer); then every write commits."""
+
+    def __init__(self, refusals: int, retry_after_ms: int = 300, per_write: bool = False) -> None:
+        self.refusals = refusals
+        self.retry_after_ms = retry_after_ms
+        self.per_write = per_write
+        self.get_times: list[float] = []
+        self.write_times: list[float] = []
+        self.refs: list[tuple[int, int, int]] = []
+        self._lock = threading.Lock()
+
+    def _refuse(self) -> bool:
+        with self._lock:
+            if self.refusals:
+                self.refusals -= 1
+                return True
+            return False
+
+    def _abort(self, context: grpc.ServicerContext) -> None:
+        context.set_trailing_metadata(((codec.RETRY_AFTER_KEY, str(self.retry_after_ms)),))
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "over the principal's write rate")
+
+    def ClusterInfo(
+        self, request: pb.ClusterInfoRequest, context: grpc.ServicerContext
+    ) -> pb.ClusterInfoResponse:
+        return pb.ClusterInfoResponse(
+            cluster_id="c", buckets=[pb.BucketInfo(bucket=0, bucket_uuid="u0")], nodes=["n"]
+        )
+
+    def InitProducer(
+        self, request: pb.InitProducerRequest, context: grpc.ServicerContext
+    ) -> pb.InitProducerResponse:
+        return pb.InitProducerResponse(producer_id=request.producer_id, producer_epoch=0)
+
+    def Get(self, request: pb.GetRequest, context: grpc.ServicerContext) -> pb.GetResponse:
+        self.get_times.append(time.monotonic())
+        if self._refuse():
+            self._abort(context)
+        return pb.GetResponse(found=True, value=b"v", version=1)
+
+    def WriteStream(
+        self, requests: Iterator[pb.WriteManyRequest], context: grpc.ServicerContext
+    ) -> Iterator[pb.WriteStreamResponse]:
+        for request in requests:
+            self.write_times.append(time.monotonic())
+            self.refs.extend(
+                (w.producer.producer_id, w.producer.producer_epoch, w.producer.sequence)
+                for w in request.writes
+            )
+            refused = self._refuse()
+            if refused and not self.per_write:
+                self._abort(context)
+            answer = pb.WriteManyResponse(id=request.id)
+            for _ in request.writes:
+                if refused:
+                    code = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+                    answer.outcomes.add(code=code, message="over the rate")
+                else:
+                    answer.outcomes.add(ok=pb.WriteResponse(bucket=0, committed=_START))
+            yield pb.WriteStreamResponse(answers=[answer])
+
+
+@contextlib.contextmanager
+def _serve(servicer: pb_grpc.SevenDBServicer) -> Iterator[str]:
+    server = grpc.server(ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_SevenDBServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(None)
+
+
+def test_a_call_refused_with_a_retry_after_is_retried_after_that_long() -> None:
+    """RESOURCE_EXHAUSTED was `InvalidArgument`, never retried."""
+    node = _BusyNode(refusals=2, retry_after_ms=300)
+    with _serve(node) as address, Client([address]) as client:
+        record = client.get("k")
+    assert record is not None and record.value == b"v"
+    assert len(node.get_times) == 3
+    gaps = [b - a for a, b in zip(node.get_times, node.get_times[1:], strict=False)]
+    assert min(gaps) >= 0.3
+
+
+def test_a_write_refused_with_a_retry_after_is_retried_after_that_long() -> None:
+    node = _BusyNode(refusals=1, retry_after_ms=400)
+    with _serve(node) as address, Client([address]) as client:
+        result = client.put("k", b"v")
+    assert result.bucket == 0
+    assert len(node.write_times) == 2
+    assert node.write_times[1] - node.write_times[0] >= 0.4
+    assert node.refs[0] == node.refs[1]  # the same write: the same producer sequence
+
+
+def test_a_write_whose_own_outcome_is_resource_exhausted_is_retried() -> None:
+    node = _BusyNode(refusals=2, per_write=True)
+    with _serve(node) as address, Client([address]) as client:
+        client.put("k", b"v")
+    assert len(node.write_times) == 3
+    assert len(set(node.refs)) == 1
+
+
+def test_a_rate_limit_past_the_retry_budget_is_resource_exhausted() -> None:
+    node = _BusyNode(refusals=1000, retry_after_ms=200)
+    retry = RetryPolicy(deadline_s=1.0)
+    with _serve(node) as address, Client([address], retry=retry) as client:
+        with pytest.raises(ResourceExhausted) as get:
+            client.get("k")
+        with pytest.raises(ResourceExhausted) as put:
+            client.put("k", b"v")
+    assert get.value.retry_after_s == 0.2 and put.value.retry_after_s == 0.2
+    assert get.value.code is ErrorCode.RESOURCE_EXHAUSTED

@@ -30,6 +30,7 @@ from sevendb.sdk import (
 from sevendb.sdk.client import _op_pb
 
 PUBLIC = [
+    "AckMode",
     "BrokenReason",
     "Change",
     "Client",
@@ -60,6 +61,7 @@ PUBLIC = [
     "Record",
     "Recovery",
     "ReplicaStatus",
+    "ResourceExhausted",
     "RetryPolicy",
     "SavedCursor",
     "SevenDBError",
@@ -75,6 +77,7 @@ PUBLIC = [
     "Unauthenticated",
     "Unavailable",
     "UnknownProducer",
+    "WriteQueue",
     "WriteResult",
     "delete_op",
     "set_op",
@@ -177,7 +180,7 @@ def test_every_public_error_derives_from_sevendb_error() -> None:
         if inspect.isclass(getattr(sevendb.sdk, name))
         and issubclass(getattr(sevendb.sdk, name), BaseException)
     ]
-    assert len(errors) == 18
+    assert len(errors) == 19
     assert all(issubclass(e, SevenDBError) for e in errors)
     assert all(issubclass(e, SevenDBError) for e in ERROR_TYPES.values())
 
@@ -197,8 +200,8 @@ def test_bad_input_to_the_client_is_invalid_argument() -> None:
         set_op("", b"v")
     with pytest.raises(LimitExceeded):
         set_op("k", b"v" * (10 * 1024 * 1024))
-    with pytest.raises(InvalidArgument, match="exact expected version"):
-        delete_op("k", expected_version=0)
+    with pytest.raises(InvalidArgument, match="must be >= 0"):
+        delete_op("k", expected_version=-5)
 
 
 def test_ops_reach_the_wire_as_the_node_reads_them() -> None:

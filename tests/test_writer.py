@@ -105,7 +105,7 @@ def test_closing_fails_every_write_not_answered_yet(
         if where == "in flight":
             wait_for(lambda: writes.calls >= 1, 10, "a request in flight")
         else:
-            wait_for(lambda: len(writes._retrying) == 100, 10, "every write in a backoff")
+            wait_for(lambda: len(writes._parked.get(0, ())) == 100, 10, "every write in a backoff")
         started = time.monotonic()
         engine.submit(writes.close()).result(10)
         for future in futures:

@@ -4,11 +4,19 @@ Client and admin commands find the cluster through a client bundle (`--config
 FILE` or $SEVENDB_CONFIG: endpoints and a token, written by `sevendb cluster init`),
 or a local cluster's data dir (`--data DIR`, $SEVENDB_DATA, default ./.sevendb),
 or `--endpoints host:port,...` ($SEVENDB_ENDPOINTS) with `--token` ($SEVENDB_TOKEN).
+They give up after --timeout seconds (default 5) when no node answers.
+
+Exit codes: 0 done; 1 refused by the cluster (a failed precondition, not found,
+...); 2 bad input (a usage error, an invalid argument, an unreadable cursor
+file), nothing sent or changed; 3 the cluster could not be reached in time;
+130 interrupted. Errors are one line on stderr (docs/errors.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import sys
@@ -24,6 +32,21 @@ if TYPE_CHECKING:
     from sevendb.sdk import Client, Event
 
 DEFAULT_DATA = ".sevendb"
+DEFAULT_TIMEOUT_S = 5.0
+"""How long a client command waits for the cluster (a dead endpoint fails in this)."""
+EXIT_REFUSED = 1
+EXIT_BAD_INPUT = 2
+EXIT_UNREACHABLE = 3
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"a timeout is a number of seconds > 0, not {text!r}")
+    return value
 
 
 def _data_dir(args: argparse.Namespace) -> Path:
@@ -89,9 +112,11 @@ def _admin(args: argparse.Namespace) -> ClusterAdmin:
 
 
 def _client(args: argparse.Namespace) -> Client:
-    from sevendb.sdk import Client
+    from sevendb.sdk import Client, RetryPolicy
 
-    return Client(_endpoints(args), token=_token(args))
+    timeout: float = getattr(args, "timeout", DEFAULT_TIMEOUT_S)
+    retry = RetryPolicy(deadline_s=timeout, call_timeout_s=min(timeout, 10.0))
+    return Client(_endpoints(args), token=_token(args), retry=retry)
 
 
 def _progress(line: str) -> None:
@@ -395,8 +420,10 @@ def cmd_get(args: argparse.Namespace) -> int:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
+    from sevendb.cluster.common.auth import check_principal
     from sevendb.cluster.ops.local import local_token
 
+    check_principal(args.name)  # before reading the data dir: bad input is refused first
     print(local_token(_data_dir(args), args.name))
     return 0
 
@@ -431,8 +458,13 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
 
     options = SubscribeOptions(on_reset=on_reset, on_stale=Recovery(args.on_stale))
     delivered = 0
-    with _client(args) as client:
-        sub = client.subscribe(args.query, cursor=args.cursor, options=options)
+    # Leaving the block closes the subscription: with --cursor it stays on the server
+    # for the next run to resume, without one it is ended. An event is processed
+    # (acked) once printed: interrupted while printing, it comes again.
+    with (
+        _client(args) as client,
+        client.subscribe(args.query, cursor=args.cursor, options=options) as sub,
+    ):
         _progress(f"subscribed to {args.query} in {sub.stats().buckets} bucket(s)")
         try:
             while args.count is None or delivered < args.count:
@@ -441,13 +473,10 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
                     if args.idle_exit:
                         break
                     continue
-                # Printed (processed) before the next poll persists and acks it.
                 print("\n".join(event_lines(event)), flush=True)
                 delivered += 1
         except KeyboardInterrupt:
-            pass
-        finally:
-            sub.close()
+            _progress("interrupted")
     _progress(f"delivered {delivered} event(s)")
     return 0
 
@@ -576,15 +605,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", parents=[common], help="per-bucket leader, commit, lag")
     status.add_argument("--json", action="store_true")
     status.set_defaults(fn=cmd_status)
-    write = sub.add_parser("write", parents=[common], help="write KEY VALUE")
-    write.add_argument("key")
-    write.add_argument("value")
-    write.add_argument("--expect-version", type=int, default=None)
-    write.add_argument("--if-absent", action="store_true", help="fail if the key exists")
-    write.set_defaults(fn=cmd_write)
-    get = sub.add_parser("get", parents=[common], help="read KEY")
-    get.add_argument("key")
-    get.set_defaults(fn=cmd_get)
+    _add_client_commands(sub, common)
     bucket = sub.add_parser("bucket", help="bucket operations").add_subparsers(
         dest="action", required=True
     )
@@ -630,6 +651,37 @@ def build_parser() -> argparse.ArgumentParser:
         help="PySpark jobs over the drained outbox: audit|stats|export|stream "
         "(`sevendb spark --help`)",
     )
+    from sevendb.cluster.ops.subscriptions import add_commands
+
+    add_commands(sub, common, _endpoints, _token)
+    return parser
+
+
+def _add_client_commands(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """write, get, token and subscribe: the commands of the client's CLI."""
+    client_common = argparse.ArgumentParser(add_help=False, parents=[common])
+    client_common.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"give up after this many seconds without an answer (default {DEFAULT_TIMEOUT_S:g})",
+    )
+    write = sub.add_parser("write", parents=[client_common], help="write KEY VALUE")
+    write.add_argument("key")
+    write.add_argument("value")
+    write.add_argument(
+        "--expect-version",
+        type=int,
+        default=None,
+        help="only if KEY is at this version; 0: only if KEY does not exist",
+    )
+    write.add_argument("--if-absent", action="store_true", help="fail if the key exists")
+    write.set_defaults(fn=cmd_write)
+    get = sub.add_parser("get", parents=[client_common], help="read KEY")
+    get.add_argument("key")
+    get.set_defaults(fn=cmd_get)
     token = sub.add_parser(
         "token", parents=[common], help="print a token for principal NAME (local cluster)"
     )
@@ -637,12 +689,15 @@ def build_parser() -> argparse.ArgumentParser:
     token.set_defaults(fn=cmd_token)
     subscribe = sub.add_parser(
         "subscribe",
-        parents=[common],
+        parents=[client_common],
         help="tail QUERY (key:K, prefix:P or all): one JSON line per change, acked as printed",
     )
     subscribe.add_argument("query")
     subscribe.add_argument(
-        "--cursor", type=Path, help="cursor file: a restarted command resumes after its last event"
+        "--cursor",
+        type=Path,
+        help="cursor file: a restarted command resumes after its last event (without one, "
+        "the subscription ends when the command does)",
     )
     subscribe.add_argument("--count", type=int, help="exit after this many events")
     subscribe.add_argument(
@@ -655,10 +710,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="when a stream cannot be resumed (default: start afresh and say so on stderr)",
     )
     subscribe.set_defaults(fn=cmd_subscribe)
-    from sevendb.cluster.ops.subscriptions import add_commands
-
-    add_commands(sub, common, _endpoints, _token)
-    return parser
 
 
 def cmd_spark(argv: list[str]) -> int:
@@ -693,11 +744,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from sevendb.cluster.ops.deploy import node_run
 
         return node_run(argv[2:])
-    args = build_parser().parse_args(argv)
+    args = _parse(build_parser(), argv)
     if args.command == "demo":
         from sevendb.cluster.ops.demo import run_demo
 
         return run_demo(args.data)
+    from sevendb.cluster.common.auth import AuthError
     from sevendb.cluster.common.topology import ConfigError
     from sevendb.cluster.ops.migrate import MigrationError
     from sevendb.outbox.errors import SevenDBError
@@ -708,9 +760,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("sevendb: interrupted; a migration resumes when run again", file=sys.stderr)
         return 130
-    except (ConfigError, SevenDBError, TimeoutError, MigrationError) as exc:
+    except (ConfigError, SevenDBError, TimeoutError, MigrationError, AuthError) as exc:
         print(f"sevendb: {exc.__class__.__name__}: {exc}", file=sys.stderr)
-        return 1
+        return exit_code(exc)
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """`parser.parse_args`, with a usage error in one line (exit 2) like every other
+    error of the command, instead of argparse's usage lines."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return parser.parse_args(argv)
+    except SystemExit as exc:
+        lines = err.getvalue().strip().splitlines()
+        if exc.code == EXIT_BAD_INPUT and lines:
+            prog = lines[-1].split(": error:", 1)[0]
+            print(f"{lines[-1]} (see {prog} --help)", file=sys.stderr)
+        else:
+            sys.stderr.write(err.getvalue())
+        raise
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code of a command that failed with `exc` (the module docstring)."""
+    from sevendb.cluster.common.auth import AuthError
+    from sevendb.outbox.errors import InvalidArgument
+    from sevendb.sdk import BrokenReason, CursorStoreError, SubscriptionBroken, Unavailable
+
+    if isinstance(exc, Unavailable) or (
+        isinstance(exc, SubscriptionBroken) and exc.reason is BrokenReason.UNAVAILABLE
+    ):
+        return EXIT_UNREACHABLE
+    if isinstance(exc, InvalidArgument | CursorStoreError | AuthError):
+        return EXIT_BAD_INPUT
+    return EXIT_REFUSED
 
 
 if __name__ == "__main__":

@@ -1,0 +1,430 @@
+"""The loop side of a subscription: one stream per bucket, on the client's loop.
+
+Each bucket's stream is a Subscribe (or, once subscribed, a Reconnect after the
+last flushed position) on the client's `Session` to a node (`sevendb.sdk.sessions`).
+It follows its notifier lease holder: on a redirect, a closed stream, a gap in the
+``prev_emit_seq`` chain or a dead node it reconnects, and `StreamCursor` drops what
+was seen already. Events ready for the application go to the subscription's inbox
+(`sevendb.sdk.subscription`, the application side). Loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Final, NamedTuple
+
+import grpc
+from grpc import aio
+
+from sevendb.outbox.emitseq import EmitSeq
+from sevendb.outbox.entries import op_kind
+from sevendb.outbox.errors import ErrorCode, SevenDBError
+from sevendb.outbox.model import Change
+from sevendb.outbox.query import Query
+from sevendb.proto import codec
+from sevendb.proto import sevendb_pb2 as pb
+from sevendb.sdk.cursor import StreamCursor
+from sevendb.sdk.engine import (
+    ERROR_CODE_KEY,
+    RETRY_AFTER_KEY,
+    Engine,
+    leader_hint,
+    trailer,
+)
+from sevendb.sdk.errors import (
+    BrokenReason,
+    SubscriptionBroken,
+    Unavailable,
+    domain_error,
+    retry_after_s,
+)
+from sevendb.sdk.flusher import Flusher
+from sevendb.sdk.sessions import Sessions, SessionStream
+
+if TYPE_CHECKING:
+    from sevendb.sdk.subscription import SubscribeOptions
+
+log = logging.getLogger(__name__)
+
+_FATAL: Final = {
+    code: BrokenReason(code.name)
+    for code in (
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.UNIMPLEMENTED,
+    )
+}
+"""gRPC statuses that end a bucket stream for good, and the reason reported."""
+
+
+class Event(NamedTuple):
+    """One committed change set of one bucket, delivered once and in order per bucket.
+
+    Immutable; a named tuple because one is built per delivered event (half the cost
+    of a frozen dataclass)."""
+
+    bucket: int
+    sub_id: str
+    emit_seq: EmitSeq
+    prev_emit_seq: EmitSeq
+    changes: tuple[Change, ...]
+    commit_time_ms: int
+
+
+class StreamResetReason(StrEnum):
+    STALE_SEQUENCE = "STALE_SEQUENCE"
+    """The server no longer holds the stream's history (dropped for stalling, or
+    older than what was purged)."""
+    INVALID_SEQUENCE = "INVALID_SEQUENCE"
+    """The saved position is not on the server's stream (e.g. ahead of it)."""
+    SUBSCRIPTION_NOT_FOUND = "SUBSCRIPTION_NOT_FOUND"
+    """The server has no such subscription (ended, or never made)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamReset:
+    """A bucket's stream could not be resumed and starts afresh (a new subscription
+    from the current end of the log): events in between were missed. Resynchronise
+    that bucket's state (`Client.sync_bucket`) if the application needs it."""
+
+    bucket: int
+    old_sub_id: str
+    reason: StreamResetReason
+
+
+class Recovery(StrEnum):
+    """What a subscription does when a bucket's stream cannot resume (`StreamResetReason`)."""
+
+    RESUBSCRIBE = "resubscribe"
+    """Subscribe afresh from the current end of the log, and report the `StreamReset`
+    to `SubscribeOptions.on_reset` (the events in between are missed)."""
+    RAISE = "raise"
+    """Stop: the application's next read raises `SubscriptionBroken`."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Redirect(Exception):
+    def __init__(self, address: str | None) -> None:
+        self.address = address
+
+
+@dataclass(slots=True)
+class BucketStream:
+    bucket: int
+    sub_id: str | None
+    subscribed: bool
+    cursor: StreamCursor[Event] | None = None
+    target: str | None = None
+    task: asyncio.Task[None] | None = None
+    duplicates: int = 0
+    reconnects: int = 0
+    caught_up: bool = False
+    ready: threading.Event = field(default_factory=threading.Event)
+    """Set once the stream is subscribed (SubAck) or resumed (ReconnectAck OK)."""
+    history: list[str] = field(default_factory=list)
+
+
+def _event(bucket: int, ev: pb.DataEvent) -> Event:
+    # The hot path of a subscriber: each nested message read costs a wrapper object,
+    # so every one is read once.
+    at = ev.emit_seq
+    epoch = at.epoch_id
+    prev = ev.prev_emit_seq
+    prev_epoch = prev.epoch_id
+    delta = ev.delta
+    changes = delta.changes
+    if len(changes) == 1:
+        c = changes[0]
+        decoded: tuple[Change, ...] = (Change(c.key, op_kind(c.op), c.value, c.version),)
+    else:
+        decoded = tuple(Change(c.key, op_kind(c.op), c.value, c.version) for c in changes)
+    return Event(
+        bucket,
+        ev.sub_id,
+        EmitSeq(epoch.bucket_uuid, epoch.epoch_counter, at.commit_index),
+        EmitSeq(prev_epoch.bucket_uuid, prev_epoch.epoch_counter, prev.commit_index),
+        decoded,
+        delta.commit_time_ms,
+    )
+
+
+def offer_events(
+    cursor: StreamCursor[Event], bucket: int, events: Sequence[pb.DataEvent]
+) -> tuple[list[Event], int, bool]:
+    """Offer one message's events to a stream's cursor: (events ready for the
+    application, duplicates dropped, gap). The events released before a gap are
+    ready too: the cursor has moved past them, so a resent copy is a duplicate."""
+    ready: list[Event] = []
+    duplicates = 0
+    for ev in events:
+        offered = cursor.offer(_event(bucket, ev))
+        if offered.duplicate:
+            duplicates += 1
+        elif offered.gap:
+            return ready, duplicates, True
+        ready.extend(offered.ready)
+    return ready, duplicates, False
+
+
+class BucketStreams:
+    """The streams of one subscription, one per bucket (loop only, apart from the
+    constructor and `target_of`). Events ready for the application go to `put`, and
+    so does the error that ends the subscription."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        sessions: Sessions,
+        flusher: Flusher,
+        query: Query,
+        options: SubscribeOptions,
+        streams: dict[int, BucketStream],
+        put: Callable[[list[Event] | BaseException], None],
+    ) -> None:
+        self._engine = engine
+        self._sessions = sessions
+        self._flusher = flusher
+        self.query = query
+        self.options = options
+        self.streams = streams
+        self._put = put
+        self.closed = False
+        """Set when the subscription closes: no stream starts again."""
+
+    def target_of(self, bucket: int) -> str:
+        """The node a bucket's acks go to: its stream's."""
+        return self.streams[bucket].target or self._engine.any_endpoint()
+
+    async def start(self) -> None:
+        for stream in self.streams.values():
+            stream.task = asyncio.get_running_loop().create_task(self._run_stream(stream))
+
+    async def stop(self) -> None:
+        self.closed = True
+        self._flusher.stop()
+        tasks = [s.task for s in self.streams.values() if s.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _hand_over(self, ready: list[Event]) -> None:
+        self._put(ready)
+        self._flusher.handed(len(ready))
+
+    async def _run_stream(self, stream: BucketStream) -> None:
+        opts = self.options
+        backoff = opts.backoff_initial_s
+        while not self.closed:
+            try:
+                await self._stream_once(stream)
+                backoff = opts.backoff_initial_s
+            except _Redirect as redirect:
+                stream.target = redirect.address
+                if redirect.address is None:
+                    await asyncio.sleep(backoff * (0.5 + random.random()))
+                    backoff = min(backoff * 2, opts.backoff_max_s)
+            except aio.AioRpcError as exc:
+                fatal = _FATAL.get(exc.code())
+                if fatal is not None:
+                    self._put(
+                        SubscriptionBroken(
+                            f"bucket {stream.bucket}: {exc.code().name}: {exc.details()}", fatal
+                        )
+                    )
+                    return
+                hint = leader_hint(exc)
+                stream.target = hint
+                stream.reconnects += 1
+                after = retry_after_s(trailer(exc, RETRY_AFTER_KEY))
+                if after is not None:  # RESOURCE_EXHAUSTED: the node named its wait
+                    await asyncio.sleep(after)
+                elif hint is None:
+                    await asyncio.sleep(backoff * (0.5 + random.random()))
+                    backoff = min(backoff * 2, opts.backoff_max_s)
+            except SubscriptionBroken as exc:
+                self._put(exc)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug: surface it, never spin silently
+                log.exception("bucket %d stream failed", stream.bucket)
+                self._put(
+                    SubscriptionBroken(f"bucket {stream.bucket}: {exc!r}", BrokenReason.INTERNAL)
+                )
+                return
+
+    async def _stream_once(self, stream: BucketStream) -> None:
+        target = stream.target or self._engine.any_endpoint()
+        stream.target = target
+        call = (
+            await self._reconnect(stream, target)
+            if stream.subscribed
+            else await self._subscribe(stream, target)
+        )
+        if call is None:
+            return
+        try:
+            # Every message now goes to `_on_message` as it arrives; what read()
+            # returns is the stream's end (raised if it failed).
+            call.push_to(functools.partial(self._on_message, stream))
+            await call.read()
+        finally:
+            # However this ends (a gap, an error, a cancel), the node stops sending:
+            # a session stream, unlike a dropped call, is not cancelled by the collector.
+            call.cancel()
+        stream.reconnects += 1  # the stream ended (or had a gap): resume
+
+    def _on_message(self, stream: BucketStream, message: pb.StreamMessage) -> bool:
+        """On the loop: hand an open stream's events to the application. False on a
+        gap: reconnect after the flushed position."""
+        kind = message.WhichOneof("kind")
+        if kind == "events":
+            assert stream.cursor is not None
+            ready, duplicates, gap = offer_events(
+                stream.cursor, stream.bucket, message.events.events
+            )
+            stream.duplicates += duplicates
+            if ready:
+                self._hand_over(ready)
+            return not gap
+        if kind == "caught_up":
+            stream.caught_up = True
+        return True
+
+    async def _subscribe(self, stream: BucketStream, target: str) -> SessionStream:
+        if stream.sub_id is None:
+            stream.sub_id = uuid.uuid4().hex
+            if self._flusher.store is not None:
+                # Known before the server hears of it: a crash now resubscribes with
+                # the same id (idempotent) instead of leaving an orphan behind.
+                await asyncio.to_thread(self._flusher.save, stream.bucket, stream.sub_id, None)
+        request = pb.SubscribeRequest(
+            bucket=stream.bucket,
+            query=codec.query_to_pb(self.query),
+            sub_id=stream.sub_id,
+        )
+        call = self._sessions.subscribe(target, request)
+        try:
+            return await self._subscribed(stream, call)
+        except BaseException:
+            call.cancel()
+            raise
+
+    async def _subscribed(self, stream: BucketStream, call: SessionStream) -> SessionStream:
+        """A Subscribe once its stream is open: the SubAck, then the start persisted."""
+        assert stream.sub_id is not None
+        first = await call.read()
+        if first is aio.EOF or first.WhichOneof("kind") != "sub_ack":
+            raise _Redirect(None)
+        start = codec.seq_from_pb(first.sub_ack.start_emit_seq)
+        stream.cursor = StreamCursor(start, reorder_buffer_max=self.options.reorder_buffer_max)
+        self._flusher.start(stream.bucket, stream.sub_id, start)
+        if self._flusher.store is not None:
+            await asyncio.to_thread(self._flusher.save, stream.bucket, stream.sub_id, start)
+        stream.subscribed = True
+        stream.history.append(f"subscribed {stream.sub_id} at {start}")
+        stream.ready.set()
+        return call
+
+    async def _reconnect(self, stream: BucketStream, target: str) -> SessionStream | None:
+        assert stream.sub_id is not None and stream.cursor is not None
+        after = self._flusher.flushed(stream.bucket)
+        assert after is not None
+        request = codec.reconnect_request(stream.sub_id, stream.bucket, after)
+        call = self._sessions.reconnect(target, request)
+        first = await call.read()  # closes the stream itself if cancelled
+        if first is aio.EOF or first.WhichOneof("kind") != "reconnect_ack":
+            call.cancel()
+            raise _Redirect(None)
+        status = first.reconnect_ack.status
+        if status == pb.ReconnectAck.OK:
+            stream.cursor.resumed(stream.cursor.released)  # keep what was released
+            stream.history.append(f"resumed {stream.sub_id} after {after}")
+            stream.ready.set()
+            return call
+        call.cancel()
+        reason = StreamResetReason(pb.ReconnectAck.Status.Name(status))
+        policy = (
+            self.options.on_invalid
+            if reason is StreamResetReason.INVALID_SEQUENCE
+            else self.options.on_stale
+        )
+        if policy is Recovery.RAISE:
+            raise SubscriptionBroken(
+                f"bucket {stream.bucket}: subscription {stream.sub_id} cannot resume after "
+                f"{after}: {reason}",
+                BrokenReason(reason.value),
+            )
+        old = stream.sub_id
+        stream.sub_id, stream.subscribed, stream.cursor = None, False, None
+        self._flusher.forget(stream.bucket)  # nothing of it is persisted or acked again
+        if self._flusher.store is not None:
+            await asyncio.to_thread(self._flusher.forget_cursor, old)
+        stream.history.append(f"{reason}: {old} dropped; subscribing again")
+        if self.options.on_reset is not None:
+            try:
+                self.options.on_reset(StreamReset(stream.bucket, old, reason))
+            except Exception:
+                log.exception("on_reset callback failed")
+        return None  # the next pass subscribes afresh
+
+
+async def end_on_server(
+    engine: Engine,
+    metadata: tuple[tuple[str, str], ...],
+    ids: Sequence[tuple[int, str]],
+    timeout_s: float,
+) -> list[SevenDBError]:
+    """Unsubscribe each (bucket, sub_id) - a replicated UNSUBSCRIBE: the node drops the
+    subscription and its rows - retrying UNAVAILABLE (following the leader hint) for
+    up to `timeout_s` in all. One already gone counts as ended. Returns the errors of
+    those that could not be ended."""
+    deadline = time.monotonic() + timeout_s
+
+    async def end(bucket: int, sub_id: str) -> SevenDBError | None:
+        request = pb.UnsubscribeRequest(sub_id=sub_id, bucket=bucket)
+        target, backoff = engine.any_endpoint(), 0.05
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                await engine.stub(target).Unsubscribe(
+                    request, metadata=metadata, timeout=max(0.05, left)
+                )
+                return None
+            except aio.AioRpcError as exc:
+                detail = exc.details() or ""
+                typed = domain_error(exc.code(), detail, trailer(exc, ERROR_CODE_KEY))
+                if typed is not None:
+                    return None if typed.code is ErrorCode.SUBSCRIPTION_NOT_FOUND else typed
+                if time.monotonic() + backoff > deadline:
+                    return Unavailable(f"unsubscribe {sub_id}: {exc.code().name}: {detail}")
+                hint = leader_hint(exc)
+                target = hint or engine.any_endpoint()
+                await asyncio.sleep(0 if hint else backoff * (0.5 + random.random()))
+                backoff = min(backoff * 2, 1.0)
+
+    results = await asyncio.gather(*(end(bucket, sub_id) for bucket, sub_id in ids))
+    return [r for r in results if r is not None]
+
+
+__all__ = [
+    "BucketStream",
+    "BucketStreams",
+    "Event",
+    "Recovery",
+    "StreamReset",
+    "StreamResetReason",
+    "end_on_server",
+    "offer_events",
+]
