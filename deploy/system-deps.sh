@@ -1,12 +1,20 @@
 # Sourced by deploy/test.sh: the Debian packages the test suite needs beyond Python -
 # iptables and the netfilter-queue headers for the network-namespace tests (their
-# delay helper, tests/netdelay.py, builds NetfilterQueue against them). Installed
-# with apt-get when missing and running as root (CI runs as root); otherwise a line
-# says what the tests that need them will lack.
+# delay helper, tests/netdelay.py, builds NetfilterQueue against them); Docker,
+# docker-compose and debootstrap for the image test (tests/test_image.py builds a
+# base with debootstrap, as no registry is reachable); systemd-analyze for the unit
+# file's check (tests/test_deploy_manifests.py). Installed with apt-get when
+# missing and running as root (CI runs as root); otherwise a line says what the
+# tests that need them will lack.
 _sevendb_need=()
 command -v iptables >/dev/null 2>&1 || _sevendb_need+=(iptables)
 [ -e /usr/include/libnetfilter_queue/libnetfilter_queue.h ] || _sevendb_need+=(libnetfilter-queue-dev)
 command -v ip >/dev/null 2>&1 || _sevendb_need+=(iproute2)
+command -v dockerd >/dev/null 2>&1 || _sevendb_need+=(docker.io)
+command -v docker-compose >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 \
+    || _sevendb_need+=(docker-compose)
+command -v debootstrap >/dev/null 2>&1 || _sevendb_need+=(debootstrap)
+command -v systemd-analyze >/dev/null 2>&1 || _sevendb_need+=(systemd)
 if [ "${#_sevendb_need[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "installing Debian packages: ${_sevendb_need[*]}" >&2
@@ -14,7 +22,8 @@ if [ "${#_sevendb_need[@]}" -gt 0 ]; then
             || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
                  apt-get install -y -q "${_sevendb_need[@]}" >/dev/null; }
     else
-        echo "note: missing ${_sevendb_need[*]} (needs root and apt-get): the network-namespace tests will fail" >&2
+        echo "note: missing ${_sevendb_need[*]} (needs root and apt-get): the network-namespace," \
+            "image and deploy-manifest tests will fail" >&2
     fi
 fi
 unset _sevendb_need
