@@ -68,7 +68,9 @@ from .model import (
 )
 from .query import Plan, Planner, Query, QueryKind, plan_query
 
-SNAPSHOT_FORMAT_VERSION: Final = 1
+SNAPSHOT_FORMAT_VERSION: Final = 2
+"""2: a subscription's rows include those computed and not yet checkpointed (1 kept
+them only in the pending batches; `restore` still reads 1)."""
 
 
 @dataclass(slots=True)
@@ -87,10 +89,15 @@ class Subscription:
     last_active_ms: int
     stale: bool = False
     rows: deque[OutboxRow] = field(default_factory=deque)
-    """Outboxed rows not yet acknowledged."""
+    """Its outbox: every row computed for it and not yet acknowledged, in emit_seq
+    order. A row joins when its source entry applies (it is a function of the
+    committed log, as durable as that entry); the bucket's `outboxed_through` says
+    which ones an OUTBOX_WRITE has checkpointed (docs/emission.md: which rows a
+    holder may send depends on its emission mode)."""
 
     @property
-    def last_outboxed(self) -> EmitSeq:
+    def last_row(self) -> EmitSeq:
+        """The newest row kept for it, or the acknowledged point if none is."""
         return self.rows[-1].emit_seq if self.rows else self.acked
 
     @property
@@ -110,6 +117,10 @@ class _Producer:
 
 @dataclass(frozen=True, slots=True)
 class _PendingBatch:
+    """The rows of one source entry not yet checkpointed by an OUTBOX_WRITE (the same
+    row objects the subscriptions keep: an OUTBOX_WRITE's digest covers them even
+    after an ack, an unsubscribe or an expiry removed them from a subscription)."""
+
     commit_index: int
     rows: tuple[OutboxRow, ...]
 
@@ -381,7 +392,8 @@ class BucketStateMachine:
     def _rows_for(
         self, commit: EmitSeq, changes: tuple[Change, ...], now_ms: int
     ) -> tuple[OutboxRow, ...]:
-        """One row per live subscription that any change matches, in sub_id order."""
+        """One row per live subscription that any change matches, in sub_id order;
+        each joins its subscription's outbox."""
         if not changes or not self._subs:
             return ()
         if len(changes) == 1:  # the common case: every matching sub gets the one delta
@@ -403,7 +415,9 @@ class BucketStateMachine:
             if delta is None:
                 delta = deltas[picked] = Delta(tuple(changes[i] for i in picked), now_ms)
             sub = self._subs[sub_id]
-            rows.append(OutboxRow(sub_id, commit, sub.head, delta))
+            row = OutboxRow(sub_id, commit, sub.head, delta)
+            rows.append(row)
+            sub.rows.append(row)
             sub.head = commit
         return tuple(rows)
 
@@ -428,7 +442,9 @@ class BucketStateMachine:
         rows = []
         for sub_id in sorted(hits):
             sub = subs[sub_id]
-            rows.append(OutboxRow(sub_id, commit, sub.head, delta))
+            row = OutboxRow(sub_id, commit, sub.head, delta)
+            rows.append(row)
+            sub.rows.append(row)
             sub.head = commit
         return tuple(rows)
 
@@ -531,8 +547,8 @@ class BucketStateMachine:
             )
         self._unindex_sub(sub)
         del self._subs[entry.sub_id]
-        # Its pending rows stay in the pending batches (they are covered by digests
-        # already proposed) and are dropped when an OUTBOX_WRITE moves them.
+        # Its rows not yet checkpointed stay in the pending batches: digests already
+        # proposed cover them.
         effects.append(SubscriptionClosed(entry.sub_id, CloseReason.UNSUBSCRIBED))
         return UnsubscribeResult(entry.sub_id)
 
@@ -550,8 +566,8 @@ class BucketStateMachine:
     def pending_rows(
         self, through_index: int | None = None, after: int = 0
     ) -> tuple[OutboxRow, ...]:
-        """Rows computed but not yet outboxed, optionally only those of source indexes
-        in (after, through_index]."""
+        """Rows computed and not yet checkpointed by an OUTBOX_WRITE (acknowledged or
+        not), optionally only those of source indexes in (after, through_index]."""
         return tuple(
             row
             for batch in self._pending
@@ -563,7 +579,8 @@ class BucketStateMachine:
     def propose_outbox_write(
         self, lease_index: int, now_ms: int, after: int = 0
     ) -> OutboxWrite | None:
-        """The OUTBOX_WRITE a lease holder should propose now, or None if nothing waits.
+        """The OUTBOX_WRITE a lease holder should propose now, or None if nothing waits:
+        the count and digest of every row computed since the last one.
 
         `after` pipelines: the through index of the holder's newest OUTBOX_WRITE still
         in flight. The entry then covers only the rows after it, and applies only if
@@ -609,18 +626,17 @@ class BucketStateMachine:
         while self._pending and self._pending[0].commit_index <= entry.through_index:
             self._pending.popleft()
         self._outboxed_through = entry.through_index
-        kept = []
+        live = []
         for row in moving:
             sub = self._subs.get(row.sub_id)
             # A row older than the subscription's start was computed for an earlier
-            # incarnation of a reused sub_id (UNSUBSCRIBE, then SUBSCRIBE again):
-            # it is not on this stream's chain, and no ack could ever cover it.
+            # incarnation of a reused sub_id (UNSUBSCRIBE, then SUBSCRIBE again): it is
+            # not on this stream's chain.
             if sub is not None and not sub.stale and row.emit_seq > sub.start:
-                sub.rows.append(row)
-                kept.append(row)
-        if kept:
-            effects.append(RowsOutboxed(tuple(kept)))
-        return OutboxWriteResult(rows=len(kept))
+                live.append(row)
+        if live:
+            effects.append(RowsOutboxed(tuple(live)))
+        return OutboxWriteResult(rows=len(live))
 
     def check_ack(self, sub_id: str, principal: str, up_to: EmitSeq) -> AckOutcome:
         """Would this cumulative ack be accepted now? (The notifier asks before proposing.)"""
@@ -649,11 +665,11 @@ class BucketStateMachine:
             )
         if up_to == sub.acked:
             return AckOutcome(sub_id, AckStatus.DUPLICATE, f"{up_to} was already acknowledged")
-        if up_to > sub.last_outboxed:
+        if up_to > sub.last_row:
             return AckOutcome(
                 sub_id,
                 AckStatus.FUTURE,
-                f"ack {up_to} is beyond the last emitted {sub.last_outboxed}",
+                f"ack {up_to} is beyond the last event computed {sub.last_row}",
             )
         return AckOutcome(sub_id, AckStatus.ACCEPTED)
 
@@ -738,25 +754,31 @@ class BucketStateMachine:
     def subscriptions(self) -> list[Subscription]:
         return [self._subs[sub_id] for sub_id in sorted(self._subs)]
 
-    def outbox_rows(self, sub_id: str, after: EmitSeq | None = None) -> tuple[OutboxRow, ...]:
-        """Outboxed (sendable) rows of a subscription after `after`, in emit_seq order."""
+    def outbox_rows(
+        self, sub_id: str, after: EmitSeq | None = None, through_index: int | None = None
+    ) -> tuple[OutboxRow, ...]:
+        """A subscription's rows after `after`, in emit_seq order; with
+        `through_index`, only those whose source entry is at or below it (a holder in
+        the literal emission mode passes `outboxed_through`)."""
         sub = self._subs.get(sub_id)
         if sub is None:
             return ()
-        if after is None:
+        if after is None and through_index is None:
             return tuple(sub.rows)
         # From the newest backwards: a stream usually asks for the few rows after
-        # what it sent last, so this costs what it returns, not the whole outbox.
+        # what it sent last, so this costs what it returns (plus, with
+        # `through_index`, the rows not checkpointed yet), not the whole outbox.
         newer = []
         for row in reversed(sub.rows):
-            if row.emit_seq <= after:
+            if after is not None and row.emit_seq <= after:
                 break
-            newer.append(row)
+            if through_index is None or row.emit_seq.commit_index <= through_index:
+                newer.append(row)
         newer.reverse()
         return tuple(newer)
 
     def outbox_size(self) -> int:
-        """Unpurged outboxed rows, all subscriptions."""
+        """Rows kept for any subscription (computed, not yet acknowledged)."""
         return sum(len(sub.rows) for sub in self._subs.values())
 
     def max_ack_lag(self) -> int:
@@ -811,13 +833,8 @@ class BucketStateMachine:
                 message=f"{last_processed} is older than retained history "
                 f"(acknowledged through {sub.acked}); resubscribe",
             )
-        on_chain = (
-            last_processed in (sub.acked, sub.start)
-            or any(row.emit_seq == last_processed for row in sub.rows)
-            or any(
-                row.emit_seq == last_processed and row.sub_id == sub_id
-                for row in self.pending_rows()
-            )
+        on_chain = last_processed in (sub.acked, sub.start) or any(
+            row.emit_seq == last_processed for row in sub.rows
         )
         if not on_chain:
             return ReconnectDecision(
@@ -834,9 +851,7 @@ class BucketStateMachine:
         (in sub_id order)."""
         return tuple(
             sorted(
-                sub.sub_id
-                for sub in self._subs.values()
-                if _stalled(sub, now_ms, stall_window_ms)
+                sub.sub_id for sub in self._subs.values() if _stalled(sub, now_ms, stall_window_ms)
             )
         )
 
@@ -972,7 +987,7 @@ class BucketStateMachine:
             ) = raw
         except Exception as exc:
             raise SnapshotError(f"snapshot is not readable: {exc}") from None
-        if version != SNAPSHOT_FORMAT_VERSION:
+        if version not in (1, SNAPSHOT_FORMAT_VERSION):
             raise SnapshotError(
                 f"snapshot format {version!r}; this build reads {SNAPSHOT_FORMAT_VERSION}"
             )
@@ -1023,11 +1038,22 @@ class BucketStateMachine:
             sm._pending = deque(
                 _PendingBatch(index, tuple(_unpack_row(r) for r in rows)) for index, rows in pending
             )
+            if version == 1:
+                sm._adopt_pending_rows()
         except PlanMismatch:
             raise
         except Exception as exc:
             raise SnapshotError(f"snapshot content is invalid: {exc}") from None
         return sm
+
+    def _adopt_pending_rows(self) -> None:
+        """A format-1 state kept rows not yet checkpointed only in the pending batches:
+        each joins its subscription, as that OUTBOX_WRITE's apply would have added it."""
+        for batch in self._pending:
+            for row in batch.rows:
+                sub = self._subs.get(row.sub_id)
+                if sub is not None and not sub.stale and row.emit_seq > sub.start:
+                    sub.rows.append(row)
 
 
 def _pack_write_result(result: WriteResult) -> list[object]:

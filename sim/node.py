@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Final
 
-from sevendb.notifier.core import AttachStatus
+from sevendb.notifier.core import AttachStatus, EmissionMode
 from sevendb.notifier.host import BucketNotifier, NotifierSettings
 from sevendb.outbox.entries import Subscribe, Unsubscribe, encode_entry
 from sevendb.outbox.model import OutboxRow, SubscribeResult
@@ -24,7 +24,7 @@ from sevendb.outbox.replica import ApplyOutcome, ReplicaUnavailable
 from . import network as wire
 from .config import SimConfig
 from .raft import Member
-from .replica import SimReplica
+from .replica import SimReplica, SpeculativeReplica
 from .variants import core_factory
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ def notifier_settings(config: SimConfig) -> NotifierSettings:
         retry_ms=RETRY_MS,
         stall_window_ms=config.stall_window_ms,
         idle_wait_s=IDLE_MS / 1000,
+        emission_mode=EmissionMode(config.emission),
     )
 
 
@@ -112,7 +113,8 @@ class SimNode:
         self.sim = sim
         self.name = member.name
         config = sim.config
-        self.replica = SimReplica(
+        replica_class = SpeculativeReplica if config.bugs.send_before_commit else SimReplica
+        self.replica = replica_class(
             member,
             sim.raft,
             sim.clock_ms,

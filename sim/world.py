@@ -23,7 +23,7 @@ from typing import Final
 import xxhash
 
 from sevendb.outbox.entries import Entry, EntryType, encode_entry
-from sevendb.outbox.model import RowsOutboxed
+from sevendb.outbox.model import RowsOutboxed, RowsPending
 from sevendb.outbox.query import Query
 from sevendb.outbox.replica import ApplyOutcome, ReplicaUnavailable
 
@@ -73,7 +73,9 @@ class Simulation:
         self.now_ms = 0
         self.replica_names = config.replica_names()
         self.net = Network(self.rng)
-        self.checker = Checker(BUCKET, tolerate_divergence=bool(config.planners))
+        self.checker = Checker(
+            BUCKET, tolerate_divergence=bool(config.planners), emission=config.emission
+        )
         self.raft = RaftGroup(
             BUCKET,
             self.replica_names,
@@ -186,11 +188,14 @@ class Simulation:
         node = self.nodes[member.name]
         node.on_apply(index, outcome)
         self._applied_run[member.name] = None
+        # FTO-02's moment: the holder dies in the apply that made rows sendable (their
+        # OUTBOX_WRITE, or in the derived mode their source entry), before sending.
+        sendable = RowsPending if self.config.emission == "derived" else RowsOutboxed
         if (
             node.crash_after_outbox
             and node.host.emitting
             and applied is not None
-            and any(isinstance(e, RowsOutboxed) for e in applied.effects)
+            and any(isinstance(e, sendable) for e in applied.effects)
         ):
             node.crash_after_outbox = False
             self.trace("crash-after-outbox", member.name, index)

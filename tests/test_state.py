@@ -200,17 +200,27 @@ def test_write_touching_several_matching_keys_gives_one_row_with_all_changes() -
     assert [c.key for c in row.delta.changes] == ["a1", "a2"]
 
 
-def test_rows_are_pending_until_outbox_write_commits() -> None:
+def test_rows_join_the_outbox_when_their_source_applies_and_an_outbox_write_checkpoints_them() -> (
+    None
+):
     d = Driver()
     d.lease()
     d.subscribe("s", "all")
     applied = d.set("k")
-    assert any(isinstance(e, RowsPending) for e in applied.effects)
-    assert d.rows("s") == () and len(d.sm.pending_rows()) == 1
+    (pending,) = [e for e in applied.effects if isinstance(e, RowsPending)]
+    # Kept at once (a function of the committed entry), and pending a checkpoint.
+    assert d.rows("s") == pending.rows and d.sm.pending_rows() == pending.rows
+    assert d.sm.outboxed_through == 0
+    # The literal emission mode sends only what an OUTBOX_WRITE covered:
+    assert d.sm.outbox_rows("s", through_index=d.sm.outboxed_through) == ()
     outboxed = d.outbox()
     assert outboxed is not None
-    assert any(isinstance(e, RowsOutboxed) for e in outboxed.effects)
-    assert len(d.rows("s")) == 1 and d.sm.pending_rows() == ()
+    assert [e for e in outboxed.effects if isinstance(e, RowsOutboxed)] == [
+        RowsOutboxed(pending.rows)
+    ]
+    assert d.rows("s") == pending.rows and d.sm.pending_rows() == ()
+    assert d.sm.outboxed_through == pending.rows[0].emit_seq.commit_index
+    assert d.sm.outbox_rows("s", through_index=d.sm.outboxed_through) == pending.rows
 
 
 def test_subscribe_is_idempotent_for_the_same_principal_and_query() -> None:
@@ -324,7 +334,8 @@ def test_outbox_entries_from_a_deposed_lease_holder_are_fenced() -> None:
     assert proposal is not None
     result = d.apply(proposal).result
     assert isinstance(result, OutboxWriteResult) and result.error is not None
-    assert result.error.code is ErrorCode.STALE_LEASE and d.rows("s") == ()
+    assert result.error.code is ErrorCode.STALE_LEASE and d.sm.outboxed_through == 0
+    assert len(d.sm.pending_rows()) == 1
     purge = d.apply(OutboxPurge(old_lease, (), now_ms=1)).result
     assert isinstance(purge, PurgeResult) and purge.error is not None
 
@@ -422,12 +433,34 @@ def test_ack_of_unknown_subscription() -> None:
     assert d.ack("nope", EmitSeq(BUCKET, 1, 1)).acks[0].status is AckStatus.SUBSCRIPTION_NOT_FOUND
 
 
-def test_ack_cannot_pass_pending_rows() -> None:
+def test_an_ack_cannot_pass_the_last_row_computed() -> None:
     d = Driver()
     d.lease()
     d.subscribe("s", "all")
-    d.set("k")  # computed but not outboxed: never emitted
-    assert d.ack("s", EmitSeq(BUCKET, 1, d.index)).acks[0].status is AckStatus.FUTURE
+    d.set("k")
+    d.set("other")
+    assert d.ack("s", EmitSeq(BUCKET, 1, d.index + 1)).acks[0].status is AckStatus.FUTURE
+    assert len(d.rows("s")) == 2
+
+
+def test_an_ack_of_rows_not_yet_checkpointed_purges_them_and_the_checkpoint_still_applies() -> None:
+    """The derived emission mode sends a row before its OUTBOX_WRITE; the client may ack
+    it first. The OUTBOX_WRITE's digest still covers it (a replica that computed
+    otherwise still quarantines itself), and it never comes back."""
+    d = Driver()
+    d.lease()
+    d.subscribe("s", "all")
+    d.set("k1")
+    d.set("k2")
+    first, second = d.rows("s")
+    proposal = d.sm.propose_outbox_write(d.sm.lease_index, d.tick())
+    assert proposal is not None and proposal.row_count == 2
+    result = d.ack("s", first.emit_seq)
+    assert result.acks[0].status is AckStatus.ACCEPTED and result.purged_rows == 1
+    assert d.rows("s") == (second,) and len(d.sm.pending_rows()) == 2
+    assert d.apply(proposal).result == OutboxWriteResult(rows=2)
+    assert d.rows("s") == (second,) and d.sm.pending_rows() == ()
+    assert d.sm.propose_outbox_write(d.sm.lease_index, d.tick()) is None
 
 
 # ---- reconnect --------------------------------------------------------------------------
@@ -545,6 +578,28 @@ def test_snapshot_restore_round_trip_is_identical() -> None:
     dup = Driver(restored)
     result = write_result(dup, "p", producer=ProducerRef(3, 0, 0))
     assert result.duplicate
+
+
+def test_a_format_1_snapshot_restores_with_its_pending_rows_in_the_outbox() -> None:
+    """Format 1 kept rows not yet checkpointed only in the pending batches."""
+    d = Driver()
+    d.lease()
+    d.subscribe("s", "all")
+    d.subscribe("gone", "all")
+    d.set("k1")
+    d.outbox()
+    d.set("k2")
+    d.unsubscribe("gone")
+    raw = msgpack.unpackb(d.sm.snapshot(), raw=False, use_list=True)
+    assert raw[0] == 2
+    raw[0] = 1
+    pending = {tuple(r[1]) for _, rows in raw[10] for r in rows}
+    for sub in raw[9]:
+        sub[10] = [r for r in sub[10] if tuple(r[1]) not in pending]
+    old = msgpack.packb(raw, use_bin_type=True)
+    restored = BucketStateMachine.restore(old)
+    assert restored.digest() == d.sm.digest()
+    assert restored.outbox_rows("s") == d.rows("s") and len(d.rows("s")) == 2
 
 
 def test_restore_rejects_garbage() -> None:
