@@ -309,9 +309,19 @@ class NotifierCore:
         budget = min(max_events, BATCH_EVENTS_MAX)
         through = self.sendable_through(sm)
         out: list[tuple[str, tuple[OutboxRow, ...]]] = []
-        candidates = self._order if full else sorted(self._ready)
-        for sub_id in candidates:
+        candidates: list[str]
+        if full:
+            candidates = self._order
+        else:
+            # A new set each pass: a set that once held many streams (10,000 attached
+            # at once) keeps its table, and iterating it cost ~50-100 us a pass even
+            # with one stream in it (docs/performance.md).
+            candidates, self._ready = sorted(self._ready), set()
+        ready = self._ready
+        for pos, sub_id in enumerate(candidates):
             if budget <= 0:
+                if not full:
+                    ready.update(candidates[pos:])  # not looked at: still ready
                 break
             stream = self._streams[sub_id]
             if (
@@ -323,11 +333,13 @@ class NotifierCore:
                 stream.last_progress_ms = now_ms
             room = min(budget, self._config.window_events - len(stream.in_flight))
             if room <= 0:
-                self._ready.discard(sub_id)  # an ack opens the window (and marks it)
+                ready.discard(sub_id)  # an ack opens the window (and marks it)
                 continue
             rows = self._rows_after(sm, sub_id, stream.position, through)[:room]
             if len(rows) < room:
-                self._ready.discard(sub_id)  # everything outboxed so far is sent
+                ready.discard(sub_id)  # everything sendable so far is sent
+            elif not full:
+                ready.add(sub_id)  # more than this pass could take
             if not rows:
                 continue
             if not stream.in_flight:

@@ -163,6 +163,9 @@ def rows_digest(rows: Iterator[OutboxRow] | tuple[OutboxRow, ...]) -> tuple[int,
     return count, hasher.intdigest()
 
 
+_DIGESTS_KEPT: Final = 16
+"""Ranges a replica remembers the digest of (`_digests`): more than a holder pipelines."""
+
 _ROW_HEADER: Final = b"\x94"
 """msgpack's header of a 4-element array (an `OutboxRow.pack()`)."""
 
@@ -192,6 +195,12 @@ class BucketStateMachine:
         self._producers: dict[int, _Producer] = {}
         self._subs: dict[str, Subscription] = {}
         self._pending: deque[_PendingBatch] = deque()
+        self._digests: dict[tuple[int, int], tuple[int, int]] = {}
+        """(from, through) -> (count, digest) of the ranges this replica proposed, so
+        that applying its own OUTBOX_WRITE does not compute the digest again: the rows
+        of a range cannot change between the two (only an OUTBOX_WRITE removes pending
+        rows, and one for another range makes this one STALE_RANGE or a no-op). Not
+        state: never in a snapshot or a digest."""
         # Query indexes (live, non-stale subscriptions only).
         self._key_subs: dict[str, set[str]] = {}
         self._prefix_subs: dict[str, set[str]] = {}
@@ -590,6 +599,9 @@ class BucketStateMachine:
         if not self._pending or self._pending[-1].commit_index <= start:
             return None
         count, digest = rows_digest(self.pending_rows(after=start))
+        if len(self._digests) >= _DIGESTS_KEPT:
+            self._digests.pop(next(iter(self._digests)))
+        self._digests[(start, self._applied_index)] = (count, digest)
         return OutboxWrite(lease_index, start, self._applied_index, count, digest, now_ms)
 
     def _apply_outbox_write(
@@ -616,7 +628,8 @@ class BucketStateMachine:
                 )
             )
         moving = self.pending_rows(entry.through_index)
-        count, digest = rows_digest(moving)
+        known = self._digests.pop((entry.from_index, entry.through_index), None)
+        count, digest = rows_digest(moving) if known is None else known
         if (count, digest) != (entry.row_count, entry.digest):
             raise PlanMismatch(
                 f"OUTBOX_WRITE at {index} for ({entry.from_index}, {entry.through_index}]: "

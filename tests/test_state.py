@@ -277,6 +277,41 @@ def test_outbox_write_digest_mismatch_is_divergence() -> None:
     assert d.sm.digest() == before
 
 
+def test_the_proposer_does_not_compute_its_own_digest_again_and_the_others_still_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sevendb.outbox import state
+
+    calls: list[int] = []
+
+    def counting(rows: tuple[OutboxRow, ...]) -> tuple[int, int]:
+        calls.append(len(rows))
+        return rows_digest(rows)
+
+    monkeypatch.setattr(state, "rows_digest", counting)
+    holder, follower = Driver(), Driver()
+    for d in (holder, follower):
+        d.lease()
+        d.subscribe("s", "all")
+        d.set("k1")
+        d.set("k2")
+    proposal = holder.sm.propose_outbox_write(holder.sm.lease_index, 0)
+    assert proposal is not None and calls == [2]
+    assert holder.apply(proposal).result == OutboxWriteResult(rows=2)
+    assert calls == [2]  # the proposer's apply reused what it proposed
+    assert follower.apply(proposal).result == OutboxWriteResult(rows=2)
+    assert calls == [2, 2]  # every other replica computes and checks
+    assert holder.sm.digest() == follower.sm.digest()
+    # A replica that computed other rows is still caught, at its own apply.
+    diverged = Driver()
+    diverged.lease()
+    diverged.subscribe("s", "all")
+    diverged.set("k1")
+    diverged.set("other")
+    with pytest.raises(PlanMismatch):
+        diverged.sm.apply(diverged.index + 1, encode_entry(proposal))
+
+
 def test_outbox_write_is_idempotent_and_stale_ranges_are_refused() -> None:
     d = Driver()
     d.lease()
