@@ -113,6 +113,13 @@ class SubscribeResult:
 
 
 @dataclass(frozen=True, slots=True)
+class SubscribeBatchResult:
+    """One result per SUBSCRIBE of a SUBSCRIBE_BATCH, in order."""
+
+    results: tuple[SubscribeResult, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class UnsubscribeResult:
     sub_id: str
     error: Rejection | None = None
@@ -170,6 +177,7 @@ Result = (
     | WriteBatchResult
     | InitProducerResult
     | SubscribeResult
+    | SubscribeBatchResult
     | UnsubscribeResult
     | OutboxWriteResult
     | PurgeResult

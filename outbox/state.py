@@ -29,6 +29,7 @@ from .entries import (
     OutboxPurge,
     OutboxWrite,
     Subscribe,
+    SubscribeBatch,
     Unsubscribe,
     Write,
     WriteBatch,
@@ -59,6 +60,7 @@ from .model import (
     RowsOutboxed,
     RowsPending,
     RowsPurged,
+    SubscribeBatchResult,
     SubscribeResult,
     SubscriptionClosed,
     SyncPage,
@@ -268,6 +270,8 @@ class BucketStateMachine:
             result = WriteBatchResult(tuple(results))
         elif isinstance(entry, Subscribe):
             result = self._apply_subscribe(commit_index, entry)
+        elif isinstance(entry, SubscribeBatch):
+            result = self._apply_subscribe_batch(commit_index, entry)
         elif isinstance(entry, Unsubscribe):
             result = self._apply_unsubscribe(entry, effects)
         elif isinstance(entry, OutboxWrite):
@@ -520,6 +524,25 @@ class BucketStateMachine:
         self._subs[entry.sub_id] = sub
         self._index_sub(sub)
         return SubscribeResult(entry.sub_id, start, plan.plan_hash)
+
+    def _apply_subscribe_batch(self, index: int, entry: SubscribeBatch) -> SubscribeBatchResult:
+        """Each SUBSCRIBE in order, as if each were an entry of its own at `index`. Every
+        new subscription's plan is checked first: a divergence raises `PlanMismatch`
+        before anything changed (the replica quarantines itself)."""
+        seen: set[str] = set()
+        for subscribe in entry.subscribes:
+            if subscribe.sub_id not in self._subs and subscribe.sub_id not in seen:
+                plan = self._planner(subscribe.query)
+                if plan.plan_hash != subscribe.plan_hash:
+                    raise PlanMismatch(
+                        f"SUBSCRIBE_BATCH at {index}, {subscribe.sub_id}: plan_hash "
+                        f"{subscribe.plan_hash:#x} committed, this replica planned "
+                        f"{plan.plan_hash:#x}"
+                    )
+            seen.add(subscribe.sub_id)
+        return SubscribeBatchResult(
+            tuple(self._apply_subscribe(index, subscribe) for subscribe in entry.subscribes)
+        )
 
     def _index_sub(self, sub: Subscription) -> None:
         if sub.plan.kind is QueryKind.KEY:

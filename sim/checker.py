@@ -27,6 +27,7 @@ from sevendb.outbox.entries import (
     OutboxPurge,
     OutboxWrite,
     Subscribe,
+    SubscribeBatch,
     Unsubscribe,
     Write,
     WriteBatch,
@@ -43,6 +44,7 @@ from sevendb.outbox.model import (
     ReconnectStatus,
     RowsPending,
     RowsPurged,
+    SubscribeBatchResult,
     SubscribeResult,
     UnsubscribeResult,
     WriteBatchResult,
@@ -186,6 +188,8 @@ class Model:
             summary = self._write_batch(index, entry)
         elif isinstance(entry, Subscribe):
             summary = self._subscribe(index, entry)
+        elif isinstance(entry, SubscribeBatch):
+            summary = ("SB", tuple(self._subscribe(index, s) for s in entry.subscribes))
         elif isinstance(entry, Unsubscribe):
             sub = self.subs.get(entry.sub_id)
             if sub is None or sub.ended == "unsubscribed":
@@ -376,6 +380,12 @@ class Model:
         return ("P", None, tuple(statuses), tuple(expired), purged)
 
 
+def _subscribed(result: SubscribeResult) -> Summary:
+    code = None if result.error is None else str(result.error.code)
+    start = None if result.start is None else _seq(result.start)
+    return ("S", start, result.existing, code)
+
+
 def summarize(applied: Applied) -> Summary:
     """The core's answer for one entry, in the model's terms."""
     result = applied.result
@@ -386,12 +396,13 @@ def summarize(applied: Applied) -> Summary:
     if isinstance(result, WriteBatchResult):
         codes = tuple(None if r.error is None else str(r.error.code) for r in result.results)
         return ("WB", codes, tuple(rows))
+    if isinstance(result, SubscribeBatchResult):
+        return ("SB", tuple(_subscribed(r) for r in result.results))
     code = None if result.error is None else str(result.error.code)
     if isinstance(result, WriteResult):
         return ("W", code, tuple(rows))
     if isinstance(result, SubscribeResult):
-        start = None if result.start is None else _seq(result.start)
-        return ("S", start, result.existing, code)
+        return _subscribed(result)
     if isinstance(result, UnsubscribeResult):
         return ("U", code)
     if isinstance(result, OutboxWriteResult):

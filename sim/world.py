@@ -319,6 +319,9 @@ class Simulation:
                 self.nodes[name].tick(now)
         for message in self.net.due(now):
             self._deliver(message)
+        for name in self.replica_names:
+            if self.raft.members[name].active(now):
+                self.nodes[name].flush_subscribes()
         for client in self.clients.values():
             if client.alive:
                 client.tick(now)

@@ -20,6 +20,7 @@ from sevendb.outbox.entries import (
     OutboxWrite,
     ProducerRef,
     Subscribe,
+    SubscribeBatch,
     Write,
     encode_entry,
 )
@@ -37,6 +38,7 @@ from sevendb.outbox.model import (
     RowsOutboxed,
     RowsPending,
     RowsPurged,
+    SubscribeBatchResult,
     SubscribeResult,
     SubscriptionClosed,
     UnsubscribeResult,
@@ -242,6 +244,59 @@ def test_plan_mismatch_raises_and_changes_nothing() -> None:
     with pytest.raises(PlanMismatch):
         d.sm.apply(1, encode_entry(Subscribe("s", "alice", q, plan_query(q).plan_hash ^ 1, 0)))
     assert d.sm.digest() == before and d.sm.subscription("s") is None
+
+
+def _subscribe(sub_id: str, query: str, principal: str = "alice") -> Subscribe:
+    q = Query.parse(query)
+    return Subscribe(sub_id, principal, q, plan_query(q).plan_hash, 0)
+
+
+def test_a_subscribe_batch_applies_each_subscribe_as_its_own_entry_would() -> None:
+    d = Driver()
+    d.lease()
+    d.subscribe("old", "all")
+    batch = SubscribeBatch(
+        (
+            _subscribe("a", "prefix:a/"),
+            _subscribe("old", "all"),  # the same again: idempotent
+            _subscribe("old", "key:k"),  # another query under its id
+            _subscribe("b", "key:k", principal="bob"),
+            _subscribe("b", "key:k"),  # bob's, asked for by alice
+        )
+    )
+    result = d.apply(batch).result
+    assert isinstance(result, SubscribeBatchResult)
+    at = seq(d.index)
+    old = d.sm.subscription("old")
+    assert old is not None
+    assert [(r.sub_id, r.start, r.existing) for r in result.results[:2]] == [
+        ("a", at, False),
+        ("old", old.start, True),
+    ]
+    assert [r.error.code for r in result.results[2:] if r.error is not None] == [
+        ErrorCode.SUBSCRIPTION_EXISTS,
+        ErrorCode.NOT_OWNER,
+    ]
+    assert result.results[3].start == at  # bob's, made in this entry
+    d.set("a/1")
+    d.set("k")
+    assert [r.sub_id for r in d.sm.outbox_rows("a")] == ["a"]
+    assert [r.prev_emit_seq for r in d.sm.outbox_rows("b")] == [at]
+
+
+def test_a_diverging_plan_anywhere_in_a_subscribe_batch_changes_nothing() -> None:
+    def broken(query: Query) -> Plan:
+        plan = plan_query(query)
+        hashed = plan.plan_hash + (query.kind is QueryKind.KEY)
+        return Plan(plan.kind, plan.arg, hashed)
+
+    d = Driver(BucketStateMachine(BUCKET, planner=broken))
+    d.lease()
+    before = d.sm.digest()
+    batch = SubscribeBatch((_subscribe("a", "prefix:a/"), _subscribe("b", "key:k")))
+    with pytest.raises(PlanMismatch):
+        d.sm.apply(d.index + 1, encode_entry(batch))
+    assert d.sm.digest() == before and d.sm.subscription("a") is None
 
 
 def test_divergent_planner_is_detected_on_subscribe() -> None:
