@@ -9,8 +9,11 @@ simulator perform it:
 * per connected subscriber stream (`NotifierCore`): where it is, what to send
   next within a flow-control window (events and bytes), when to resend, when a
   subscriber is too slow to keep its stream (`slow_streams`), which client acks to
-  batch into one OUTBOX_PURGE, and which OUTBOX_WRITE re-proposes the rows a
-  predecessor left un-outboxed;
+  batch into one OUTBOX_PURGE, and which OUTBOX_WRITE covers the rows computed
+  since the last one (including what a predecessor left);
+* which rows may leave, by `EmissionMode`: those whose OUTBOX_WRITE committed
+  (`LITERAL`, the contract's literal order) or those whose source entry committed
+  and applied (`DERIVED`, one Raft round; the OUTBOX_WRITE is then a checkpoint);
 * lifecycles (docs/emission.md): which subscriptions an OUTBOX_PURGE expires or
   keeps alive, and which idle producers it forgets.
 
@@ -68,6 +71,24 @@ SLOW_SUBSCRIBER: Final = "SLOW_SUBSCRIBER"
 """How `slow_streams`' closures are named: the reason a host closes such a stream
 with starts with it (docs/wire.md: the stream ends UNAVAILABLE with
 `sevendb-error: SLOW_SUBSCRIBER`)."""
+CHECKPOINT_INTERVAL_MS_DEFAULT: Final = 50
+"""DERIVED: an OUTBOX_WRITE (a checkpoint) is proposed at most this often."""
+
+
+class EmissionMode(StrEnum):
+    """When a row may leave the lease holder (docs/emission.md, "Emission modes")."""
+
+    DERIVED = "derived"
+    """Once its source entry committed and this replica applied it: the rows are a
+    deterministic function of the committed log, as durable as that entry, so one
+    Raft round. OUTBOX_WRITE becomes an asynchronous checkpoint of the rows' digest
+    (at most every `checkpoint_interval_ms`, one in flight): a replica whose rows
+    differ still quarantines itself, but only once the checkpoint applies, after the
+    holder may have sent them."""
+    LITERAL = "literal"
+    """Once the OUTBOX_WRITE covering it committed (contract §4 in its literal
+    order: two Raft rounds; every replica checked the digest of the rows before any
+    holder sends them). OUTBOX_WRITEs are pipelined (`outbox_writes_in_flight`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +105,8 @@ class NotifierConfig:
     slow_stream_ms: int = SLOW_STREAM_MS_DEFAULT
     producer_idle_ms: int = limits.PRODUCER_IDLE_MS_DEFAULT
     attach_grace_ms: int = ATTACH_GRACE_MS_DEFAULT
+    emission: EmissionMode = EmissionMode.DERIVED
+    checkpoint_interval_ms: int = CHECKPOINT_INTERVAL_MS_DEFAULT
 
     def __post_init__(self) -> None:
         if self.window_events < 1 or self.window_bytes < 1:
@@ -100,6 +123,10 @@ class NotifierConfig:
             )
         if self.outbox_writes_in_flight < 1 or self.outbox_retry_ms < 1:
             raise ValueError("outbox_writes_in_flight and outbox_retry_ms must be >= 1")
+        if not isinstance(self.emission, EmissionMode):
+            raise ValueError(f"emission must be an EmissionMode, not {self.emission!r}")
+        if self.checkpoint_interval_ms < 1:
+            raise ValueError("checkpoint_interval_ms must be >= 1")
 
 
 # ---- the lease ---------------------------------------------------------------------
@@ -243,6 +270,8 @@ class NotifierCore:
         """(through_index, proposed at ms) of this holder's OUTBOX_WRITEs in flight."""
         self._since_ms: int | None = None
         """When this core first judged expiries (about when it took the lease)."""
+        self._last_checkpoint_ms: int | None = None
+        """DERIVED: when this holder last proposed an OUTBOX_WRITE."""
 
     @property
     def me(self) -> str:
@@ -255,6 +284,13 @@ class NotifierCore:
     def holds_lease(self, sm: BucketStateMachine) -> bool:
         """Fencing: emit only while the applied state names this replica."""
         return sm.lease_holder == self._me
+
+    def sendable_through(self, sm: BucketStateMachine) -> int | None:
+        """The highest source index whose rows may leave (None: every row kept, each
+        computed from an applied, hence committed, entry)."""
+        if self._config.emission is EmissionMode.LITERAL:
+            return sm.outboxed_through
+        return None
 
     # ---- attach / detach -------------------------------------------------------
 
@@ -363,10 +399,21 @@ class NotifierCore:
         if not self.holds_lease(sm):
             return []
         budget = min(max_events, BATCH_EVENTS_MAX)
+        through = self.sendable_through(sm)
         out: list[tuple[str, tuple[OutboxRow, ...]]] = []
-        candidates = self._order if full else sorted(self._ready)
-        for sub_id in candidates:
+        candidates: list[str]
+        if full:
+            candidates = self._order
+        else:
+            # A new set each pass: a set that once held many streams (10,000 attached
+            # at once) keeps its table, and iterating it cost ~50-100 us a pass even
+            # with one stream in it (docs/performance.md).
+            candidates, self._ready = sorted(self._ready), set()
+        ready = self._ready
+        for pos, sub_id in enumerate(candidates):
             if budget <= 0:
+                if not full:
+                    ready.update(candidates[pos:])  # not looked at: still ready
                 break
             stream = self._streams[sub_id]
             if (
@@ -376,12 +423,14 @@ class NotifierCore:
                 stream.rewind(now_ms)
             room = min(budget, self._config.window_events - len(stream.in_flight))
             if room <= 0 or stream.in_flight_bytes >= self._config.window_bytes:
-                self._ready.discard(sub_id)  # an ack opens the window (and marks it)
+                ready.discard(sub_id)  # an ack opens the window (and marks it)
                 continue
-            rows = sm.outbox_rows(sub_id, stream.position)[:room]
+            rows = self._rows_after(sm, sub_id, stream.position, through)[:room]
             if len(rows) < room:
-                self._ready.discard(sub_id)  # everything outboxed so far is sent
-            rows, size = self._within_bytes(stream, rows)
+                ready.discard(sub_id)  # everything sendable so far is sent
+            elif not full:
+                ready.add(sub_id)  # more than this pass could take
+            rows, size = self._within_bytes(stream, rows)  # may leave it unready
             if not rows:
                 continue
             stream.take(rows, size, now_ms)
@@ -410,6 +459,12 @@ class NotifierCore:
             taken += size
         return rows, taken
 
+    def _rows_after(
+        self, sm: BucketStateMachine, sub_id: str, position: EmitSeq, through: int | None
+    ) -> tuple[OutboxRow, ...]:
+        """The rows a stream at `position` may be sent (`sendable_through`)."""
+        return sm.outbox_rows(sub_id, position, through)
+
     # ---- acks and purges -------------------------------------------------------
 
     def on_client_ack(
@@ -435,6 +490,13 @@ class NotifierCore:
         outcome = sm.check_ack(sub_id, principal, up_to)
         if outcome.status is not AckStatus.ACCEPTED:
             return outcome
+        through = self.sendable_through(sm)
+        if through is not None and up_to.commit_index > through:
+            # The state machine keeps rows from their apply; this mode never sent any
+            # past its OUTBOX_WRITEs (contract §10: no ack of what was never sent).
+            return AckOutcome(
+                sub_id, AckStatus.FUTURE, f"ack {up_to} is beyond the outboxed {through}"
+            )
         if self.ack_queued(sub_id, principal, up_to):
             queued = self._acks[sub_id]
             status = AckStatus.DUPLICATE if queued.up_to == up_to else AckStatus.REGRESSIVE
@@ -532,8 +594,10 @@ class NotifierCore:
         """The next OUTBOX_WRITE to propose: every computed row neither outboxed nor
         covered by one of this holder's OUTBOX_WRITEs in flight, including what a
         predecessor left behind (the first range starts where the log says outboxing
-        stopped). None if nothing waits or `outbox_writes_in_flight` are in flight.
-        The caller reports what it proposed with `outbox_proposed`."""
+        stopped). None if nothing waits, if `outbox_writes_in_flight` are in flight
+        (LITERAL), or if one is in flight or the last left less than
+        `checkpoint_interval_ms` ago (DERIVED). The caller reports what it proposed
+        with `outbox_proposed`."""
         if not self.holds_lease(sm):
             return None
         after = self.outbox_after(sm, now_ms)
@@ -541,12 +605,17 @@ class NotifierCore:
 
     def outbox_after(self, sm: BucketStateMachine, now_ms: int) -> int | None:
         """Where the next OUTBOX_WRITE starts: after the newest one in flight (0: at
-        the log's outboxed point), or None while the pipeline is full."""
+        the log's outboxed point), or None while none may be proposed (see
+        `outbox_entry`)."""
         flight = self._outbox_flight
         while flight and flight[0][0] <= sm.outboxed_through:
             flight.popleft()  # committed (or covered by a predecessor's)
         if flight and now_ms - flight[0][1] >= self._config.outbox_retry_ms:
             flight.clear()  # lost or rejected: the ones after it cannot apply either
+        if self._config.emission is EmissionMode.DERIVED:
+            last = self._last_checkpoint_ms
+            due = last is None or now_ms - last >= self._config.checkpoint_interval_ms
+            return 0 if due and not flight else None
         if len(flight) >= self._config.outbox_writes_in_flight:
             return None
         return flight[-1][0] if flight else 0
@@ -554,6 +623,7 @@ class NotifierCore:
     def outbox_proposed(self, entry: OutboxWrite, now_ms: int) -> None:
         """`entry` (from `outbox_entry`) is proposed: the next one starts after it."""
         self._outbox_flight.append((entry.through_index, now_ms))
+        self._last_checkpoint_ms = now_ms
 
     def outbox_lost(self) -> None:
         """An OUTBOX_WRITE in flight ended without taking effect (rejected, or its
@@ -565,6 +635,7 @@ class NotifierCore:
 __all__ = [
     "ATTACH_GRACE_MS_DEFAULT",
     "BATCH_EVENTS_MAX",
+    "CHECKPOINT_INTERVAL_MS_DEFAULT",
     "RESEND_AFTER_MS_DEFAULT",
     "SLOW_STREAM_MS_DEFAULT",
     "SLOW_SUBSCRIBER",
@@ -573,6 +644,7 @@ __all__ = [
     "row_bytes",
     "Attach",
     "AttachStatus",
+    "EmissionMode",
     "NotifierConfig",
     "NotifierCore",
     "default_lease_holder",

@@ -43,6 +43,7 @@ class EntryType(IntEnum):
     LEASE = 7
     INIT_PRODUCER = 8
     WRITE_BATCH = 9
+    SUBSCRIBE_BATCH = 10
 
 
 class OpKind(IntEnum):
@@ -366,10 +367,34 @@ class WriteBatch:
                 raise InvalidArgument("a write batch holds only writes")
 
 
+@dataclass(frozen=True, slots=True)
+class SubscribeBatch:
+    """Several SUBSCRIBEs committed as one Raft entry (subscriptions set up in bulk).
+
+    Each applies as a SUBSCRIBE of its own would, in order, with its own result; the
+    new ones all start at the entry's emit_seq. This amortises per-entry Raft cost.
+    """
+
+    subscribes: tuple[Subscribe, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.subscribes, tuple) or not self.subscribes:
+            raise InvalidArgument("a subscribe batch needs at least one SUBSCRIBE")
+        if len(self.subscribes) > limits.SUBSCRIBES_PER_BATCH_MAX:
+            raise LimitExceeded(
+                f"a batch has {len(self.subscribes)} subscribes; the limit is "
+                f"{limits.SUBSCRIBES_PER_BATCH_MAX}"
+            )
+        for subscribe in self.subscribes:
+            if not isinstance(subscribe, Subscribe):
+                raise InvalidArgument("a subscribe batch holds only SUBSCRIBEs")
+
+
 Entry = (
     Write
     | WriteBatch
     | Subscribe
+    | SubscribeBatch
     | Unsubscribe
     | OutboxWrite
     | OutboxPurge
@@ -388,6 +413,7 @@ _TYPE_OF: Final[dict[type, EntryType]] = {
     Lease: EntryType.LEASE,
     InitProducer: EntryType.INIT_PRODUCER,
     WriteBatch: EntryType.WRITE_BATCH,
+    SubscribeBatch: EntryType.SUBSCRIBE_BATCH,
 }
 
 
@@ -417,21 +443,27 @@ def _write_fields(entry: Write) -> list[object]:
     return [ops, producer, entry.now_ms]
 
 
+def _subscribe_fields(entry: Subscribe) -> list[object]:
+    query = entry.query
+    return [
+        entry.sub_id,
+        entry.principal,
+        int(query.kind),
+        query.arg,
+        entry.plan_hash,
+        entry.now_ms,
+    ]
+
+
 def _fields(entry: Entry) -> list[object]:
     if isinstance(entry, Write):
         return _write_fields(entry)
     if isinstance(entry, WriteBatch):
         return [[_write_fields(w) for w in entry.writes]]
     if isinstance(entry, Subscribe):
-        query = entry.query
-        return [
-            entry.sub_id,
-            entry.principal,
-            int(query.kind),
-            query.arg,
-            entry.plan_hash,
-            entry.now_ms,
-        ]
+        return _subscribe_fields(entry)
+    if isinstance(entry, SubscribeBatch):
+        return [[_subscribe_fields(s) for s in entry.subscribes]]
     if isinstance(entry, Unsubscribe):
         return [entry.sub_id, entry.principal, entry.now_ms]
     if isinstance(entry, OutboxWrite):
@@ -512,6 +544,12 @@ def _decode_write(f: list[object]) -> Write:
     return Write(tuple(ops), producer, f[2])  # type: ignore[arg-type]
 
 
+def _decode_subscribe(f: list[object]) -> Subscribe:
+    _arity(f, 6, "SUBSCRIBE")
+    query = Query(QueryKind(_check_int(f[2], "query kind", hi=2)), f[3])  # type: ignore[arg-type]
+    return Subscribe(f[0], f[1], query, f[4], f[5])  # type: ignore[arg-type]
+
+
 def _decode_fields(kind: EntryType, f: list[object]) -> Entry:
     if kind is EntryType.WRITE:
         return _decode_write(f)
@@ -520,9 +558,13 @@ def _decode_fields(kind: EntryType, f: list[object]) -> Entry:
         writes = _as_list(f[0], "writes", limits.WRITES_PER_BATCH_MAX)
         return WriteBatch(tuple(_decode_write(_as_list(w, "write", 3)) for w in writes))
     if kind is EntryType.SUBSCRIBE:
-        _arity(f, 6, "SUBSCRIBE")
-        query = Query(QueryKind(_check_int(f[2], "query kind", hi=2)), f[3])  # type: ignore[arg-type]
-        return Subscribe(f[0], f[1], query, f[4], f[5])  # type: ignore[arg-type]
+        return _decode_subscribe(f)
+    if kind is EntryType.SUBSCRIBE_BATCH:
+        _arity(f, 1, "SUBSCRIBE_BATCH")
+        subscribes = _as_list(f[0], "subscribes", limits.SUBSCRIBES_PER_BATCH_MAX)
+        return SubscribeBatch(
+            tuple(_decode_subscribe(_as_list(s, "subscribe", 6)) for s in subscribes)
+        )
     if kind is EntryType.UNSUBSCRIBE:
         _arity(f, 3, "UNSUBSCRIBE")
         return Unsubscribe(f[0], f[1], f[2])  # type: ignore[arg-type]
@@ -608,6 +650,7 @@ __all__ = [
     "OutboxWrite",
     "ProducerRef",
     "Subscribe",
+    "SubscribeBatch",
     "Unsubscribe",
     "Write",
     "WriteBatch",

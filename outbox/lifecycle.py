@@ -58,8 +58,12 @@ def subscription_info(sm: BucketStateMachine, sub_id: str) -> SubscriptionInfo |
     sub = sm.subscription(sub_id)
     if sub is None:
         return None
-    pending = sum(1 for row in sm.pending_rows() if row.sub_id == sub_id)
-    size = sum(len(c.key) + len(c.value) for row in sub.rows for c in row.delta.changes)
+    # Its rows are every one computed for it and not acknowledged; those after the
+    # bucket's outboxed point are not checkpointed yet (docs/emission.md).
+    through = sm.outboxed_through
+    outboxed = [row for row in sub.rows if row.emit_seq.commit_index <= through]
+    pending = len(sub.rows) - len(outboxed)
+    size = sum(len(c.key) + len(c.value) for row in outboxed for c in row.delta.changes)
     return SubscriptionInfo(
         sub.sub_id,
         sub.principal,
@@ -68,7 +72,7 @@ def subscription_info(sm: BucketStateMachine, sub_id: str) -> SubscriptionInfo |
         sub.head,
         sub.acked,
         sub.last_active_ms,
-        len(sub.rows),
+        len(outboxed),
         size,
         pending,
     )

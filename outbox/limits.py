@@ -19,6 +19,8 @@ WRITE_VALUE_BYTES_MAX: Final = 1024 * 1024
 """Most value bytes in one atomic write (all ops together)."""
 WRITES_PER_BATCH_MAX: Final = 1024
 """Most client writes the server batches into one WRITE_BATCH entry."""
+SUBSCRIBES_PER_BATCH_MAX: Final = 1024
+"""Most SUBSCRIBEs one SUBSCRIBE_BATCH entry carries."""
 ENTRY_BYTES_MAX: Final = 2 * 1024 * 1024
 """Largest encoded log entry the core will decode."""
 SUBSCRIPTIONS_PER_BUCKET_MAX: Final = 65_536

@@ -126,6 +126,13 @@ class SubscribeResult:
 
 
 @dataclass(frozen=True, slots=True)
+class SubscribeBatchResult:
+    """One result per SUBSCRIBE of a SUBSCRIBE_BATCH, in order."""
+
+    results: tuple[SubscribeResult, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class UnsubscribeResult:
     sub_id: str
     error: Rejection | None = None
@@ -186,6 +193,7 @@ Result = (
     | WriteBatchResult
     | InitProducerResult
     | SubscribeResult
+    | SubscribeBatchResult
     | UnsubscribeResult
     | OutboxWriteResult
     | PurgeResult
@@ -293,7 +301,8 @@ class SubscriptionInfo:
     row_bytes: int
     """Keys and values of those rows."""
     pending_rows: int
-    """Rows computed for it and not yet outboxed."""
+    """Rows computed for it, not yet acknowledged, that no OUTBOX_WRITE has checkpointed
+    yet (in the derived emission mode they may already have been sent)."""
 
     @property
     def lag(self) -> int:

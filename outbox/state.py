@@ -33,6 +33,7 @@ from .entries import (
     OutboxPurge,
     OutboxWrite,
     Subscribe,
+    SubscribeBatch,
     Unsubscribe,
     Write,
     WriteBatch,
@@ -64,6 +65,7 @@ from .model import (
     RowsOutboxed,
     RowsPending,
     RowsPurged,
+    SubscribeBatchResult,
     SubscribeResult,
     SubscriptionClosed,
     SyncPage,
@@ -76,8 +78,9 @@ from .query import Plan, Planner, Query, QueryKind, plan_query
 
 SNAPSHOT_FORMAT_VERSION: Final = 2
 """2: producers carry when they were last active, subscriptions no longer carry a
-stale flag, and the expired subscriptions remembered follow the pending rows.
-Version 1 snapshots are still read (`restore`)."""
+stale flag (the expired subscriptions remembered follow the pending rows), and a
+subscription's rows include those computed and not yet checkpointed (1 kept them
+only in the pending batches). Version 1 snapshots are still read (`restore`)."""
 
 
 @dataclass(slots=True)
@@ -96,10 +99,15 @@ class Subscription:
     last_active_ms: int
     """Log time of its SUBSCRIBE, its last accepted ack or its last keep-alive."""
     rows: deque[OutboxRow] = field(default_factory=deque)
-    """Outboxed rows not yet acknowledged."""
+    """Its outbox: every row computed for it and not yet acknowledged, in emit_seq
+    order. A row joins when its source entry applies (it is a function of the
+    committed log, as durable as that entry); the bucket's `outboxed_through` says
+    which ones an OUTBOX_WRITE has checkpointed (docs/emission.md: which rows a
+    holder may send depends on its emission mode)."""
 
     @property
-    def last_outboxed(self) -> EmitSeq:
+    def last_row(self) -> EmitSeq:
+        """The newest row kept for it, or the acknowledged point if none is."""
         return self.rows[-1].emit_seq if self.rows else self.acked
 
     @property
@@ -122,6 +130,10 @@ class _Producer:
 
 @dataclass(frozen=True, slots=True)
 class _PendingBatch:
+    """The rows of one source entry not yet checkpointed by an OUTBOX_WRITE (the same
+    row objects the subscriptions keep: an OUTBOX_WRITE's digest covers them even
+    after an ack, an unsubscribe or an expiry removed them from a subscription)."""
+
     commit_index: int
     rows: tuple[OutboxRow, ...]
 
@@ -164,6 +176,9 @@ def rows_digest(rows: Iterator[OutboxRow] | tuple[OutboxRow, ...]) -> tuple[int,
     return count, hasher.intdigest()
 
 
+_DIGESTS_KEPT: Final = 16
+"""Ranges a replica remembers the digest of (`_digests`): more than a holder pipelines."""
+
 _ROW_HEADER: Final = b"\x94"
 """msgpack's header of a 4-element array (an `OutboxRow.pack()`)."""
 
@@ -198,6 +213,12 @@ class BucketStateMachine:
         self._owned: dict[str, int] = {}
         """principal -> how many subscriptions it has here (derived; not in snapshots)."""
         self._pending: deque[_PendingBatch] = deque()
+        self._digests: dict[tuple[int, int], tuple[int, int]] = {}
+        """(from, through) -> (count, digest) of the ranges this replica proposed, so
+        that applying its own OUTBOX_WRITE does not compute the digest again: the rows
+        of a range cannot change between the two (only an OUTBOX_WRITE removes pending
+        rows, and one for another range makes this one STALE_RANGE or a no-op). Not
+        state: never in a snapshot or a digest."""
         # Query indexes (live, non-stale subscriptions only).
         self._key_subs: dict[str, set[str]] = {}
         self._prefix_subs: dict[str, set[str]] = {}
@@ -265,6 +286,8 @@ class BucketStateMachine:
             result = WriteBatchResult(tuple(results))
         elif isinstance(entry, Subscribe):
             result = self._apply_subscribe(commit_index, entry)
+        elif isinstance(entry, SubscribeBatch):
+            result = self._apply_subscribe_batch(commit_index, entry)
         elif isinstance(entry, Unsubscribe):
             result = self._apply_unsubscribe(entry, effects)
         elif isinstance(entry, OutboxWrite):
@@ -400,7 +423,8 @@ class BucketStateMachine:
     def _rows_for(
         self, commit: EmitSeq, changes: tuple[Change, ...], now_ms: int
     ) -> tuple[OutboxRow, ...]:
-        """One row per live subscription that any change matches, in sub_id order."""
+        """One row per live subscription that any change matches, in sub_id order;
+        each joins its subscription's outbox."""
         if not changes or not self._subs:
             return ()
         if len(changes) == 1:  # the common case: every matching sub gets the one delta
@@ -423,7 +447,9 @@ class BucketStateMachine:
                 mine = tuple(changes[i] for i in picked)
                 delta = deltas[picked] = Delta(mine, now_ms, delta_bytes(mine))
             sub = self._subs[sub_id]
-            rows.append(OutboxRow(sub_id, commit, sub.head, delta))
+            row = OutboxRow(sub_id, commit, sub.head, delta)
+            rows.append(row)
+            sub.rows.append(row)
             sub.head = commit
         return tuple(rows)
 
@@ -448,7 +474,9 @@ class BucketStateMachine:
         rows = []
         for sub_id in sorted(hits):
             sub = subs[sub_id]
-            rows.append(OutboxRow(sub_id, commit, sub.head, delta))
+            row = OutboxRow(sub_id, commit, sub.head, delta)
+            rows.append(row)
+            sub.rows.append(row)
             sub.head = commit
         return tuple(rows)
 
@@ -532,9 +560,11 @@ class BucketStateMachine:
         self._owned[sub.principal] = self._owned.get(sub.principal, 0) + 1
 
     def _remove_sub(self, sub: Subscription, *, expired: bool = False) -> None:
-        """Delete a subscription: its rows go with it and its slot is free (rows still
-        pending for it are dropped when their OUTBOX_WRITE applies). An `expired` one
-        is remembered (bounded), so that its Reconnect is STALE_SEQUENCE."""
+        """Delete a subscription: its rows go with it, checkpointed or not (no holder
+        sends one again, in either emission mode), and its slot is free. Those not yet
+        checkpointed stay in the pending batches only for the OUTBOX_WRITE's digest,
+        which covers them, and are dropped when it applies. An `expired` one is
+        remembered (bounded), so that its Reconnect is STALE_SEQUENCE."""
         self._unindex_sub(sub)
         del self._subs[sub.sub_id]
         left = self._owned[sub.principal] - 1
@@ -553,6 +583,25 @@ class BucketStateMachine:
         if principal is None:
             return len(self._subs)
         return self._owned.get(principal, 0)
+
+    def _apply_subscribe_batch(self, index: int, entry: SubscribeBatch) -> SubscribeBatchResult:
+        """Each SUBSCRIBE in order, as if each were an entry of its own at `index`. Every
+        new subscription's plan is checked first: a divergence raises `PlanMismatch`
+        before anything changed (the replica quarantines itself)."""
+        seen: set[str] = set()
+        for subscribe in entry.subscribes:
+            if subscribe.sub_id not in self._subs and subscribe.sub_id not in seen:
+                plan = self._planner(subscribe.query)
+                if plan.plan_hash != subscribe.plan_hash:
+                    raise PlanMismatch(
+                        f"SUBSCRIBE_BATCH at {index}, {subscribe.sub_id}: plan_hash "
+                        f"{subscribe.plan_hash:#x} committed, this replica planned "
+                        f"{plan.plan_hash:#x}"
+                    )
+            seen.add(subscribe.sub_id)
+        return SubscribeBatchResult(
+            tuple(self._apply_subscribe(index, subscribe) for subscribe in entry.subscribes)
+        )
 
     def _index_sub(self, sub: Subscription) -> None:
         if sub.plan.kind is QueryKind.KEY:
@@ -587,8 +636,8 @@ class BucketStateMachine:
                     ErrorCode.NOT_OWNER, f"subscription {entry.sub_id} belongs to another principal"
                 ),
             )
-        # Its pending rows stay in the pending batches (they are covered by digests
-        # already proposed) and are dropped when an OUTBOX_WRITE moves them.
+        # Its rows not yet checkpointed stay in the pending batches (digests already
+        # proposed cover them); it is no longer there to send them to.
         self._remove_sub(sub)
         effects.append(SubscriptionClosed(entry.sub_id, CloseReason.UNSUBSCRIBED))
         return UnsubscribeResult(entry.sub_id)
@@ -607,8 +656,8 @@ class BucketStateMachine:
     def pending_rows(
         self, through_index: int | None = None, after: int = 0
     ) -> tuple[OutboxRow, ...]:
-        """Rows computed but not yet outboxed, optionally only those of source indexes
-        in (after, through_index]."""
+        """Rows computed and not yet checkpointed by an OUTBOX_WRITE (acknowledged or
+        not), optionally only those of source indexes in (after, through_index]."""
         return tuple(
             row
             for batch in self._pending
@@ -620,7 +669,8 @@ class BucketStateMachine:
     def propose_outbox_write(
         self, lease_index: int, now_ms: int, after: int = 0
     ) -> OutboxWrite | None:
-        """The OUTBOX_WRITE a lease holder should propose now, or None if nothing waits.
+        """The OUTBOX_WRITE a lease holder should propose now, or None if nothing waits:
+        the count and digest of every row computed since the last one.
 
         `after` pipelines: the through index of the holder's newest OUTBOX_WRITE still
         in flight. The entry then covers only the rows after it, and applies only if
@@ -630,6 +680,9 @@ class BucketStateMachine:
         if not self._pending or self._pending[-1].commit_index <= start:
             return None
         count, digest = rows_digest(self.pending_rows(after=start))
+        if len(self._digests) >= _DIGESTS_KEPT:
+            self._digests.pop(next(iter(self._digests)))
+        self._digests[(start, self._applied_index)] = (count, digest)
         return OutboxWrite(lease_index, start, self._applied_index, count, digest, now_ms)
 
     def _apply_outbox_write(
@@ -656,7 +709,8 @@ class BucketStateMachine:
                 )
             )
         moving = self.pending_rows(entry.through_index)
-        count, digest = rows_digest(moving)
+        known = self._digests.pop((entry.from_index, entry.through_index), None)
+        count, digest = rows_digest(moving) if known is None else known
         if (count, digest) != (entry.row_count, entry.digest):
             raise PlanMismatch(
                 f"OUTBOX_WRITE at {index} for ({entry.from_index}, {entry.through_index}]: "
@@ -666,18 +720,17 @@ class BucketStateMachine:
         while self._pending and self._pending[0].commit_index <= entry.through_index:
             self._pending.popleft()
         self._outboxed_through = entry.through_index
-        kept = []
+        live = []
         for row in moving:
             sub = self._subs.get(row.sub_id)
             # A row older than the subscription's start was computed for an earlier
-            # incarnation of a reused sub_id (UNSUBSCRIBE, then SUBSCRIBE again):
-            # it is not on this stream's chain, and no ack could ever cover it.
+            # incarnation of a reused sub_id (UNSUBSCRIBE, then SUBSCRIBE again): it is
+            # not on this stream's chain.
             if sub is not None and row.emit_seq > sub.start:
-                sub.rows.append(row)
-                kept.append(row)
-        if kept:
-            effects.append(RowsOutboxed(tuple(kept)))
-        return OutboxWriteResult(rows=len(kept))
+                live.append(row)
+        if live:
+            effects.append(RowsOutboxed(tuple(live)))
+        return OutboxWriteResult(rows=len(live))
 
     def check_ack(self, sub_id: str, principal: str, up_to: EmitSeq) -> AckOutcome:
         """Would this cumulative ack be accepted now? (The notifier asks before proposing.)"""
@@ -707,11 +760,11 @@ class BucketStateMachine:
             )
         if up_to == sub.acked:
             return AckOutcome(sub_id, AckStatus.DUPLICATE, f"{up_to} was already acknowledged")
-        if up_to > sub.last_outboxed:
+        if up_to > sub.last_row:
             return AckOutcome(
                 sub_id,
                 AckStatus.FUTURE,
-                f"ack {up_to} is beyond the last emitted {sub.last_outboxed}",
+                f"ack {up_to} is beyond the last event computed {sub.last_row}",
             )
         return AckOutcome(sub_id, AckStatus.ACCEPTED)
 
@@ -729,7 +782,8 @@ class BucketStateMachine:
         now = entry.now_ms
         for sub_id in entry.touch:
             sub = self._subs.get(sub_id)
-            if sub is not None and not sub.rows:  # only acks keep one with rows alive
+            # Only acks keep alive one with rows (any computed for it, checkpointed or not).
+            if sub is not None and not sub.rows:
                 sub.last_active_ms = max(sub.last_active_ms, now)
         expired = []
         # Only the named subscriptions are checked: scanning them all on every purge
@@ -812,25 +866,31 @@ class BucketStateMachine:
         view, not a copy: for scans that need no order, outbox/lifecycle.py)."""
         return MappingProxyType(self._subs)
 
-    def outbox_rows(self, sub_id: str, after: EmitSeq | None = None) -> tuple[OutboxRow, ...]:
-        """Outboxed (sendable) rows of a subscription after `after`, in emit_seq order."""
+    def outbox_rows(
+        self, sub_id: str, after: EmitSeq | None = None, through_index: int | None = None
+    ) -> tuple[OutboxRow, ...]:
+        """A subscription's rows after `after`, in emit_seq order; with
+        `through_index`, only those whose source entry is at or below it (a holder in
+        the literal emission mode passes `outboxed_through`)."""
         sub = self._subs.get(sub_id)
         if sub is None:
             return ()
-        if after is None:
+        if after is None and through_index is None:
             return tuple(sub.rows)
         # From the newest backwards: a stream usually asks for the few rows after
-        # what it sent last, so this costs what it returns, not the whole outbox.
+        # what it sent last, so this costs what it returns (plus, with
+        # `through_index`, the rows not checkpointed yet), not the whole outbox.
         newer = []
         for row in reversed(sub.rows):
-            if row.emit_seq <= after:
+            if after is not None and row.emit_seq <= after:
                 break
-            newer.append(row)
+            if through_index is None or row.emit_seq.commit_index <= through_index:
+                newer.append(row)
         newer.reverse()
         return tuple(newer)
 
     def outbox_size(self) -> int:
-        """Unpurged outboxed rows, all subscriptions."""
+        """Rows kept for any subscription (computed, not yet acknowledged)."""
         return sum(len(sub.rows) for sub in self._subs.values())
 
     def max_ack_lag(self) -> int:
@@ -896,13 +956,8 @@ class BucketStateMachine:
                 message=f"{last_processed} is older than retained history "
                 f"(acknowledged through {sub.acked}); resubscribe",
             )
-        on_chain = (
-            last_processed in (sub.acked, sub.start)
-            or any(row.emit_seq == last_processed for row in sub.rows)
-            or any(
-                row.emit_seq == last_processed and row.sub_id == sub_id
-                for row in self.pending_rows()
-            )
+        on_chain = last_processed in (sub.acked, sub.start) or any(
+            row.emit_seq == last_processed for row in sub.rows
         )
         if not on_chain:
             return ReconnectDecision(
@@ -1093,11 +1148,22 @@ class BucketStateMachine:
             sm._pending = deque(
                 _PendingBatch(index, tuple(_unpack_row(r) for r in rows)) for index, rows in pending
             )
+            if version == 1:
+                sm._adopt_pending_rows()
         except PlanMismatch:
             raise
         except Exception as exc:
             raise SnapshotError(f"snapshot content is invalid: {exc}") from None
         return sm
+
+    def _adopt_pending_rows(self) -> None:
+        """A format-1 state kept rows not yet checkpointed only in the pending batches:
+        each joins its subscription, as that OUTBOX_WRITE's apply would have added it."""
+        for batch in self._pending:
+            for row in batch.rows:
+                sub = self._subs.get(row.sub_id)
+                if sub is not None and row.emit_seq > sub.start:
+                    sub.rows.append(row)
 
 
 def _from_version_1(

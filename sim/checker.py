@@ -29,6 +29,7 @@ from sevendb.outbox.entries import (
     OutboxPurge,
     OutboxWrite,
     Subscribe,
+    SubscribeBatch,
     Unsubscribe,
     Write,
     WriteBatch,
@@ -45,6 +46,7 @@ from sevendb.outbox.model import (
     ReconnectStatus,
     RowsPending,
     RowsPurged,
+    SubscribeBatchResult,
     SubscribeResult,
     UnsubscribeResult,
     WriteBatchResult,
@@ -114,7 +116,7 @@ class MSub:
     stale: bool = False
     ended: str = ""
     rows: list[tuple[EmitSeq, RowKey]] = field(default_factory=list)
-    """Outboxed, not acknowledged."""
+    """Its outbox: computed (the source entry committed), not acknowledged."""
     stream: list[RowKey] = field(default_factory=list)
     """Every row computed for it, in order: what its application must process."""
 
@@ -126,7 +128,7 @@ class MSub:
         return True
 
     @property
-    def last_outboxed(self) -> EmitSeq:
+    def last_row(self) -> EmitSeq:
         return self.rows[-1][0] if self.rows else self.acked
 
 
@@ -134,10 +136,19 @@ Summary = tuple[object, ...]
 
 
 class Model:
-    """The bucket as the contract describes it, fed the committed log in order."""
+    """The bucket as the contract describes it, fed the committed log in order.
 
-    def __init__(self, bucket_uuid: str, stall_window_ms: int | None = None) -> None:
+    `emission` is the holders' emission mode (docs/emission.md): with "derived" a row
+    may be sent once its source entry committed, with "literal" once the OUTBOX_WRITE
+    covering it committed."""
+
+    def __init__(
+        self, bucket_uuid: str, emission: str = "derived", stall_window_ms: int | None = None
+    ) -> None:
+        if emission not in ("derived", "literal"):
+            raise ValueError(f"unknown emission mode {emission!r}")
         self.bucket_uuid = bucket_uuid
+        self.emission = emission
         self.stall_window_ms = stall_window_ms
         """The configured stall window: an expiry of a subscription that acknowledged
         (or was kept alive) within it is a lifecycle violation, whatever window the
@@ -152,8 +163,9 @@ class Model:
         """Current incarnation by sub_id (ended ones stay until replaced)."""
         self.incarnations: dict[tuple[str, tuple[str, int, int]], MSub] = {}
         self.pending: list[tuple[int, list[tuple[MSub, EmitSeq, RowKey]]]] = []
-        self.outboxed: dict[str, dict[EmitSeq, RowKey]] = {}
-        """Every row ever outboxed, by sub_id and emit_seq (for visibility)."""
+        self.sendable: dict[str, dict[EmitSeq, RowKey]] = {}
+        """Every row that ever became sendable under the mode, by sub_id and emit_seq
+        (for visibility)."""
         self.summaries: dict[int, Summary] = {}
         self.accepted_acks: list[tuple[str, str, EmitSeq]] = []
         self._next_incarnation = 0
@@ -187,6 +199,8 @@ class Model:
             summary = self._write_batch(index, entry)
         elif isinstance(entry, Subscribe):
             summary = self._subscribe(index, entry)
+        elif isinstance(entry, SubscribeBatch):
+            summary = ("SB", tuple(self._subscribe(index, s) for s in entry.subscribes))
         elif isinstance(entry, Unsubscribe):
             sub = self.subs.get(entry.sub_id)
             if sub is None or sub.ended:
@@ -259,6 +273,9 @@ class Model:
             key: RowKey = (sub_id, _seq(emit), _seq(sub.head), picked, now_ms)
             sub.head = emit
             sub.stream.append(key)
+            sub.rows.append((emit, key))
+            if self.emission == "derived":
+                self.sendable.setdefault(sub_id, {})[emit] = key
             made.append((sub, emit, key))
         if made:
             self.pending.append((index, made))
@@ -320,8 +337,8 @@ class Model:
             _, made = self.pending.pop(0)
             for sub, emit, key in made:
                 if self.subs.get(sub.sub_id) is sub and not sub.ended and not sub.stale:
-                    sub.rows.append((emit, key))
-                    self.outboxed.setdefault(sub.sub_id, {})[emit] = key
+                    if self.emission == "literal":
+                        self.sendable.setdefault(sub.sub_id, {})[emit] = key
                     kept += 1
         self.outboxed_through = entry.through_index
         return ("O", kept, False, None)
@@ -340,7 +357,7 @@ class Model:
             return "REGRESSIVE"
         if up_to == sub.acked:
             return "DUPLICATE"
-        if up_to > sub.last_outboxed:
+        if up_to > sub.last_row:
             return "FUTURE"
         return "ACCEPTED"
 
@@ -386,6 +403,12 @@ class Model:
         return ("P", None, tuple(statuses), tuple(expired), purged)
 
 
+def _subscribed(result: SubscribeResult) -> Summary:
+    code = None if result.error is None else str(result.error.code)
+    start = None if result.start is None else _seq(result.start)
+    return ("S", start, result.existing, code)
+
+
 def summarize(applied: Applied) -> Summary:
     """The core's answer for one entry, in the model's terms."""
     result = applied.result
@@ -396,12 +419,13 @@ def summarize(applied: Applied) -> Summary:
     if isinstance(result, WriteBatchResult):
         codes = tuple(None if r.error is None else str(r.error.code) for r in result.results)
         return ("WB", codes, tuple(rows))
+    if isinstance(result, SubscribeBatchResult):
+        return ("SB", tuple(_subscribed(r) for r in result.results))
     code = None if result.error is None else str(result.error.code)
     if isinstance(result, WriteResult):
         return ("W", code, tuple(rows))
     if isinstance(result, SubscribeResult):
-        start = None if result.start is None else _seq(result.start)
-        return ("S", start, result.existing, code)
+        return _subscribed(result)
     if isinstance(result, UnsubscribeResult):
         return ("U", code)
     if isinstance(result, OutboxWriteResult):
@@ -440,9 +464,10 @@ class Checker:
         bucket_uuid: str,
         *,
         tolerate_divergence: bool = False,
+        emission: str = "derived",
         stall_window_ms: int | None = None,
     ) -> None:
-        self.model = Model(bucket_uuid, stall_window_ms)
+        self.model = Model(bucket_uuid, emission, stall_window_ms)
         self.tolerate_divergence = tolerate_divergence
         """PLN-01: a replica may diverge (a broken planner) if it quarantines itself
         and nothing it computed reaches a client; `diverged` names such replicas."""
@@ -604,12 +629,14 @@ class Checker:
         self.receipts[(sub_id, row.emit_seq, replica)] += 1
         if row.sub_id != sub_id:
             raise Violation("isolation", f"event of {row.sub_id} sent on a stream of {sub_id}")
-        outboxed = self.model.outboxed.get(sub_id, {}).get(row.emit_seq)
-        if outboxed is None:
+        sendable = self.model.sendable.get(sub_id, {}).get(row.emit_seq)
+        if sendable is None:
+            when = "its source entry" if self.model.emission == "derived" else "its OUTBOX_WRITE"
             raise Violation(
-                "visibility", f"{principal} received {sub_id} {row.emit_seq}, never outboxed"
+                "visibility",
+                f"{principal} received {sub_id} {row.emit_seq} before {when} committed",
             )
-        if outboxed != row_key(row):
+        if sendable != row_key(row):
             raise Violation("visibility", f"{sub_id} {row.emit_seq} differs from the committed row")
         owner = self._owner_of_row(sub_id, row.emit_seq)
         if owner != principal:

@@ -36,6 +36,8 @@ class SwarmResult:
     """Seeds whose bucket refused with DATA_LOSS (a correct end: storage faults
     damaged a majority)."""
     elapsed_s: float = 0.0
+    modes: dict[str, Counter[str]] = field(default_factory=dict)
+    """Emission mode -> faults injected in the seeds that ran with it ("seeds": how many)."""
 
     @property
     def seeds_per_s(self) -> float:
@@ -57,9 +59,13 @@ def swarm(
     for seed in range(start, start + count):
         if time_budget_s is not None and clock() - began >= time_budget_s:
             break
-        report = Simulation(SimConfig.from_seed(seed, **(overrides or {}))).run()
+        config = SimConfig.from_seed(seed, **(overrides or {}))
+        report = Simulation(config).run()
         result.seeds += 1
         result.faults.update(report.faults)
+        per_mode = result.modes.setdefault(config.emission, Counter())
+        per_mode.update(report.faults)
+        per_mode["seeds"] += 1
         result.checks += report.stats.get("checks", 0)
         result.processed += report.stats.get("processed", 0)
         result.refused += bool(report.refused)
@@ -192,7 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{result.seeds} seeds in {result.elapsed_s:.1f} s ({result.seeds_per_s:.1f} seeds/s); "
         f"{sum(result.faults.values())} faults injected; {result.checks} events checked; "
         f"{result.processed} events processed by applications; "
-        f"{result.refused} refused with DATA_LOSS"
+        f"{result.refused} refused with DATA_LOSS; seeds per emission mode: "
+        + ", ".join(f"{mode} {c['seeds']}" for mode, c in sorted(result.modes.items()))
     )
     if args.verbose:
         print(f"faults: {dict(sorted(result.faults.items()))}")

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from sevendb.notifier.core import EmissionMode
 from sevendb.outbox.query import Planner
 
 FAULT_KINDS: Final = (
@@ -84,6 +85,12 @@ class Bugs:
     expiry_window_in_seconds: bool = False
     """The holder proposes expiries with the stall window read as seconds where it is
     milliseconds: live subscriptions are expired and their rows dropped."""
+    send_before_commit: bool = False
+    """The holder computes rows from its log ahead of commit and sends them (its
+    replica's reads include entries appended and not yet committed)."""
+    skip_predecessor_rows: bool = False
+    """A new holder takes every row computed before it took the lease as sent by its
+    predecessor: a stream attaching behind them starts after them."""
 
     def names(self) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(self) if getattr(self, f.name))
@@ -140,6 +147,9 @@ class NetFaults:
 
 
 _EARLY_KINDS: Final = FAULT_KINDS[: FAULT_KINDS.index("storage")]
+
+EMISSION_MODES: Final = tuple(mode.value for mode in EmissionMode)
+"""("derived", "literal"): the notifier's emission modes, by value."""
 
 STALL_WINDOW_MS: Final = 1_500
 """The simulated stall window (the production default is 24 h)."""
@@ -243,6 +253,13 @@ class SimConfig:
     resend_after_ms: int = 400
     digest_every: int = 4
     """Replicas compare state digests at every raft index divisible by this."""
+    emission: str = "derived"
+    """The notifier hosts' emission mode (`EmissionMode`: "derived" or "literal");
+    the swarm runs each with half the seeds."""
+
+    def __post_init__(self) -> None:
+        if self.emission not in EMISSION_MODES:
+            raise ValueError(f"emission must be one of {', '.join(EMISSION_MODES)}")
 
     @classmethod
     def from_seed(cls, seed: int, **overrides: Any) -> SimConfig:
@@ -262,9 +279,10 @@ class SimConfig:
             "resend_after_ms": rng.choice((150, 400, 1_000)),
             "reuse_sub_ids": rng.random() < 0.3,
         }
-        # Drawn last, so that adding it left every other draw of a seed as it was.
+        # Drawn last, so that adding them left every other draw of a seed as it was.
         if rng.random() < 0.45:
             values["faults"] += ("storage",)
+        values["emission"] = "literal" if rng.random() < 0.5 else "derived"
         values.update({k: v for k, v in overrides.items() if k not in ("scripted", "net")})
         plan_rng = random.Random(f"sevendb-sim-plan/{seed}")
         values["net"] = plan_network(plan_rng, values["faults"])
@@ -325,5 +343,6 @@ CLI_FIELDS: Final = (
     "reorder_buffer_max",
     "window_events",
     "resend_after_ms",
+    "emission",
 )
 """SimConfig fields `--set NAME=VALUE` may pin (VALUE is a Python literal)."""

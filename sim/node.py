@@ -15,16 +15,16 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Final
 
-from sevendb.notifier.core import AttachStatus
+from sevendb.notifier.core import AttachStatus, EmissionMode
 from sevendb.notifier.host import BucketNotifier, NotifierSettings
-from sevendb.outbox.entries import Subscribe, Unsubscribe, encode_entry
-from sevendb.outbox.model import OutboxRow, SubscribeResult
+from sevendb.outbox.entries import Subscribe, SubscribeBatch, Unsubscribe, encode_entry
+from sevendb.outbox.model import OutboxRow, SubscribeBatchResult, SubscribeResult
 from sevendb.outbox.replica import ApplyOutcome, ReplicaUnavailable
 
 from . import network as wire
 from .config import SimConfig
 from .raft import Member
-from .replica import SimReplica
+from .replica import SimReplica, SpeculativeReplica
 from .variants import core_factory
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ def notifier_settings(config: SimConfig) -> NotifierSettings:
         retry_ms=RETRY_MS,
         stall_window_ms=config.stall_window_ms,
         idle_wait_s=IDLE_MS / 1000,
+        emission_mode=EmissionMode(config.emission),
     )
 
 
@@ -112,7 +113,8 @@ class SimNode:
         self.sim = sim
         self.name = member.name
         config = sim.config
-        self.replica = SimReplica(
+        replica_class = SpeculativeReplica if config.bugs.send_before_commit else SimReplica
+        self.replica = replica_class(
             member,
             sim.raft,
             sim.clock_ms,
@@ -133,6 +135,8 @@ class SimNode:
         self.streams: dict[str, Stream] = {}
         self.emitting = False
         self.crash_after_outbox = False
+        self._subscribes: list[tuple[str, Subscribe]] = []
+        """(client, SUBSCRIBE) received in this step, proposed together at its end."""
 
     # ---- the process -----------------------------------------------------------
 
@@ -194,8 +198,7 @@ class SimNode:
         elif isinstance(body, wire.SubscribeReq):
             now = self.sim.now_ms
             entry = Subscribe(body.sub_id, body.principal, body.query, body.plan_hash, now)
-            client = body.client
-            self._propose(encode_entry(entry), lambda f: self._subscribed(client, f))
+            self._subscribes.append((body.client, entry))
         elif isinstance(body, wire.UnsubscribeReq):
             entry_u = Unsubscribe(body.sub_id, body.principal, self.sim.now_ms)
             self._propose(encode_entry(entry_u), None)
@@ -217,10 +220,27 @@ class SimNode:
         if done is not None:
             future.add_done_callback(done)
 
-    def _subscribed(self, client: str, future: Future[ApplyOutcome]) -> None:
+    def flush_subscribes(self) -> None:
+        """Propose the SUBSCRIBEs that arrived in this step: one entry for all of them
+        (a SUBSCRIBE_BATCH when there are several), as a service batching concurrent
+        Subscribe calls would."""
+        waiting, self._subscribes = self._subscribes, []
+        if len(waiting) == 1:
+            self._propose(encode_entry(waiting[0][1]), lambda f: self._subscribed(waiting, f))
+        elif waiting:
+            batch = SubscribeBatch(tuple(entry for _, entry in waiting))
+            self._propose(encode_entry(batch), lambda f: self._subscribed(waiting, f))
+
+    def _subscribed(
+        self, waiting: list[tuple[str, Subscribe]], future: Future[ApplyOutcome]
+    ) -> None:
         if future.exception() is not None:
             return
         applied = future.result().applied
-        if applied is not None and isinstance(applied.result, SubscribeResult):
-            result = applied.result
-            self._send(client, wire.SubAck(result.sub_id, result))
+        if applied is None:
+            return
+        result = applied.result
+        results = result.results if isinstance(result, SubscribeBatchResult) else (result,)
+        for (client, _), one in zip(waiting, results, strict=True):
+            if isinstance(one, SubscribeResult):
+                self._send(client, wire.SubAck(one.sub_id, one))

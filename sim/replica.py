@@ -8,7 +8,8 @@ is the one proposed, failed if another entry took the index. `read` refuses on a
 member that is down, quarantined, damaged (it must not serve what it may have
 lost) or in a group that refuses with DATA_LOSS. `is_leader` holds only while a
 majority answered the leader recently (check-quorum), so a deposed leader stops
-emitting before a successor is elected; a broken variant turns that off.
+emitting before a successor is elected; a broken variant turns that off. Another,
+`SpeculativeReplica`, lets `read` see entries appended and not yet committed.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Final, TypeVar
 
+from sevendb.outbox.errors import EntryError, ReplicaDivergence
 from sevendb.outbox.replica import ApplyOutcome, Connectivity, ReplicaUnavailable
 from sevendb.outbox.state import BucketStateMachine
 
-from .raft import Member, RaftGroup, Role
+from .raft import NOOP, Member, RaftGroup, Role
 
 T = TypeVar("T")
 
@@ -150,3 +152,35 @@ class SimReplica:
                     future.set_exception(
                         ReplicaUnavailable("outcome unknown", reason="UNKNOWN_OUTCOME")
                     )
+
+
+class SpeculativeReplica(SimReplica):
+    """A broken variant (`Bugs.send_before_commit`): `read` shows the state as it will
+    be once the member's whole log applies, entries not yet committed included, as a
+    holder that computed and sent rows ahead of commit would see it."""
+
+    _ahead: tuple[tuple[int, int, int, int], BucketStateMachine] | None = None
+    """The speculative state, and the member's (state, applied, last index, last term)
+    it was built from."""
+
+    def read(self, fn: Callable[[BucketStateMachine], T]) -> T:
+        self._refuse_if_unavailable()
+        return fn(self._speculative())
+
+    def _speculative(self) -> BucketStateMachine:
+        member = self.member
+        if member.last_index <= member.applied:
+            return member.sm
+        key = (id(member.sm), member.applied, member.last_index, member.last_term)
+        if self._ahead is not None and self._ahead[0] == key:
+            return self._ahead[1]
+        sm = BucketStateMachine.restore(member.sm.snapshot(), planner=member.planner)
+        for index in range(member.applied + 1, member.last_index + 1):
+            data = member.entry(index).data
+            if data != NOOP:
+                try:
+                    sm.apply(index, data)
+                except (EntryError, ReplicaDivergence):
+                    break
+        self._ahead = (key, sm)
+        return sm

@@ -3,8 +3,8 @@
 They subclass the production `NotifierCore` and change one decision each; the
 production host builds them through its `new_core` factory when the simulation's
 configuration asks, never by editing production code. (The other variants live
-where they break something: `SimReplica(fenced=False)`, `RaftGroup(damaged_votes=True)`,
-the client's `sdk_skips_dedupe`.)
+where they break something: `SimReplica(fenced=False)`, `SpeculativeReplica`,
+`RaftGroup(damaged_votes=True)`, the client's `sdk_skips_dedupe`.)
 """
 
 from __future__ import annotations
@@ -90,6 +90,21 @@ class SecondsWindow(NotifierCore):
         return super().purge_entry(sm, lease_index, now_ms, window, expire=expire)
 
 
+class SkipsPredecessorRows(NotifierCore):
+    """Takes every row computed before it took the lease as sent by its predecessor:
+    it never sends one of them, whatever position a stream attaches at."""
+
+    def __init__(self, me: str, config: NotifierConfig | None, taken_at: int) -> None:
+        super().__init__(me, config)
+        self._taken_at = taken_at
+
+    def _rows_after(
+        self, sm: BucketStateMachine, sub_id: str, position: EmitSeq, through: int | None
+    ) -> tuple[OutboxRow, ...]:
+        rows = super()._rows_after(sm, sub_id, position, through)
+        return tuple(row for row in rows if row.emit_seq.commit_index > self._taken_at)
+
+
 def core_factory(bugs: Bugs) -> CoreFactory:
     """What a replica's host builds when it takes the lease: the production core unless
     a bug is injected."""
@@ -101,4 +116,6 @@ def core_factory(bugs: Bugs) -> CoreFactory:
         return lambda me, config, sm: ForgetsTail(me, config, sm.applied_index)
     if bugs.expiry_window_in_seconds:
         return lambda me, config, sm: SecondsWindow(me, config)
+    if bugs.skip_predecessor_rows:
+        return lambda me, config, sm: SkipsPredecessorRows(me, config, sm.applied_index)
     return lambda me, config, sm: NotifierCore(me, config)

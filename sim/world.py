@@ -23,7 +23,7 @@ from typing import Final
 import xxhash
 
 from sevendb.outbox.entries import Entry, EntryType, encode_entry
-from sevendb.outbox.model import RowsOutboxed
+from sevendb.outbox.model import RowsOutboxed, RowsPending
 from sevendb.outbox.query import Query
 from sevendb.outbox.replica import ApplyOutcome, ReplicaUnavailable
 
@@ -77,6 +77,7 @@ class Simulation:
             BUCKET,
             tolerate_divergence=bool(config.planners),
             stall_window_ms=config.stall_window_ms,
+            emission=config.emission,
         )
         self.raft = RaftGroup(
             BUCKET,
@@ -190,11 +191,14 @@ class Simulation:
         node = self.nodes[member.name]
         node.on_apply(index, outcome)
         self._applied_run[member.name] = None
+        # FTO-02's moment: the holder dies in the apply that made rows sendable (their
+        # OUTBOX_WRITE, or in the derived mode their source entry), before sending.
+        sendable = RowsPending if self.config.emission == "derived" else RowsOutboxed
         if (
             node.crash_after_outbox
             and node.host.emitting
             and applied is not None
-            and any(isinstance(e, RowsOutboxed) for e in applied.effects)
+            and any(isinstance(e, sendable) for e in applied.effects)
         ):
             node.crash_after_outbox = False
             self.trace("crash-after-outbox", member.name, index)
@@ -318,6 +322,9 @@ class Simulation:
                 self.nodes[name].tick(now)
         for message in self.net.due(now):
             self._deliver(message)
+        for name in self.replica_names:
+            if self.raft.members[name].active(now):
+                self.nodes[name].flush_subscribes()
         for client in self.clients.values():
             if client.alive:
                 client.tick(now)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+from typing import Any
+
+import msgpack
 
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import (
@@ -107,3 +110,20 @@ def replay(
         with contextlib.suppress(EntryError):
             sm.apply(index, data)
     return sm
+
+
+def version_1_snapshot(sm: BucketStateMachine, stale: tuple[list[Any], ...] = ()) -> bytes:
+    """`sm`'s snapshot as a build before lifecycles and the derived emission mode wrote
+    it (format 1): producers without a time, each subscription with a stale flag and
+    only its checkpointed rows (the others were kept only in the pending batches), no
+    expired subscriptions remembered. `stale` adds subscriptions marked stale, each in
+    format 2's shape (`[sub_id, principal, kind, arg, plan_hash, start, head, acked,
+    last_active_ms, rows]`)."""
+    raw = msgpack.unpackb(sm.snapshot(), raw=False)
+    assert raw[0] == 2 and len(raw) == 12
+    outboxed = raw[4]
+    producers = [p[:4] for p in raw[8]]
+    subs = [[*s[:9], False, [r for r in s[9] if r[1][2] <= outboxed]] for s in raw[9]] + [
+        [*s[:9], True, s[9]] for s in stale
+    ]
+    return bytes(msgpack.packb([1, *raw[1:8], producers, subs, raw[10]], use_bin_type=True))

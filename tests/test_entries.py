@@ -28,6 +28,7 @@ from sevendb.outbox.entries import (
     OutboxWrite,
     ProducerRef,
     Subscribe,
+    SubscribeBatch,
     Unsubscribe,
     Write,
     WriteBatch,
@@ -62,6 +63,12 @@ SAMPLES: list[Entry] = [
         (
             Write((Op(OpKind.SET, "a"),), ProducerRef(1, 0, 0), 5),
             Write((Op(OpKind.DEL, "b"),), None, 6),
+        )
+    ),
+    SubscribeBatch(
+        (
+            Subscribe("s", "alice", Query.parse("prefix:a/"), 42, 7),
+            Subscribe("t", "bob", Query.parse("all"), 43, 8),
         )
     ),
 ]
@@ -113,6 +120,8 @@ def _raw(*items: object) -> bytes:
             MalformedEntry,
         ),
         (_raw(ENTRY_FORMAT_VERSION, 2, "s", "alice", 7, "", 0, 0), MalformedEntry),
+        (_raw(ENTRY_FORMAT_VERSION, 10, []), MalformedEntry),  # an empty SUBSCRIBE_BATCH
+        (_raw(ENTRY_FORMAT_VERSION, 10, [["s", "alice", 2, "x", 0, 0]]), MalformedEntry),
         (_raw(ENTRY_FORMAT_VERSION, 6, 0, 0), MalformedEntry),
         (_raw(ENTRY_FORMAT_VERSION, 7, "node", -1), MalformedEntry),
         (_raw(ENTRY_FORMAT_VERSION, True, 1), UnknownEntryType),

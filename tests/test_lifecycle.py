@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgpack
 import pytest
-from helpers import BUCKET, Driver, replay
+from helpers import BUCKET, Driver, replay, version_1_snapshot
 
 from sevendb.outbox import limits
 from sevendb.outbox.emitseq import EmitSeq
@@ -317,17 +317,35 @@ def test_a_snapshot_keeps_lifecycles() -> None:
     assert restored.idle_producers(d.now_ms + IDLE, IDLE) == ()
 
 
-def _version_1(sm: BucketStateMachine) -> bytes:
-    """`sm`'s snapshot as a build before lifecycles wrote it (format 1): producers
-    without a time, each subscription with a stale flag, no expired ones kept."""
-    raw = msgpack.unpackb(sm.snapshot(), raw=False)
-    raw[0] = 1
-    producers = [p[:4] for p in raw[8]]
-    subs = [[*s[:9], False, s[9]] for s in raw[9]]
-    subs.append(
-        ["old", "alice", 2, "", subs[0][4], subs[0][5], subs[0][5], subs[0][5], 1, True, []]
+def test_a_snapshot_keeps_rows_not_yet_checkpointed_beside_the_lifecycles() -> None:
+    """Format 2 carries both: a live subscription's rows computed since the last
+    checkpoint, and the expired subscriptions remembered (an expired one's rows not
+    yet checkpointed only in the pending batches, for the next checkpoint's digest)."""
+    d = holder()
+    d.subscribe("live", "key:k")
+    d.subscribe("gone", "key:k")
+    d.init_producer(7)
+    d.set("k")  # a row for each, not checkpointed
+    expire(d, "gone", at=d.now_ms + WINDOW + 1)
+    snap = d.sm.snapshot()
+    restored = BucketStateMachine.restore(snap)
+    assert restored.snapshot() == snap
+    assert restored.outbox_rows("live") == d.rows("live") and len(d.rows("live")) == 1
+    assert restored.subscription("gone") is None and len(restored.pending_rows()) == 2
+    assert restored.decide_reconnect("gone", "alice", EmitSeq(BUCKET, 1, 1)).status is (
+        ReconnectStatus.STALE_SEQUENCE
     )
-    return msgpack.packb([*raw[:8], producers, subs, raw[10]], use_bin_type=True)
+    for at in (d.now_ms, d.now_ms + IDLE + 1):
+        assert restored.idle_producers(at, IDLE) == d.sm.idle_producers(at, IDLE)
+    assert d.outbox() is not None
+    restored.apply(*d.log[-1])  # the checkpoint's digest holds on the restored replica
+    assert restored.digest() == d.sm.digest() and restored.pending_rows() == ()
+
+
+def _version_1(sm: BucketStateMachine) -> bytes:
+    """`sm`'s snapshot in format 1, with a stale subscription "old" besides."""
+    sub = msgpack.unpackb(sm.snapshot(), raw=False)[9][0]
+    return version_1_snapshot(sm, (["old", "alice", 2, "", sub[4], sub[5], sub[5], sub[5], 1, []],))
 
 
 def test_a_format_1_snapshot_is_still_read() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import sys
 
 import pytest
 from helpers import BUCKET, Driver
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from sevendb.notifier.core import (
     AttachStatus,
+    EmissionMode,
     NotifierConfig,
     NotifierCore,
     default_lease_holder,
@@ -30,6 +32,9 @@ from sevendb.outbox.model import (
     RowsPending,
 )
 from sevendb.sdk.cursor import StreamCursor
+
+LITERAL = NotifierConfig(emission=EmissionMode.LITERAL)
+MODES = list(EmissionMode)
 
 
 def holder_with_sub(query: str = "prefix:a/", holder: str = "n1") -> tuple[Driver, EmitSeq]:
@@ -128,9 +133,9 @@ def test_attach_after_a_position_is_an_ack_of_it() -> None:
 # ---- sending ----------------------------------------------------------------------------
 
 
-def test_next_batches_sends_outboxed_rows_after_the_position_in_order() -> None:
+def test_the_literal_mode_sends_outboxed_rows_after_the_position_in_order() -> None:
     d, start = holder_with_sub()
-    core = NotifierCore("n1")
+    core = NotifierCore("n1", LITERAL)
     write(d, "a/1")
     assert core.attach(d.sm, "s", "alice", start, d.now_ms).status is AttachStatus.ATTACHED
     assert core.next_batches(d.sm, 100, d.now_ms) == []  # pending rows are never sent
@@ -142,6 +147,39 @@ def test_next_batches_sends_outboxed_rows_after_the_position_in_order() -> None:
     assert [(s, [r.emit_seq.commit_index for r in rows]) for s, rows in batches] == [("s", [3, 5])]
     assert core.next_batches(d.sm, 100, d.now_ms) == []  # nothing new
     assert core.position("s") == batches[0][1][-1].emit_seq
+
+
+def test_the_derived_mode_sends_rows_once_their_source_applied() -> None:
+    d, start = holder_with_sub()
+    core = NotifierCore("n1")
+    assert core.config.emission is EmissionMode.DERIVED  # the default
+    write(d, "a/1")
+    assert core.attach(d.sm, "s", "alice", start, d.now_ms).status is AttachStatus.ATTACHED
+    first = core.next_batches(d.sm, 100, d.now_ms)
+    assert [(s, [r.emit_seq.commit_index for r in rows]) for s, rows in first] == [("s", [3])]
+    assert d.sm.outboxed_through == 0  # no OUTBOX_WRITE was needed
+    write(d, "a/2")
+    write(d, "b/1")  # not matched
+    second = core.next_batches(d.sm, 100, d.now_ms)
+    assert [(s, [r.emit_seq.commit_index for r in rows]) for s, rows in second] == [("s", [4])]
+    assert core.next_batches(d.sm, 100, d.now_ms) == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_ack_past_what_the_mode_may_have_sent_is_future(mode: EmissionMode) -> None:
+    """The state machine keeps rows from their apply; the literal mode sends none
+    before its OUTBOX_WRITE, so an ack of one is an ack of what was never sent."""
+    d, _ = holder_with_sub()
+    core = NotifierCore("n1", NotifierConfig(emission=mode))
+    write(d, "a/1")
+    (row,) = d.rows("s")
+    outcome = core.on_client_ack(d.sm, "s", "alice", row.emit_seq, d.now_ms)
+    if mode is EmissionMode.LITERAL:
+        assert outcome.status is AckStatus.FUTURE and core.queued_acks() == ()
+        d.outbox()
+        outcome = core.on_client_ack(d.sm, "s", "alice", row.emit_seq, d.now_ms)
+    assert outcome.status is AckStatus.ACCEPTED
+    assert [a.up_to for a in core.queued_acks()] == [row.emit_seq]
 
 
 def test_the_window_bounds_events_in_flight_and_acks_open_it() -> None:
@@ -175,40 +213,48 @@ def test_max_events_bounds_one_call() -> None:
 
 @settings(max_examples=200, deadline=None)
 @example(  # the window fills, the pass drops the stream, an ack must bring it back
-    [("write", 0), ("write", 0), ("outbox", 0), ("send", 0), ("send", 0), ("ack", 0), ("send", 0)]
+    [("write", 0), ("write", 0), ("outbox", 0), ("send", 0), ("send", 0), ("ack", 0), ("send", 0)],
+    EmissionMode.LITERAL,
 )
 @given(
     st.lists(
         st.tuples(st.sampled_from(["write", "outbox", "send", "ack", "attach"]), st.integers(0, 3)),
         max_size=60,
-    )
+    ),
+    st.sampled_from(MODES),
 )
 def test_a_pass_over_ready_streams_sends_what_a_full_pass_sends(
-    script: list[tuple[str, int]],
+    script: list[tuple[str, int]], mode: EmissionMode
 ) -> None:
     """`next_batches(full=False)` looks only at streams marked ready (attached, acked,
-    or named by `mark_ready` from RowsOutboxed effects, as the node does); it must
+    or named by `mark_ready` from the effects that make rows sendable in the mode:
+    RowsPending when derived, RowsOutboxed when literal, as the node does); it must
     send exactly what a scan of every stream sends."""
     d = Driver(holder="n1")
     d.lease()
     subs = [f"s{i}" for i in range(4)]
     for i, sub_id in enumerate(subs):
         d.subscribe(sub_id, f"prefix:k{i % 2}/")
-    config = NotifierConfig(window_events=1, resend_after_ms=10**9)  # often full
+    config = NotifierConfig(window_events=1, resend_after_ms=10**9, emission=mode)  # often full
     full, lean = NotifierCore("n1", config), NotifierCore("n1", config)
+    sendable = RowsPending if mode is EmissionMode.DERIVED else RowsOutboxed
     for core in (full, lean):
         for sub_id in subs[:2]:
             core.attach(d.sm, sub_id, "alice", d.sm.subscription(sub_id).start, d.now_ms)  # type: ignore[union-attr]
     for step, n in script:
-        if step == "write":
-            write(d, f"k0/{d.tick()}")
-            write(d, f"k1/{d.tick()}")
-        elif step == "outbox":
-            applied = d.outbox()
-            if applied is not None:
-                lean.mark_ready(
-                    r.sub_id for e in applied.effects if isinstance(e, RowsOutboxed) for r in e.rows
-                )
+        if step in ("write", "outbox"):
+            applied_ = (
+                [d.set(f"k0/{d.tick()}"), d.set(f"k1/{d.tick()}")]
+                if step == "write"
+                else [a for a in (d.outbox(),) if a is not None]
+            )
+            lean.mark_ready(
+                r.sub_id
+                for applied in applied_
+                for e in applied.effects
+                if isinstance(e, sendable)
+                for r in e.rows
+            )
         elif step == "send":
             assert lean.next_batches(d.sm, 2 + n, d.now_ms, full=False) == full.next_batches(
                 d.sm, 2 + n, d.now_ms
@@ -233,6 +279,30 @@ def test_a_pass_over_ready_streams_sends_what_a_full_pass_sends(
         for sub_id, rows in batch:
             for core in (full, lean):
                 core.on_client_ack(d.sm, sub_id, "alice", rows[-1].emit_seq, d.now_ms)
+
+
+def test_a_pass_over_ready_streams_leaves_no_set_sized_for_every_stream() -> None:
+    """After thousands of streams attached at once were looked at, the set of ready
+    streams is small again: a set keeps its table after its members leave, and
+    iterating it cost every later pass as much as the thousands (sorted, 50-100 us;
+    bench_stages.py measured 63-70 -> 24-25 us per event with 10,000 streams)."""
+    d = Driver(holder="n1")
+    d.lease()
+    core = NotifierCore("n1")
+    for i in range(2_000):
+        d.subscribe(f"s{i}", f"key:k{i}")
+        start = d.sm.subscription(f"s{i}").start  # type: ignore[union-attr]
+        assert core.attach(d.sm, f"s{i}", "alice", start, d.now_ms).status is (
+            AttachStatus.ATTACHED
+        )
+    empty = sys.getsizeof(set())
+    assert sys.getsizeof(core._ready) > 10 * empty  # every attached stream is ready
+    assert core.next_batches(d.sm, 100, d.now_ms, full=False) == []
+    write(d, "k7")
+    core.mark_ready(["s7"])
+    assert sys.getsizeof(core._ready) == empty  # one member, a small table
+    (batch,) = core.next_batches(d.sm, 100, d.now_ms, full=False)
+    assert batch[0] == "s7" and len(batch[1]) == 1
 
 
 def test_unacked_events_are_resent_after_the_resend_interval() -> None:
@@ -364,6 +434,10 @@ def test_config_is_validated() -> None:
         NotifierConfig(resend_after_ms=0)
     with pytest.raises(ValueError):
         NotifierConfig(acks_per_purge_max=10**6)
+    with pytest.raises(ValueError):
+        NotifierConfig(checkpoint_interval_ms=0)
+    with pytest.raises(ValueError):
+        NotifierConfig(emission="derived")  # type: ignore[arg-type]
 
 
 # ---- outbox writes and failover ------------------------------------------------------
@@ -393,7 +467,12 @@ def test_a_new_holder_reproposes_what_its_predecessor_left() -> None:
 
 def test_outbox_writes_are_pipelined_up_to_the_limit_and_restart_after_a_loss() -> None:
     d, _ = holder_with_sub()
-    core = NotifierCore("n1", NotifierConfig(outbox_writes_in_flight=2, outbox_retry_ms=500))
+    core = NotifierCore(
+        "n1",
+        NotifierConfig(
+            outbox_writes_in_flight=2, outbox_retry_ms=500, emission=EmissionMode.LITERAL
+        ),
+    )
     proposed = []
     for key in ("a/1", "a/2", "a/3"):
         write(d, key)
@@ -421,6 +500,34 @@ def test_outbox_writes_are_pipelined_up_to_the_limit_and_restart_after_a_loss() 
     assert d.sm.pending_rows() == ()
 
 
+def test_derived_checkpoints_one_at_a_time_at_most_every_interval() -> None:
+    d, _ = holder_with_sub()
+    core = NotifierCore("n1", NotifierConfig(checkpoint_interval_ms=50, outbox_retry_ms=500))
+    write(d, "a/1")
+    first = core.outbox_entry(d.sm, d.sm.lease_index, d.tick())
+    assert first is not None and (first.from_index, first.row_count) == (0, 1)
+    core.outbox_proposed(first, d.now_ms)
+    write(d, "a/2")
+    assert core.outbox_entry(d.sm, d.sm.lease_index, d.tick(100)) is None  # one in flight
+    d.apply(first)
+    write(d, "a/3")
+    second = core.outbox_entry(d.sm, d.sm.lease_index, d.tick())
+    assert second is not None and (second.from_index, second.row_count) == (first.through_index, 2)
+    core.outbox_proposed(second, d.now_ms)
+    d.apply(second)
+    write(d, "a/4")
+    assert core.outbox_entry(d.sm, d.sm.lease_index, d.tick(20)) is None  # not due yet
+    third = core.outbox_entry(d.sm, d.sm.lease_index, d.tick(30))
+    assert third is not None and third.row_count == 1
+    # A new holder checkpoints what its predecessor left, from the log's point.
+    d.lease("n2")
+    new = NotifierCore("n2")
+    retry = new.outbox_entry(d.sm, d.sm.lease_index, d.tick())
+    assert retry is not None and (retry.from_index, retry.row_count) == (second.through_index, 1)
+    assert d.apply(retry).result == OutboxWriteResult(rows=1)
+    assert d.sm.pending_rows() == ()
+
+
 # ---- the conversation: notifier and SDK cursor joined in memory ------------------------
 
 
@@ -428,9 +535,13 @@ class Conversation:
     """A holder's NotifierCore and a client's StreamCursor joined by a lossy channel
     (h11 style: two state machines, no network). The bucket log is a Driver."""
 
-    def __init__(self, reorder_buffer_max: int = 2) -> None:
+    def __init__(
+        self, reorder_buffer_max: int = 2, mode: EmissionMode = EmissionMode.DERIVED
+    ) -> None:
         self.d, self.start = holder_with_sub(holder="n1")
-        self.core = NotifierCore("n1", NotifierConfig(window_events=3, resend_after_ms=50))
+        self.core = NotifierCore(
+            "n1", NotifierConfig(window_events=3, resend_after_ms=50, emission=mode)
+        )
         self.cursor: StreamCursor[OutboxRow] = StreamCursor(self.start, reorder_buffer_max=2)
         self.persisted = self.start
         self.processed: list[OutboxRow] = []
@@ -484,11 +595,12 @@ class Conversation:
         max_size=150,
     ),
     buffer=st.integers(1, 4),
+    mode=st.sampled_from(MODES),
 )
 def test_conversation_is_effective_once_through_a_lossy_channel(
-    script: list[str], buffer: int
+    script: list[str], buffer: int, mode: EmissionMode
 ) -> None:
-    c = Conversation(buffer)
+    c = Conversation(buffer, mode)
     for i, step in enumerate(script):
         if step == "write":
             c.write(["a/1", "a/2", "b/1"][i % 3])

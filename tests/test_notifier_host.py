@@ -16,7 +16,7 @@ import pytest
 from test_replica import Cluster, wait_until, write
 
 from sevendb.cluster.raft.replica import BucketReplica
-from sevendb.notifier.core import AttachStatus
+from sevendb.notifier.core import AttachStatus, EmissionMode
 from sevendb.notifier.host import (
     INLINE_STREAMS_MAX,
     BucketNotifier,
@@ -72,10 +72,12 @@ def leader(tmp_path: Path) -> Iterator[BucketReplica]:
         cluster.close()
 
 
-def holding_the_lease(replica: BucketReplica, runner: Passes | None = None) -> BucketNotifier:
+def holding_the_lease(
+    replica: BucketReplica, runner: Passes | None = None, **settings_: object
+) -> BucketNotifier:
     """A notifier that holds the committed lease, after passes of its loop run by hand."""
     # Nothing acks in these tests: no stream may be rewound for a resend meanwhile.
-    settings = NotifierSettings(resend_after_ms=600_000)
+    settings = NotifierSettings(resend_after_ms=600_000, **settings_)  # type: ignore[arg-type]
     notifier = BucketNotifier(replica, settings, runner=runner or Passes())
     replica.on_applied = notifier.on_applied  # as a node wires them
     replica.after_applies = notifier.after_applies
@@ -99,8 +101,10 @@ def subscribe(replica: BucketReplica, sub_id: str, query: str) -> SubscribeResul
     return result
 
 
-def test_the_tick_thread_outboxes_and_sends_new_rows_itself(leader: BucketReplica) -> None:
-    notifier = holding_the_lease(leader)
+def five_writes_on_one_stream(leader: BucketReplica, notifier: BucketNotifier) -> list[int]:
+    """Attach one stream, commit five matching writes, and wait until the stream got
+    their rows with nothing running the notifier's loop (the replica's tick thread
+    alone): the rows' commit indexes."""
     start = subscribe(leader, "s1", "prefix:k/").start
     assert start is not None
     sink = Sink()
@@ -109,16 +113,42 @@ def test_the_tick_thread_outboxes_and_sends_new_rows_itself(leader: BucketReplic
 
     committed = [leader.propose(write(f"k/{i}")).commit_index for i in range(5)]
 
-    # Nothing runs the notifier's loop any more: the OUTBOX_WRITE for these rows was
-    # proposed, and the rows sent once it applied, from the replica's tick thread.
     def all_sent() -> bool:
         with sink.lock:
             return len(sink.rows) == len(committed)
 
     wait_until(all_sent, what="the rows to reach the stream")
     assert [row.emit_seq.commit_index for row in sink.rows] == committed
-    assert leader.read(lambda sm: sm.outboxed_through) >= committed[-1]
     assert sink.closed is None
+    return committed
+
+
+def test_the_tick_thread_outboxes_and_sends_new_rows_itself(leader: BucketReplica) -> None:
+    notifier = holding_the_lease(leader, emission_mode=EmissionMode.LITERAL)
+    committed = five_writes_on_one_stream(leader, notifier)
+    # The OUTBOX_WRITE for these rows was proposed, and the rows sent once it applied.
+    assert leader.read(lambda sm: sm.outboxed_through) >= committed[-1]
+
+
+def test_the_derived_mode_sends_rows_once_their_write_applied_before_any_outbox_write(
+    leader: BucketReplica,
+) -> None:
+    """One Raft round: the tick thread hands each row to its stream right after the
+    write applied. The one checkpoint allowed in this test covers only the first."""
+    notifier = holding_the_lease(
+        leader, emission_mode=EmissionMode.DERIVED, checkpoint_interval_ms=600_000
+    )
+    committed = five_writes_on_one_stream(leader, notifier)
+    # Sent, though no OUTBOX_WRITE covers the last four: their write is their durability.
+    assert leader.read(lambda sm: sm.outboxed_through) < committed[1]
+    pending = leader.read(lambda sm: [r.emit_seq.commit_index for r in sm.pending_rows()])
+    assert pending[-4:] == committed[1:]
+
+
+def test_an_unknown_emission_mode_is_refused() -> None:
+    assert NotifierSettings(emission_mode="literal").emission_mode is EmissionMode.LITERAL  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="emission_mode must be one of derived, literal"):
+        NotifierSettings(emission_mode="eager")  # type: ignore[arg-type]
 
 
 def test_a_notifier_with_many_streams_leaves_them_to_its_thread(

@@ -4,13 +4,20 @@ forgets, the per-stream byte window, and ending the stream of a slow subscriber.
 
 from __future__ import annotations
 
+import pytest
 from helpers import Driver
 from test_notifier_core import holder_with_sub, write
 
-from sevendb.notifier.core import AttachStatus, NotifierConfig, NotifierCore, row_bytes
+from sevendb.notifier.core import (
+    AttachStatus,
+    EmissionMode,
+    NotifierConfig,
+    NotifierCore,
+    row_bytes,
+)
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import OutboxPurge, ProducerRef
-from sevendb.outbox.model import PurgeResult
+from sevendb.outbox.model import AckStatus, OutboxWriteResult, PurgeResult
 
 WINDOW = 1_000
 
@@ -142,3 +149,80 @@ def test_a_stream_with_nothing_in_flight_is_never_slow() -> None:
     [(_, rows)] = core.next_batches(d.sm, 10, d.tick())
     core.on_client_ack(d.sm, "s", "alice", rows[-1].emit_seq, d.tick())
     assert core.slow_streams(d.now_ms + 10**6) == ()
+
+
+# ---- lifecycles in both emission modes ----------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["unsubscribe", "expire"])
+@pytest.mark.parametrize("mode", list(EmissionMode))
+def test_a_deleted_subscriptions_rows_never_leave(mode: EmissionMode, how: str) -> None:
+    """Rows computed and not yet checkpointed go with their subscription in both modes
+    (in the derived one they were sendable already); the checkpoint's digest still
+    covers them, and a new incarnation of the sub_id never gets them."""
+    d, start = holder("prefix:a/")
+    core = NotifierCore("n1", NotifierConfig(emission=mode, attach_grace_ms=0))
+    core.attach(d.sm, "s", "alice", start, d.now_ms)
+    write(d, "a/1")
+    write(d, "a/2")
+    assert len(d.rows("s")) == 2 and d.sm.outboxed_through < d.sm.applied_index
+    if how == "unsubscribe":
+        d.unsubscribe("s")
+    else:
+        purge = housekeeping(d, core, d.now_ms + WINDOW + 1)
+        assert purge is not None and purge.expire == ("s",)
+    assert d.sm.subscription("s") is None and d.sm.outbox_size() == 0
+    assert core.closed_streams(d.sm) == ("s",)
+    assert core.next_batches(d.sm, 100, d.tick()) == []
+    assert len(d.sm.pending_rows()) == 2  # kept for the checkpoint's digest only
+    d.subscribe("s", "prefix:a/")  # the same sub_id again, before the checkpoint
+    checkpoint = core.outbox_entry(d.sm, d.sm.lease_index, d.tick())
+    assert checkpoint is not None and checkpoint.row_count == 2
+    assert d.apply(checkpoint).result == OutboxWriteResult(rows=0)
+    assert d.sm.pending_rows() == () and d.rows("s") == ()
+
+
+@pytest.mark.parametrize("mode", list(EmissionMode))
+def test_a_row_not_yet_checkpointed_is_one_to_acknowledge(mode: EmissionMode) -> None:
+    """Keep-alives hold only a subscription with nothing to acknowledge, and a row
+    counts from its computation, checkpointed or not: the rule is the state
+    machine's, the same under either mode. Once acknowledged (in the derived mode
+    before its checkpoint), the subscription is kept alive again."""
+    d, start = holder()
+    core = NotifierCore("n1", NotifierConfig(emission=mode, attach_grace_ms=0))
+    core.attach(d.sm, "s", "alice", start, d.now_ms)
+    write(d, "a/1")
+    [row] = d.rows("s")
+    quiet = d.now_ms + WINDOW // 4 + 1
+    _, touch, _ = core.lifecycle(d.sm, quiet, WINDOW)
+    assert touch == ()
+    d.now_ms = quiet
+    d.apply(OutboxPurge(d.sm.lease_index, (), (), WINDOW, quiet, ("s",)))  # ignored
+    assert d.sm.subscription("s").last_active_ms < quiet  # type: ignore[union-attr]
+    sent = core.next_batches(d.sm, 10, d.tick())
+    if mode is EmissionMode.LITERAL:
+        assert sent == []  # not before its checkpoint, and so not acknowledged either
+        assert core.on_client_ack(d.sm, "s", "alice", row.emit_seq, d.tick()).status is (
+            AckStatus.FUTURE
+        )
+        d.apply(core.outbox_entry(d.sm, d.sm.lease_index, d.tick()))  # type: ignore[arg-type]
+        sent = core.next_batches(d.sm, 10, d.tick())
+    assert sent == [("s", (row,))]
+    assert core.on_client_ack(d.sm, "s", "alice", row.emit_seq, d.tick()).status is (
+        AckStatus.ACCEPTED
+    )
+    housekeeping(d, core, d.tick())
+    assert d.rows("s") == ()
+    if mode is EmissionMode.DERIVED:  # acknowledged before its checkpoint
+        assert d.sm.outboxed_through < row.emit_seq.commit_index
+    checkpoint = core.outbox_entry(d.sm, d.sm.lease_index, d.tick() + 100)
+    if mode is EmissionMode.DERIVED:  # the acknowledged row is checkpointed all the same
+        assert checkpoint is not None and checkpoint.row_count == 1
+        assert d.apply(checkpoint).result == OutboxWriteResult(rows=1)
+    else:
+        assert checkpoint is None
+    assert d.sm.pending_rows() == ()
+    acked_at = d.sm.subscription("s").last_active_ms  # type: ignore[union-attr]
+    later = acked_at + WINDOW // 4 + 1
+    _, touch, _ = core.lifecycle(d.sm, later, WINDOW)
+    assert touch == ("s",)

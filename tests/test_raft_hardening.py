@@ -849,6 +849,7 @@ def test_compaction_never_passes_the_safety_point(tmp_path: Path) -> None:
         # The client acks everything; only the cold replica checkpoint holds now.
         replica.cold_replica_checkpoint = 4
         lease = replica.read(lambda sm: sm.lease_index)
+        rows = replica.read(lambda sm: sm.outbox_rows("s"))  # the later writes' rows too
         ack = OutboxPurge(lease, (Ack("s", "alice", rows[-1].emit_seq),), now_ms=now)
         assert replica.propose(encode_entry(ack)).error is None
         for hold in ("cold", "migration"):

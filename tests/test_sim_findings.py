@@ -50,15 +50,21 @@ def test_the_swarm_is_clean_when_sub_ids_are_reused() -> None:
     "quarantines itself: a diverged lease holder takes the healthy majority down and "
     "streams its own rows",
 )
-def test_a_diverged_lease_holder_is_contained() -> None:
-    report = run_seed(2, planners={"r0": sneaky_planner}, faults=())
+@pytest.mark.parametrize("mode", ["derived", "literal"])
+def test_a_diverged_lease_holder_is_contained(mode: str) -> None:
+    report = run_seed(2, planners={"r0": sneaky_planner}, faults=(), emission=mode)
     assert report.ok, report.describe()
 
 
-def test_a_diverged_follower_quarantines_itself_at_the_next_outbox_write() -> None:
-    """The same broken planner on a replica that does not propose: contained."""
+@pytest.mark.parametrize("mode", ["derived", "literal"])
+def test_a_diverged_follower_quarantines_itself_at_the_next_outbox_write(mode: str) -> None:
+    """The same broken planner on a replica that does not propose: contained (in the
+    derived mode at the next checkpoint, which is also an OUTBOX_WRITE)."""
     for seed in range(40):
-        sim = Simulation(SimConfig.from_seed(seed, planners={"r0": sneaky_planner}, faults=()))
+        config = SimConfig.from_seed(
+            seed, planners={"r0": sneaky_planner}, faults=(), emission=mode
+        )
+        sim = Simulation(config)
         report = sim.run()
         r0 = sim.raft.members["r0"]
         if report.ok and r0.quarantined:

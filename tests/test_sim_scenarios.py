@@ -2,7 +2,8 @@
 
 Each scenario pins part of a simulation (scripted faults, no random ones unless
 named) and relies on the checker for the invariants; the asserts here add what
-the scenario itself promises.
+the scenario itself promises. Every scenario runs in both emission modes
+(docs/emission.md): the checker's visibility rule follows the mode.
 """
 
 from __future__ import annotations
@@ -14,12 +15,20 @@ from typing import Any, cast
 
 import pytest
 
-from sevendb.outbox.entries import OutboxWrite, decode_entry
+from sevendb.outbox.entries import OutboxWrite, Write, WriteBatch, decode_entry
 from sevendb.outbox.query import Plan, Query, plan_query
 from sevendb.sim.checker import AppStream
 from sevendb.sim.config import Scripted, SimConfig
 from sevendb.sim.replay import emission_trace
 from sevendb.sim.world import BUCKET, Report, Simulation
+
+MODES = ("derived", "literal")
+
+
+@pytest.fixture(params=MODES)
+def mode(request: pytest.FixtureRequest) -> str:
+    """The emission mode a scenario runs in."""
+    return cast(str, request.param)
 
 
 def run(seed: int, **overrides: Any) -> tuple[Simulation, Report]:
@@ -63,12 +72,13 @@ def emits(app: AppStream) -> list[tuple[str, int, int]]:
 # ---- DET-01 ---------------------------------------------------------------------------
 
 
-def test_det_01_one_log_two_schedules_identical_emission_traces() -> None:
+def test_det_01_one_log_two_schedules_identical_emission_traces(mode: str) -> None:
     sim, _ = run(
         100,
         faults=("replica_crash", "holder_crash", "drop", "duplicate", "reorder", "epoch_bump"),
         fault_rate=2.0,
         writes=80,
+        emission=mode,
     )
     log = [(i, data) for i, (_, data) in enumerate(sim.checker.committed) if i and data]
     first = emission_trace(log, 1, bucket_uuid=BUCKET)
@@ -80,32 +90,34 @@ def test_det_01_one_log_two_schedules_identical_emission_traces() -> None:
         f"\nDET-01: {len(log)} entries, emission trace {len(first.data)} bytes, "
         f"xxh64 {first.digest}, state digest {first.state_digest}"
     )
-    # What each application processed is a prefix of what the log emits for it.
-    outboxed: dict[str, list[object]] = {}
+    # What each application processed is a prefix of what the log emits for it: the
+    # rows its OUTBOX_WRITEs checkpointed (literal), or the rows computed (derived).
+    emitted: dict[str, list[object]] = {}
     import msgpack
 
+    sendable = "pending" if mode == "derived" else "outboxed"
     for index in sorted(first.per_index):
         for kind, *rest in msgpack.unpackb(first.per_index[index], raw=False):
-            if kind == "outboxed":
+            if kind == sendable:
                 for row in rest[0]:
-                    outboxed.setdefault(row[0], []).append(row[1])
+                    emitted.setdefault(row[0], []).append(row[1])
     for app in apps(sim):
         got = [list(seq) for seq in emits(app)]
-        assert got == outboxed.get(app.sub_id, [])[: len(got)]
+        assert got == emitted.get(app.sub_id, [])[: len(got)]
 
 
-def test_det_01_a_seed_replays_exactly() -> None:
-    config = SimConfig.from_seed(4242)
+def test_det_01_a_seed_replays_exactly(mode: str) -> None:
+    config = SimConfig.from_seed(4242, emission=mode)
     first = Simulation(config).run()
-    second = Simulation(SimConfig.from_seed(4242)).run()
+    second = Simulation(SimConfig.from_seed(4242, emission=mode)).run()
     assert first.trace_digest == second.trace_digest
     assert first.stats == second.stats
 
 
-def test_det_01_runs_do_not_depend_on_pythonhashseed() -> None:
+def test_det_01_runs_do_not_depend_on_pythonhashseed(mode: str) -> None:
     script = (
         "from sevendb.sim.world import run_seed\n"
-        "r = run_seed(77)\n"
+        f"r = run_seed(77, emission={mode!r})\n"
         "print(r.trace_digest, r.stats['checks'])\n"
     )
     outs = set()
@@ -121,11 +133,12 @@ def test_det_01_runs_do_not_depend_on_pythonhashseed() -> None:
 # ---- FTO -------------------------------------------------------------------------------
 
 
-def test_fto_01_killing_the_active_notifier_fails_over_without_gaps() -> None:
+def test_fto_01_killing_the_active_notifier_fails_over_without_gaps(mode: str) -> None:
     sim, report = run(
         11,
         scripted=(Scripted(700, "crash_holder"), Scripted(1_500, "crash_holder")),
         fault_ms=2_200,
+        emission=mode,
     )
     assert report.faults.get("holder_crash", 0) == 2
     assert report.stats.get("client_gaps", 0) == 0  # the SDK never saw a hole in a stream
@@ -139,25 +152,34 @@ def test_fto_01_killing_the_active_notifier_fails_over_without_gaps() -> None:
     assert any(t > crash_ms[-1] for t in times(sim, "send"))
 
 
-def test_fto_02_crash_after_outbox_write_before_send_is_resent_and_deduped() -> None:
+def test_fto_02_crash_after_the_rows_are_durable_before_send_is_resent_and_deduped(
+    mode: str,
+) -> None:
     sim, _ = run(
         12,
         scripted=(Scripted(600, "crash_holder_after_outbox"),),
         fault_ms=1_500,
         faults=("duplicate",),
+        emission=mode,
     )
     (crash,) = trace(sim, "crash-after-outbox")
     _, _, dead, index = crash
     assert isinstance(index, int)
     entry = decode_entry(sim.checker.committed[index][1])
-    assert isinstance(entry, OutboxWrite)
-    # The OUTBOX_WRITE applied at `index` made these rows sendable; the holder died in
-    # that very apply, before sending any of them.
+    # The entry applied at `index` made these rows sendable: their OUTBOX_WRITE
+    # (literal), or their source entry itself (derived). The holder died in that very
+    # apply, before sending any of them.
+    if mode == "literal":
+        assert isinstance(entry, OutboxWrite)
+        after, through = entry.from_index, entry.through_index
+    else:
+        assert isinstance(entry, Write | WriteBatch)
+        after, through = index - 1, index
     moved = [
         (sub_id, emit)
-        for sub_id, rows in sim.checker.model.outboxed.items()
+        for sub_id, rows in sim.checker.model.sendable.items()
         for emit in rows
-        if entry.from_index < emit.commit_index <= entry.through_index
+        if after < emit.commit_index <= through
     ]
     assert moved
     receipts = sim.checker.receipts
@@ -175,11 +197,12 @@ def test_fto_02_crash_after_outbox_write_before_send_is_resent_and_deduped() -> 
 # ---- REC -------------------------------------------------------------------------------
 
 
-def test_rec_01_normal_reconnect_continues_the_stream() -> None:
+def test_rec_01_normal_reconnect_continues_the_stream(mode: str) -> None:
     sim, report = run(
         21,
         scripted=(Scripted(500, "crash_clients"), Scripted(1_200, "crash_clients")),
         fault_ms=2_000,
+        emission=mode,
     )
     assert report.faults.get("crash_clients", 0) >= 2
     attached: dict[str, int] = {}
@@ -191,13 +214,16 @@ def test_rec_01_normal_reconnect_continues_the_stream() -> None:
         assert app.active and app.processed  # one continuous stream per subscription
 
 
-def test_rec_02_reconnect_after_purge_and_compaction_is_stale_and_resubscribes() -> None:
+def test_rec_02_reconnect_after_purge_and_compaction_is_stale_and_resubscribes(
+    mode: str,
+) -> None:
     sim, report = run(
         22,
         scripted=(Scripted(500, "stall_clients"),),
         fault_ms=6_000,
         writes=120,
         faults=("compaction",),
+        emission=mode,
     )
     assert report.stats.get("compactions", 0) > 0
     assert report.stats.get("stale_resubscribes", 0) >= 1
@@ -212,13 +238,14 @@ def test_rec_02_reconnect_after_purge_and_compaction_is_stale_and_resubscribes()
 # ---- MIG-01 ----------------------------------------------------------------------------
 
 
-def test_mig_01_epoch_bump_under_load_keeps_emit_seq_monotonic() -> None:
+def test_mig_01_epoch_bump_under_load_keeps_emit_seq_monotonic(mode: str) -> None:
     sim, _ = run(
         31,
         scripted=tuple(Scripted(t, "epoch_bump") for t in (400, 800, 1_200)),
         fault_ms=1_800,
         writes=90,
         faults=("reorder", "duplicate"),
+        emission=mode,
     )
     assert sim.checker.model.epoch >= 3
     crossed = 0
@@ -245,8 +272,10 @@ def broken_planner(query: Query) -> Plan:
 
 
 @pytest.mark.parametrize("broken", ["r0", "r2"])
-def test_pln_01_a_diverging_replica_quarantines_itself_and_the_others_go_on(broken: str) -> None:
-    sim, _ = run(41, planners={broken: broken_planner}, fault_ms=1_500)
+def test_pln_01_a_diverging_replica_quarantines_itself_and_the_others_go_on(
+    broken: str, mode: str
+) -> None:
+    sim, _ = run(41, planners={broken: broken_planner}, fault_ms=1_500, emission=mode)
     replica = sim.raft.members[broken]
     assert replica.quarantined
     assert "plan_hash" in replica.quarantine_reason

@@ -7,7 +7,7 @@ import shlex
 import pytest
 
 from sevendb.sim.cli import config_from_argv, main, shrink, swarm
-from sevendb.sim.config import Bugs, Scripted, SimConfig
+from sevendb.sim.config import STORAGE_ACTIONS, Bugs, Scripted, SimConfig
 from sevendb.sim.planners import sneaky_planner
 from sevendb.sim.world import Simulation
 
@@ -23,24 +23,30 @@ def test_a_swarm_of_seeds_is_clean() -> None:
     )
     assert result.seeds == SWARM_SEEDS
     assert not result.failures, "\n\n".join(r.describe() for r in result.failures[:3])
-    # The swarm really exercises the faults it claims to.
-    for kind in (
-        "replica_crash",
-        "holder_crash",
-        "partition",
-        "client_crash",
-        "client_stall",
-        "pause",
-        "epoch_bump",
-        "malicious",
-    ):
-        assert result.faults[kind] > 0, kind
+    # The swarm really exercises the faults it claims to, in both emission modes.
+    assert sorted(result.modes) == ["derived", "literal"]
+    for mode, faults in result.modes.items():
+        assert faults["seeds"] > SWARM_SEEDS // 3, mode
+        for kind in (
+            "replica_crash",
+            "holder_crash",
+            "partition",
+            "client_crash",
+            "client_stall",
+            "pause",
+            "epoch_bump",
+            "malicious",
+        ):
+            assert faults[kind] > 0, (mode, kind)
+        assert all(faults[kind] > 0 for kind in STORAGE_ACTIONS), (mode, faults)
     assert result.processed > 10 * SWARM_SEEDS
 
 
-def test_a_small_swarm_is_clean() -> None:
-    result = swarm(10_000, 25)
+@pytest.mark.parametrize("mode", ["derived", "literal"])
+def test_a_small_swarm_is_clean(mode: str) -> None:
+    result = swarm(10_000, 25, overrides={"emission": mode})
     assert not result.failures, "\n\n".join(r.describe() for r in result.failures[:3])
+    assert result.modes[mode]["seeds"] == 25
 
 
 def test_the_cli_runs_a_seed_and_a_budgeted_swarm(capsys: pytest.CaptureFixture[str]) -> None:

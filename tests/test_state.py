@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 import xxhash
-from helpers import BUCKET, Driver
+from helpers import BUCKET, Driver, version_1_snapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +20,7 @@ from sevendb.outbox.entries import (
     OutboxWrite,
     ProducerRef,
     Subscribe,
+    SubscribeBatch,
     Write,
     encode_entry,
 )
@@ -37,6 +38,7 @@ from sevendb.outbox.model import (
     RowsOutboxed,
     RowsPending,
     RowsPurged,
+    SubscribeBatchResult,
     SubscribeResult,
     SubscriptionClosed,
     UnsubscribeResult,
@@ -200,17 +202,27 @@ def test_write_touching_several_matching_keys_gives_one_row_with_all_changes() -
     assert [c.key for c in row.delta.changes] == ["a1", "a2"]
 
 
-def test_rows_are_pending_until_outbox_write_commits() -> None:
+def test_rows_join_the_outbox_when_their_source_applies_and_an_outbox_write_checkpoints_them() -> (
+    None
+):
     d = Driver()
     d.lease()
     d.subscribe("s", "all")
     applied = d.set("k")
-    assert any(isinstance(e, RowsPending) for e in applied.effects)
-    assert d.rows("s") == () and len(d.sm.pending_rows()) == 1
+    (pending,) = [e for e in applied.effects if isinstance(e, RowsPending)]
+    # Kept at once (a function of the committed entry), and pending a checkpoint.
+    assert d.rows("s") == pending.rows and d.sm.pending_rows() == pending.rows
+    assert d.sm.outboxed_through == 0
+    # The literal emission mode sends only what an OUTBOX_WRITE covered:
+    assert d.sm.outbox_rows("s", through_index=d.sm.outboxed_through) == ()
     outboxed = d.outbox()
     assert outboxed is not None
-    assert any(isinstance(e, RowsOutboxed) for e in outboxed.effects)
-    assert len(d.rows("s")) == 1 and d.sm.pending_rows() == ()
+    assert [e for e in outboxed.effects if isinstance(e, RowsOutboxed)] == [
+        RowsOutboxed(pending.rows)
+    ]
+    assert d.rows("s") == pending.rows and d.sm.pending_rows() == ()
+    assert d.sm.outboxed_through == pending.rows[0].emit_seq.commit_index
+    assert d.sm.outbox_rows("s", through_index=d.sm.outboxed_through) == pending.rows
 
 
 def test_subscribe_is_idempotent_for_the_same_principal_and_query() -> None:
@@ -232,6 +244,59 @@ def test_plan_mismatch_raises_and_changes_nothing() -> None:
     with pytest.raises(PlanMismatch):
         d.sm.apply(1, encode_entry(Subscribe("s", "alice", q, plan_query(q).plan_hash ^ 1, 0)))
     assert d.sm.digest() == before and d.sm.subscription("s") is None
+
+
+def _subscribe(sub_id: str, query: str, principal: str = "alice") -> Subscribe:
+    q = Query.parse(query)
+    return Subscribe(sub_id, principal, q, plan_query(q).plan_hash, 0)
+
+
+def test_a_subscribe_batch_applies_each_subscribe_as_its_own_entry_would() -> None:
+    d = Driver()
+    d.lease()
+    d.subscribe("old", "all")
+    batch = SubscribeBatch(
+        (
+            _subscribe("a", "prefix:a/"),
+            _subscribe("old", "all"),  # the same again: idempotent
+            _subscribe("old", "key:k"),  # another query under its id
+            _subscribe("b", "key:k", principal="bob"),
+            _subscribe("b", "key:k"),  # bob's, asked for by alice
+        )
+    )
+    result = d.apply(batch).result
+    assert isinstance(result, SubscribeBatchResult)
+    at = seq(d.index)
+    old = d.sm.subscription("old")
+    assert old is not None
+    assert [(r.sub_id, r.start, r.existing) for r in result.results[:2]] == [
+        ("a", at, False),
+        ("old", old.start, True),
+    ]
+    assert [r.error.code for r in result.results[2:] if r.error is not None] == [
+        ErrorCode.SUBSCRIPTION_EXISTS,
+        ErrorCode.NOT_OWNER,
+    ]
+    assert result.results[3].start == at  # bob's, made in this entry
+    d.set("a/1")
+    d.set("k")
+    assert [r.sub_id for r in d.sm.outbox_rows("a")] == ["a"]
+    assert [r.prev_emit_seq for r in d.sm.outbox_rows("b")] == [at]
+
+
+def test_a_diverging_plan_anywhere_in_a_subscribe_batch_changes_nothing() -> None:
+    def broken(query: Query) -> Plan:
+        plan = plan_query(query)
+        hashed = plan.plan_hash + (query.kind is QueryKind.KEY)
+        return Plan(plan.kind, plan.arg, hashed)
+
+    d = Driver(BucketStateMachine(BUCKET, planner=broken))
+    d.lease()
+    before = d.sm.digest()
+    batch = SubscribeBatch((_subscribe("a", "prefix:a/"), _subscribe("b", "key:k")))
+    with pytest.raises(PlanMismatch):
+        d.sm.apply(d.index + 1, encode_entry(batch))
+    assert d.sm.digest() == before and d.sm.subscription("a") is None
 
 
 def test_divergent_planner_is_detected_on_subscribe() -> None:
@@ -265,6 +330,41 @@ def test_outbox_write_digest_mismatch_is_divergence() -> None:
     with pytest.raises(PlanMismatch):
         d.sm.apply(d.index + 1, encode_entry(bad))
     assert d.sm.digest() == before
+
+
+def test_the_proposer_does_not_compute_its_own_digest_again_and_the_others_still_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sevendb.outbox import state
+
+    calls: list[int] = []
+
+    def counting(rows: tuple[OutboxRow, ...]) -> tuple[int, int]:
+        calls.append(len(rows))
+        return rows_digest(rows)
+
+    monkeypatch.setattr(state, "rows_digest", counting)
+    holder, follower = Driver(), Driver()
+    for d in (holder, follower):
+        d.lease()
+        d.subscribe("s", "all")
+        d.set("k1")
+        d.set("k2")
+    proposal = holder.sm.propose_outbox_write(holder.sm.lease_index, 0)
+    assert proposal is not None and calls == [2]
+    assert holder.apply(proposal).result == OutboxWriteResult(rows=2)
+    assert calls == [2]  # the proposer's apply reused what it proposed
+    assert follower.apply(proposal).result == OutboxWriteResult(rows=2)
+    assert calls == [2, 2]  # every other replica computes and checks
+    assert holder.sm.digest() == follower.sm.digest()
+    # A replica that computed other rows is still caught, at its own apply.
+    diverged = Driver()
+    diverged.lease()
+    diverged.subscribe("s", "all")
+    diverged.set("k1")
+    diverged.set("other")
+    with pytest.raises(PlanMismatch):
+        diverged.sm.apply(diverged.index + 1, encode_entry(proposal))
 
 
 def test_outbox_write_is_idempotent_and_stale_ranges_are_refused() -> None:
@@ -324,7 +424,8 @@ def test_outbox_entries_from_a_deposed_lease_holder_are_fenced() -> None:
     assert proposal is not None
     result = d.apply(proposal).result
     assert isinstance(result, OutboxWriteResult) and result.error is not None
-    assert result.error.code is ErrorCode.STALE_LEASE and d.rows("s") == ()
+    assert result.error.code is ErrorCode.STALE_LEASE and d.sm.outboxed_through == 0
+    assert len(d.sm.pending_rows()) == 1
     purge = d.apply(OutboxPurge(old_lease, (), now_ms=1)).result
     assert isinstance(purge, PurgeResult) and purge.error is not None
 
@@ -422,12 +523,34 @@ def test_ack_of_unknown_subscription() -> None:
     assert d.ack("nope", EmitSeq(BUCKET, 1, 1)).acks[0].status is AckStatus.SUBSCRIPTION_NOT_FOUND
 
 
-def test_ack_cannot_pass_pending_rows() -> None:
+def test_an_ack_cannot_pass_the_last_row_computed() -> None:
     d = Driver()
     d.lease()
     d.subscribe("s", "all")
-    d.set("k")  # computed but not outboxed: never emitted
-    assert d.ack("s", EmitSeq(BUCKET, 1, d.index)).acks[0].status is AckStatus.FUTURE
+    d.set("k")
+    d.set("other")
+    assert d.ack("s", EmitSeq(BUCKET, 1, d.index + 1)).acks[0].status is AckStatus.FUTURE
+    assert len(d.rows("s")) == 2
+
+
+def test_an_ack_of_rows_not_yet_checkpointed_purges_them_and_the_checkpoint_still_applies() -> None:
+    """The derived emission mode sends a row before its OUTBOX_WRITE; the client may ack
+    it first. The OUTBOX_WRITE's digest still covers it (a replica that computed
+    otherwise still quarantines itself), and it never comes back."""
+    d = Driver()
+    d.lease()
+    d.subscribe("s", "all")
+    d.set("k1")
+    d.set("k2")
+    first, second = d.rows("s")
+    proposal = d.sm.propose_outbox_write(d.sm.lease_index, d.tick())
+    assert proposal is not None and proposal.row_count == 2
+    result = d.ack("s", first.emit_seq)
+    assert result.acks[0].status is AckStatus.ACCEPTED and result.purged_rows == 1
+    assert d.rows("s") == (second,) and len(d.sm.pending_rows()) == 2
+    assert d.apply(proposal).result == OutboxWriteResult(rows=2)
+    assert d.rows("s") == (second,) and d.sm.pending_rows() == ()
+    assert d.sm.propose_outbox_write(d.sm.lease_index, d.tick()) is None
 
 
 # ---- reconnect --------------------------------------------------------------------------
@@ -545,6 +668,31 @@ def test_snapshot_restore_round_trip_is_identical() -> None:
     dup = Driver(restored)
     result = write_result(dup, "p", producer=ProducerRef(3, 0, 0))
     assert result.duplicate
+
+
+def test_a_format_1_snapshot_restores_with_its_pending_rows_in_the_outbox() -> None:
+    """Format 1 kept rows not yet checkpointed only in the pending batches: each joins
+    its live subscription, none an unsubscribed one or one format 1 marked stale."""
+    d = Driver()
+    d.lease()
+    d.subscribe("s", "all")
+    d.subscribe("gone", "all")
+    d.set("k1")
+    d.outbox()
+    d.set("k2")
+    d.unsubscribe("gone")
+    raw = msgpack.unpackb(d.sm.snapshot(), raw=False)
+    assert raw[0] == 2
+    stale = [["gone", *raw[9][0][1:9], []]]  # "s" as it was, under another name
+    restored = BucketStateMachine.restore(version_1_snapshot(d.sm, tuple(stale)))
+    assert restored.outbox_rows("s") == d.rows("s") and len(d.rows("s")) == 2
+    assert restored.subscription("gone") is None and restored.outbox_size() == 2
+    assert restored.decide_reconnect("gone", "alice", d.rows("s")[0].emit_seq).status is (
+        ReconnectStatus.STALE_SEQUENCE
+    )
+    assert d.outbox() is not None
+    restored.apply(*d.log[-1])  # the same digest: the pending batches are as they were
+    assert restored.outbox_rows("s") == d.rows("s") and restored.pending_rows() == ()
 
 
 def test_restore_rejects_garbage() -> None:

@@ -20,7 +20,8 @@ clients in separate processes, and stops the cluster (also on Ctrl-C or an error
    subscriptions fed by the same write stream.
 
 It prints one table (median, min and max over runs, and the ratios sevendb/etcd and
-sevendb/NATS computed within each run), writes docs/benchmarks.md and
+sevendb/NATS computed within each run) and every target of issue 30's table with its
+bound and whether it is met (`peers.report.target_list`), writes docs/benchmarks.md and
 docs/benchmarks.png, and keeps the raw figures and client logs under
 ~/.cache/sevendb-bench/results/. Not a test: nothing is asserted.
 """
