@@ -60,6 +60,7 @@ from sevendb.notifier.core import (
 from sevendb.outbox import limits
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import Entry, encode_entry
+from sevendb.outbox.lifecycle import max_ack_lag
 from sevendb.outbox.model import (
     AckOutcome,
     AckStatus,
@@ -514,7 +515,7 @@ class BucketNotifier:
             self._end_slow_streams(core, now)
         sent = self._send(core, sm, now, SEND_EVENTS_MAX, full=housekeeping)
         if self._metrics is not None and housekeeping:
-            self._metrics.gauges(self.bucket, sm.outbox_size(), sm.max_ack_lag())
+            self._metrics.gauges(self.bucket, sm.outbox_size(), max_ack_lag(sm))
         return sent >= SEND_EVENTS_MAX
 
     def _end_slow_streams(self, core: NotifierCore, now: int) -> None:

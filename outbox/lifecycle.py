@@ -38,6 +38,26 @@ def expirable_subscriptions(
     )
 
 
+def stalled_subscriptions(
+    sm: BucketStateMachine, now_ms: int, stall_window_ms: int
+) -> tuple[str, ...]:
+    """The idle subscriptions with rows to acknowledge (in sub_id order): they no
+    longer hold the safety point (`BucketStateMachine.safety_point`)."""
+    return tuple(
+        sorted(
+            sub.sub_id
+            for sub in sm.subscriptions_by_id().values()
+            if sub.rows and idle(sub, now_ms, stall_window_ms)
+        )
+    )
+
+
+def max_ack_lag(sm: BucketStateMachine) -> int:
+    """The largest `Subscription.ack_lag` (commit indexes between a subscription's
+    acknowledged point and its head) over the bucket's subscriptions; 0 with none."""
+    return max((sub.ack_lag for sub in sm.subscriptions_by_id().values()), default=0)
+
+
 def cold_replica_checkpoint(
     replicas: Iterable[tuple[int, int]],
     now_ms: int,
@@ -98,6 +118,8 @@ __all__ = [
     "cold_replica_checkpoint",
     "expirable_subscriptions",
     "idle",
+    "max_ack_lag",
+    "stalled_subscriptions",
     "subscription_info",
     "subscription_page",
 ]

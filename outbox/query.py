@@ -74,3 +74,41 @@ def plan_query(query: Query) -> Plan:
     arg = "" if query.kind is QueryKind.ALL else query.arg
     canonical = msgpack.packb([PLANNER_VERSION, int(query.kind), arg], use_bin_type=True)
     return Plan(query.kind, arg, xxhash.xxh64_intdigest(canonical))
+
+
+class QueryIndex:
+    """Which subscriptions a key matches, by their plans: one lookup for `KEY`
+    plans, a scan of the distinct prefixes for `PREFIX` ones, every `ALL` one."""
+
+    def __init__(self) -> None:
+        self._key: dict[str, set[str]] = {}
+        self._prefix: dict[str, set[str]] = {}
+        self._all: set[str] = set()
+
+    def add(self, sub_id: str, plan: Plan) -> None:
+        if plan.kind is QueryKind.KEY:
+            self._key.setdefault(plan.arg, set()).add(sub_id)
+        elif plan.kind is QueryKind.PREFIX:
+            self._prefix.setdefault(plan.arg, set()).add(sub_id)
+        else:
+            self._all.add(sub_id)
+
+    def remove(self, sub_id: str, plan: Plan) -> None:
+        if plan.kind is QueryKind.ALL:
+            self._all.discard(sub_id)
+            return
+        index = self._key if plan.kind is QueryKind.KEY else self._prefix
+        sub_ids = index.get(plan.arg)
+        if sub_ids is not None:
+            sub_ids.discard(sub_id)
+            if not sub_ids:
+                del index[plan.arg]
+
+    def matching(self, key: str) -> set[str]:
+        """The sub_ids whose plan matches `key` (a new set, in no order)."""
+        hits = set(self._all)
+        hits.update(self._key.get(key, ()))
+        for prefix, sub_ids in self._prefix.items():
+            if key.startswith(prefix):
+                hits.update(sub_ids)
+        return hits

@@ -74,7 +74,7 @@ from .model import (
     WriteResult,
     delta_bytes,
 )
-from .query import Plan, Planner, Query, QueryKind, plan_query
+from .query import Plan, Planner, Query, QueryIndex, QueryKind, plan_query
 
 SNAPSHOT_FORMAT_VERSION: Final = 2
 """2: producers carry when they were last active, subscriptions no longer carry a
@@ -136,11 +136,6 @@ class _PendingBatch:
 
     commit_index: int
     rows: tuple[OutboxRow, ...]
-
-
-def _stalled(sub: Subscription, now_ms: int, stall_window_ms: int) -> bool:
-    """Idle, with unacknowledged rows."""
-    return bool(sub.rows) and idle(sub, now_ms, stall_window_ms)
 
 
 def _reject(code: ErrorCode, message: str) -> Rejection:
@@ -219,10 +214,8 @@ class BucketStateMachine:
         of a range cannot change between the two (only an OUTBOX_WRITE removes pending
         rows, and one for another range makes this one STALE_RANGE or a no-op). Not
         state: never in a snapshot or a digest."""
-        # Query indexes (live, non-stale subscriptions only).
-        self._key_subs: dict[str, set[str]] = {}
-        self._prefix_subs: dict[str, set[str]] = {}
-        self._all_subs: set[str] = set()
+        self._queries = QueryIndex()
+        """The live subscriptions by what their queries match."""
 
     # ---- identity and positions ------------------------------------------------
 
@@ -436,7 +429,7 @@ class BucketStateMachine:
     ) -> tuple[OutboxRow, ...]:
         matched: dict[str, list[int]] = {}
         for i, change in enumerate(changes):
-            for sub_id in self._subs_matching(change.key):
+            for sub_id in self._queries.matching(change.key):
                 matched.setdefault(sub_id, []).append(i)
         deltas: dict[tuple[int, ...], Delta] = {}
         rows = []
@@ -453,20 +446,11 @@ class BucketStateMachine:
             sub.head = commit
         return tuple(rows)
 
-    def _subs_matching(self, key: str) -> set[str]:
-        """The live subscriptions whose query matches `key`."""
-        hits = set(self._all_subs)
-        hits.update(self._key_subs.get(key, ()))
-        for prefix, sub_ids in self._prefix_subs.items():
-            if key.startswith(prefix):
-                hits.update(sub_ids)
-        return hits
-
     def _rows_of_one(
         self, commit: EmitSeq, changes: tuple[Change, ...], now_ms: int
     ) -> tuple[OutboxRow, ...]:
         """`_rows_for` of a single change: the same rows, without the per-sub bookkeeping."""
-        hits = self._subs_matching(changes[0].key)
+        hits = self._queries.matching(changes[0].key)
         if not hits:
             return ()
         delta = Delta(changes, now_ms, delta_bytes(changes))
@@ -556,7 +540,7 @@ class BucketStateMachine:
 
     def _add_sub(self, sub: Subscription) -> None:
         self._subs[sub.sub_id] = sub
-        self._index_sub(sub)
+        self._queries.add(sub.sub_id, sub.plan)
         self._owned[sub.principal] = self._owned.get(sub.principal, 0) + 1
 
     def _remove_sub(self, sub: Subscription, *, expired: bool = False) -> None:
@@ -565,7 +549,7 @@ class BucketStateMachine:
         checkpointed stay in the pending batches only for the OUTBOX_WRITE's digest,
         which covers them, and are dropped when it applies. An `expired` one is
         remembered (bounded), so that its Reconnect is STALE_SEQUENCE."""
-        self._unindex_sub(sub)
+        self._queries.remove(sub.sub_id, sub.plan)
         del self._subs[sub.sub_id]
         left = self._owned[sub.principal] - 1
         if left:
@@ -602,25 +586,6 @@ class BucketStateMachine:
         return SubscribeBatchResult(
             tuple(self._apply_subscribe(index, subscribe) for subscribe in entry.subscribes)
         )
-
-    def _index_sub(self, sub: Subscription) -> None:
-        if sub.plan.kind is QueryKind.KEY:
-            self._key_subs.setdefault(sub.plan.arg, set()).add(sub.sub_id)
-        elif sub.plan.kind is QueryKind.PREFIX:
-            self._prefix_subs.setdefault(sub.plan.arg, set()).add(sub.sub_id)
-        else:
-            self._all_subs.add(sub.sub_id)
-
-    def _unindex_sub(self, sub: Subscription) -> None:
-        if sub.plan.kind is QueryKind.ALL:
-            self._all_subs.discard(sub.sub_id)
-            return
-        index = self._key_subs if sub.plan.kind is QueryKind.KEY else self._prefix_subs
-        sub_ids = index.get(sub.plan.arg)
-        if sub_ids is not None:
-            sub_ids.discard(sub.sub_id)
-            if not sub_ids:
-                del index[sub.plan.arg]
 
     def _apply_unsubscribe(self, entry: Unsubscribe, effects: list[Effect]) -> UnsubscribeResult:
         sub = self._subs.get(entry.sub_id)
@@ -893,15 +858,6 @@ class BucketStateMachine:
         """Rows kept for any subscription (computed, not yet acknowledged)."""
         return sum(len(sub.rows) for sub in self._subs.values())
 
-    def max_ack_lag(self) -> int:
-        """The largest `ack_lag` over live subscriptions (0 with none)."""
-        return max((s.ack_lag for s in self._subs.values()), default=0)
-
-    def ack_lag(self, sub_id: str) -> int:
-        """How many commit indexes the subscription's acks trail its stream head."""
-        sub = self._subs.get(sub_id)
-        return 0 if sub is None else sub.ack_lag
-
     def decide_reconnect(
         self, sub_id: str, principal: str, last_processed: EmitSeq
     ) -> ReconnectDecision:
@@ -968,15 +924,6 @@ class BucketStateMachine:
             )
         resume = self.outbox_rows(sub_id, last_processed)
         return ReconnectDecision(ReconnectStatus.OK, epoch, last_processed.commit_index + 1, resume)
-
-    def stalled_subscriptions(self, now_ms: int, stall_window_ms: int) -> tuple[str, ...]:
-        """Subscriptions with unacknowledged rows and no ack within the window (in
-        sub_id order): they no longer hold the safety point."""
-        return tuple(
-            sorted(
-                sub.sub_id for sub in self._subs.values() if _stalled(sub, now_ms, stall_window_ms)
-            )
-        )
 
     def safety_point(
         self,
@@ -1149,21 +1096,12 @@ class BucketStateMachine:
                 _PendingBatch(index, tuple(_unpack_row(r) for r in rows)) for index, rows in pending
             )
             if version == 1:
-                sm._adopt_pending_rows()
+                _adopt_pending_rows(sm._subs, sm._pending)
         except PlanMismatch:
             raise
         except Exception as exc:
             raise SnapshotError(f"snapshot content is invalid: {exc}") from None
         return sm
-
-    def _adopt_pending_rows(self) -> None:
-        """A format-1 state kept rows not yet checkpointed only in the pending batches:
-        each joins its subscription, as that OUTBOX_WRITE's apply would have added it."""
-        for batch in self._pending:
-            for row in batch.rows:
-                sub = self._subs.get(row.sub_id)
-                if sub is not None and row.emit_seq > sub.start:
-                    sub.rows.append(row)
 
 
 def _from_version_1(
@@ -1183,6 +1121,17 @@ def _from_version_1(
         else:
             live.append([sub_id, principal, kind, arg, plan_hash, start, head, acked, active, rows])
     return [[*p, latest] for p in producers], live, expired
+
+
+def _adopt_pending_rows(subs: dict[str, Subscription], pending: deque[_PendingBatch]) -> None:
+    """A format-1 state kept rows not yet checkpointed only in the pending batches:
+    each joins its live subscription (one newer than the row never: it is a new
+    incarnation of the sub_id), as the apply of the row's source entry does now."""
+    for batch in pending:
+        for row in batch.rows:
+            sub = subs.get(row.sub_id)
+            if sub is not None and row.emit_seq > sub.start:
+                sub.rows.append(row)
 
 
 def _pack_write_result(result: WriteResult) -> list[object]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 from helpers import Driver
 
+from sevendb.outbox.lifecycle import stalled_subscriptions
 from sevendb.sim.config import SimConfig
 from sevendb.sim.planners import sneaky_planner
 from sevendb.sim.world import Simulation, run_seed
@@ -35,7 +36,7 @@ def test_a_resubscribed_sub_id_does_not_adopt_its_previous_incarnations_rows() -
     # ack could ever cover it (acking sub.start is a DUPLICATE), so the outbox
     # never drained and the caught-up subscription was expired as stalled.
     assert list(sub.rows) == []
-    assert d.sm.stalled_subscriptions(d.now_ms + 10**9, 1_000) == ()
+    assert stalled_subscriptions(d.sm, d.now_ms + 10**9, 1_000) == ()
 
 
 def test_the_swarm_is_clean_when_sub_ids_are_reused() -> None:

@@ -25,6 +25,7 @@ from sevendb.outbox.entries import (
     encode_entry,
 )
 from sevendb.outbox.errors import ApplyOrderError, ErrorCode, PlanMismatch
+from sevendb.outbox.lifecycle import stalled_subscriptions
 from sevendb.outbox.model import (
     AckStatus,
     Change,
@@ -591,9 +592,9 @@ def test_stalled_subscriber_is_dropped_from_safety_point_then_expired() -> None:
     now = d.now_ms
     start = d.sm.subscription("s").start  # type: ignore[union-attr]
     assert d.sm.safety_point(now, window) == start.commit_index
-    assert d.sm.stalled_subscriptions(now, window) == ()
+    assert stalled_subscriptions(d.sm, now, window) == ()
     later = now + window + 1
-    assert d.sm.stalled_subscriptions(later, window) == ("s",)
+    assert stalled_subscriptions(d.sm, later, window) == ("s",)
     assert d.sm.safety_point(later, window) == d.sm.applied_index
     # A repeated or unknown name expires nothing more.
     applied = d.apply(OutboxPurge(d.sm.lease_index, (), ("s", "s", "nope"), window, later))
