@@ -55,6 +55,18 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCl
         c.stop()
 
 
+@pytest.fixture
+def patient_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
+    """A cluster whose leaders keep leading for 30 s without hearing a majority (3 s by
+    default): for tests that freeze a leader's peers and then talk to the leader."""
+    monkeypatch.setenv("SEVENDB_RAFT_LEADER_FALLBACK_S", "30")
+    c = LocalCluster.start(tmp_path / "data", buckets=2)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
 # ---- helpers ---------------------------------------------------------------------------
 
 
@@ -623,11 +635,12 @@ def test_a_subscription_closed_after_its_client_returns_at_once(cluster: LocalCl
 
 
 def test_an_ack_waiting_to_be_applied_is_not_confirmed_while_its_purge_cannot_commit(
-    cluster: LocalCluster,
+    patient_cluster: LocalCluster,
 ) -> None:
     """`AckBatch.wait_applied`: with the holder's peers frozen its purge cannot commit,
     so the ack is not answered ACCEPTED; once they run again it is, after the rows
     are gone. A plain ack is ACCEPTED at once (queued) either way."""
+    cluster = patient_cluster
     cluster.wait_settled()  # no lease move between reading the holder and the acks
     with cluster.client() as client:
         collector, bucket, holder = _unacked_events(cluster, client, "frozen", 3)

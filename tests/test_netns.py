@@ -43,6 +43,7 @@ class Deployment:
     client_host: Host
     node_hosts: dict[str, Host]
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    not_converged: str = ""
 
     @property
     def client_toml(self) -> Path:
@@ -96,17 +97,36 @@ class Deployment:
         wait_for(ready, timeout_s, "every bucket to have a leader on every node", 0.2)
 
     def converged(self) -> bool:
-        per_bucket: dict[int, set[tuple[int, str]]] = {}
+        """Every replica of every bucket applied the same log to the same digest (what
+        is not yet is kept in `self.not_converged`, for the failure message)."""
+        per_bucket: dict[int, dict[str, tuple[int, str]]] = {}
+        problems = []
         with self.admin() as admin:
-            for node in admin.read().spec.nodes:
+            spec = admin.read().spec
+            for node in spec.nodes:
                 status = admin.status(node.grpc_address, digests=True, timeout_s=5)
                 if status is None:
-                    return False
+                    problems.append(f"{node.node_id} does not answer")
+                    continue
                 for r in status.replicas:
                     if r.quarantined:
-                        return False
-                    per_bucket.setdefault(r.bucket, set()).add((r.applied_index, r.digest))
-        return len(per_bucket) == BUCKETS and all(len(v) == 1 for v in per_bucket.values())
+                        problems.append(f"{node.node_id} bucket {r.bucket}: {r.quarantined}")
+                    per_bucket.setdefault(r.bucket, {})[node.node_id] = (
+                        r.applied_index,
+                        r.digest[:8],
+                    )
+        for bucket, seen in sorted(per_bucket.items()):
+            placed = set(spec.buckets[bucket].nodes)
+            if len(set(seen.values())) != 1 or set(seen) != placed:
+                problems.append(f"bucket {bucket} (placed on {sorted(placed)}): {seen}")
+        self.not_converged = "; ".join(problems)
+        return not problems and len(per_bucket) == BUCKETS
+
+    def wait_converged(self, what: str, timeout_s: float = 90) -> None:
+        try:
+            wait_for(self.converged, timeout_s, what, 0.5)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {self.not_converged}") from None
 
     def leader_of(self, bucket: int) -> str:
         def find() -> str | None:
@@ -253,7 +273,7 @@ def test_kill9_of_the_lease_holders_host_loses_nothing(d: Deployment) -> None:
         d.client_host.kill9(writer)
         d.wait_leaders()
         check_delivery(d, out, "kill")
-    wait_for(d.converged, 90, "replicas to converge")
+    d.wait_converged("replicas to converge")
 
 
 def _minority_refuses(d: Deployment, host: Host) -> float:
@@ -304,7 +324,7 @@ def test_a_faulty_host_under_load_loses_nothing(d: Deployment, fault: str) -> No
         d.client_host.kill9(writer)
         check_delivery(d, out, name)
     d.wait_leaders()
-    wait_for(d.converged, 90, "replicas to converge after healing")
+    d.wait_converged("replicas to converge after healing")
 
 
 def test_data_buckets_serve_while_the_metadata_group_has_no_majority(d: Deployment) -> None:
@@ -319,10 +339,10 @@ def test_data_buckets_serve_while_the_metadata_group_has_no_majority(d: Deployme
             writer = load(d, "nometa", 600)
 
             def no_metadata_leader() -> bool:
-                status = d.status("n1")
-                return status is not None and not status.meta.leader
+                statuses = [d.status(n) for n in NODES]
+                return all(s is not None and not s.meta.leader for s in statuses)
 
-            wait_for(no_metadata_leader, 60, "the metadata group to lose its leader")
+            wait_for(no_metadata_leader, 60, "every metadata voter to know no leader")
             wait_for(lambda: len(acked(d, "nometa")) > 50, 60, "writes without a metadata majority")
             refused = d.client_host.run(
                 [
@@ -355,7 +375,7 @@ def test_data_buckets_serve_while_the_metadata_group_has_no_majority(d: Deployme
     with d.admin() as admin:
         assert "n9" not in admin.read().spec.node_ids  # the refused change did not happen
     d.wait_leaders()
-    wait_for(d.converged, 90, "replicas to converge")
+    d.wait_converged("replicas to converge")
 
 
 def test_a_fourth_host_joins_and_a_migration_survives_a_partitioned_metadata_voter(
@@ -404,7 +424,7 @@ def test_a_fourth_host_joins_and_a_migration_survives_a_partitioned_metadata_vot
         after = admin.read().spec
     assert set(after.buckets[bucket].nodes) == {"n4", *keep} and not after.migrations
     d.wait_leaders()
-    wait_for(d.converged, 90, "replicas to converge after the migration")
+    d.wait_converged("replicas to converge after the migration")
 
 
 @pytest.fixture

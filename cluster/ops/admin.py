@@ -160,7 +160,10 @@ class ClusterAdmin:
                 raise
             except Unreachable as exc:
                 if "outcome is unknown" in str(exc):
-                    return self._conflict_or_done(new)
+                    landed = self.read()
+                    if landed.spec == new:
+                        return pb.MetaWriteResponse(version=landed.version)
+                    raise  # not (yet) made: say so, with each node's answer
                 if "nothing was changed" not in str(exc) or time.monotonic() > deadline:
                     raise
                 self.progress("  the metadata group has no leader yet; retrying")

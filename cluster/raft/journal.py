@@ -166,7 +166,8 @@ class DurableJournal:
         """How many of the entries (counted from position 0) are known to be on disk."""
         self.pending = False
         """True if some appended entries are not yet durable."""
-        self._closed = False
+        self.closed = False
+        """Set by `close()`: nothing more is read or written."""
         #: Group commits: calls to :meth:`sync` that actually flushed appended entries.
         self.sync_count = 0
         self.problems: list[str] = []
@@ -195,12 +196,8 @@ class DurableJournal:
         """Every fsync/fdatasync this journal issued (log, sidecars and directories)."""
         return self._disk.fsyncs
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def _check_open(self) -> None:
-        if self._closed:
+        if self.closed:
             raise JournalError(f"{self.path}: journal is closed")
 
     def _write_slot(self, acked: Position) -> None:
@@ -341,12 +338,12 @@ class DurableJournal:
         """Close on SyncObj shutdown. A clean shutdown loses nothing: pending appends
         are flushed, and the header and the hint then record exactly what is durable.
         Idempotent."""
-        if self._closed:
+        if self.closed:
             return
         try:
             self.onOneSecondTimer()
         finally:
-            self._closed = True
+            self.closed = True
             os.close(self._fd)
             self._meta.close()
 
@@ -599,8 +596,8 @@ class FailStopJournal(DurableJournal):
         return self._disk.failure
 
     def _destroy(self) -> None:
-        if self.failure is not None and not self._closed:
-            self._closed = True  # nothing more can be made durable: just let go
+        if self.failure is not None and not self.closed:
+            self.closed = True  # nothing more can be made durable: just let go
             os.close(self._fd)
             return
         super()._destroy()

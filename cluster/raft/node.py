@@ -21,6 +21,7 @@ from sevendb.outbox.replica import ApplyOutcome
 
 from . import patches  # noqa: F401 - installs the patches before any SyncObj exists
 from .journal import FailStopJournal
+from .links import FollowerFlow, KeepAlives
 from .loop import LoopPoller, LoopTransport, RaftLoop
 from .recovery import ACCEPT_LOSS, KEEP_ALIVE
 from .sidecars import NOTHING, Position
@@ -138,8 +139,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._transfer_tried = False
         self.transfer = LeadershipTransfer()
         self._recovery = owner._recovery
-        self._keep_alive_s = conf.connectionTimeout / 4
-        self._next_keep_alive_s = 0.0
+        self._keep_alives = KeepAlives(conf.connectionTimeout / 4)
+        tuning = owner._tuning
+        self.flow = FollowerFlow(
+            tuning.follower_entries_in_flight_max, tuning.follower_bytes_buffered_max
+        )
         self._next_judge_s = 0.0
         self._leader_contact_s = 0.0
         """When an AppendEntries last came from a leader (`Recovery.judge`)."""
@@ -248,7 +252,12 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             self._hold_back_tick()
         self._recovery_tick()
         self.transfer.step(self)
-        self._keep_alive()
+        self._keep_alives.due(
+            self._SyncObj__transport,
+            self._SyncObj__otherNodes,
+            self._recovery,
+            _last(self._journal),
+        )
         now = _monotonic()
         if self._SyncObj__raftState == _LEADER:
             # Wake for a commit notification due sooner than the idle poll timeout.
@@ -258,23 +267,10 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._poll_until = now + timeToWait
         SyncObj._onTick(self, timeToWait)
 
-    def _keep_alive(self) -> None:
-        """pysyncobj drops a connection that has read nothing for `connectionTimeout`,
-        and checks that only when it sends (tcp_connection.py:227-233). Followers never
-        talk to each other, so the first vote request of an election after a leader
-        fails (or a transfer) tore down the idle link and was lost, costing an election
-        timeout (measured: migrations needed 2-6 transfer attempts, and each hand-over
-        stalled writes about 1 s). Every member now sends a tiny message to every other
-        member a few times per timeout, so each link always has something to read; it
-        also says what this replica holds and lost (`Recovery.judge`)."""
-        now = _monotonic()
-        if now < self._next_keep_alive_s:
-            return
-        self._next_keep_alive_s = now + self._keep_alive_s
-        transport = self._SyncObj__transport
-        message = self._recovery.keep_alive(_last(self._journal))
-        for node in list(self._SyncObj__otherNodes):
-            transport.send(node, message)
+    def _SyncObj__sendAppendEntries(self) -> None:
+        """pysyncobj's send to every follower (syncobj.py:1251-1336), with flow
+        control: a follower too far behind gets only a heartbeat (`FollowerFlow`)."""
+        self.flow.send_all(self, SyncObj._SyncObj__sendAppendEntries)
 
     def _hold_back_tick(self) -> None:
         """A quarantined replica, or one repairing lost entries, keeps storing and

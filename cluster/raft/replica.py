@@ -29,6 +29,7 @@ from sevendb.outbox.errors import (
     PlanMismatch,
     ReplicaDivergence,
 )
+from sevendb.outbox.lifecycle import cold_replica_checkpoint
 from sevendb.outbox.model import Applied
 from sevendb.outbox.replica import (
     ApplyOutcome,
@@ -40,6 +41,7 @@ from sevendb.outbox.state import BucketStateMachine
 
 from .journal import FailStopJournal
 from .loop import RaftLoop
+from .node import _LEADER as LEADER_STATE
 from .node import FAIL_NAMES, RaftCounters, RaftNode
 from .recovery import ACCEPT_LOSS, UNKNOWN_INDEX, Recovery, write_decision
 from .sidecars import NOTHING
@@ -431,6 +433,7 @@ class BucketReplica:
             "votes_refused": self._recovery.votes_refused,
             "transfer_pauses": node.transfer.pauses,
             "late_leader_ticks": counters.late_leader_ticks,
+            "followers_held": dict(node.flow.held),
         }
 
     def wait_ready(self, timeout_s: float) -> bool:
@@ -561,14 +564,22 @@ class BucketReplica:
         safety point as it is now (docs/core.md: a subscriber's acknowledgements, the
         cold replica checkpoint, a migration hold point), not at the snapshot."""
         last, prev, cluster = data
-        cold, hold = self.cold_replica_checkpoint, self.migration_hold_point
+        now_ms = int(time.time() * 1000)
+        cold = cold_replica_checkpoint(
+            self._node.flow.positions(self._node, now_ms, LEADER_STATE),
+            now_ms,
+            self._tuning.cold_replica_window_ms,
+        )
+        if self.cold_replica_checkpoint is not None:  # an operator's (or a test's) bound
+            cold = min(self.cold_replica_checkpoint, cold or self.cold_replica_checkpoint)
+        hold = self.migration_hold_point
         with self._lock:
             if self._quarantine is not None:
                 raise RuntimeError("quarantined replicas take no snapshots")
             make_core = self._sm.snapshot_later()
             core_applied = self._sm.applied_index
             self._cut_point = self._sm.safety_point(
-                int(time.time() * 1000), self._tuning.stall_window_ms, cold, hold
+                now_ms, self._tuning.stall_window_ms, cold, hold
             )
         if core_applied > last[1]:
             raise RuntimeError(f"core applied {core_applied} past the snapshot index {last[1]}")

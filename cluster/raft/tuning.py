@@ -54,6 +54,16 @@ class RaftTuning:
     """Max bytes per AppendEntries. Above the largest entry (2 MiB + framing), so the
     chunked single-entry path of pysyncobj (whose last-chunk test compares against
     the command length, not the pickled length: syncobj.py:1281) is never used."""
+    follower_entries_in_flight_max: int = 8192
+    """A leader sends a follower nothing new while this many entries it sent are not
+    acknowledged (flow control: a follower catching up does not take the leader's
+    memory and sending time from the others; docs/raft.md)."""
+    follower_bytes_buffered_max: int = 16 * 1024 * 1024
+    """... or while this many bytes for it wait in the leader's send buffer."""
+    cold_replica_window_ms: int = 60_000
+    """A follower heard from within this long keeps the leader's log from being
+    compacted past what it holds (the cold replica checkpoint of docs/contract.md
+    §8), so that it catches up from the log; one silent longer gets a snapshot."""
     compaction_min_entries: int = 5000
     compaction_log_ratio: float = 1.0
     """A snapshot is due once the log holds more than `compaction_min_entries` entries
@@ -99,6 +109,10 @@ class RaftTuning:
             raise ValueError("compaction_min_entries >= 2 and compaction_min_time_s > 0")
         if not self.compaction_log_ratio >= 0:
             raise ValueError("compaction_log_ratio must be >= 0")
+        if self.cold_replica_window_ms < 0:
+            raise ValueError("cold_replica_window_ms must be >= 0")
+        if self.follower_entries_in_flight_max < 1 or self.follower_bytes_buffered_max < 1:
+            raise ValueError("follower flow-control bounds must be positive")
         if self.append_batch_bytes <= 0 or self.snapshot_chunk_bytes <= 0:
             raise ValueError("batch sizes must be positive")
         if self.bind_retries < 1 or self.bind_retry_s <= 0:

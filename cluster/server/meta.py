@@ -79,6 +79,8 @@ class ClusterView:
         cached = self._load_cache()
         if cached is not None:
             self._state = cached
+        else:
+            self._save_cache(self._state)  # the genesis: what this node knows so far
 
     @property
     def state(self) -> MetaState:

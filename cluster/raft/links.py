@@ -1,0 +1,148 @@
+"""What a replica's links to the other members carry beyond Raft's own messages:
+keep-alives, and flow control of what a leader sends each follower.
+
+* **Keep-alives.** pysyncobj drops a connection that has read nothing for
+  `connectionTimeout`, and checks that only when it sends (tcp_connection.py:227-233).
+  Followers never talk to each other, so the first vote request of an election after
+  a leader fails (or a transfer) tore down the idle link and was lost, costing an
+  election timeout (measured: migrations needed 2-6 transfer attempts, and each
+  hand-over stalled writes about 1 s). Every member sends a tiny message to every
+  other member a few times per timeout, so each link always has something to read;
+  it also says what this replica holds and lost (`Recovery.judge`).
+* **Flow control.** pysyncobj's leader sends every follower everything from its
+  next index to the end of the log each time it sends (syncobj.py:1251-1336), into
+  an unbounded buffer in the process when the socket cannot take it: a follower that
+  is slow or catching up (a restart, a partition healed) made the leader buffer its
+  whole backlog, and that follower's sends took the time the leader's loop gives
+  all of them. A follower with more than `follower_entries_in_flight_max` entries
+  sent and not acknowledged, or more than `follower_bytes_buffered_max` bytes waiting
+  in the leader's send buffer, gets only a heartbeat until it acknowledges more; the
+  others are served as usual.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from pysyncobj.monotonic import monotonic as _monotonic
+
+from .recovery import Recovery
+
+__all__ = ["FollowerFlow", "KeepAlives"]
+
+
+class KeepAlives:
+    """Sends a keep-alive to every other member every `every_s` (see the module
+    docstring); `due` is called from the tick."""
+
+    def __init__(self, every_s: float) -> None:
+        self._every_s = every_s
+        self._next_s = 0.0
+
+    def due(self, transport: Any, members: Iterable[Any], recovery: Recovery, last: Any) -> None:
+        now = _monotonic()
+        if now < self._next_s:
+            return
+        self._next_s = now + self._every_s
+        message = recovery.keep_alive(last)
+        for node in list(members):
+            transport.send(node, message)
+
+
+class FollowerFlow:
+    """Sends AppendEntries to every follower like pysyncobj (syncobj.py:1251-1336),
+    with flow control (see the module docstring). Counts, per follower, the sends
+    it held back (`held`)."""
+
+    def __init__(self, entries_max: int, bytes_max: int) -> None:
+        self.entries_max = entries_max
+        self.bytes_max = bytes_max
+        self.held: dict[str, int] = {}
+
+    def send_all(self, raft: Any, original: Callable[[Any], None]) -> None:
+        """One round of sends from leader `raft` (a `RaftNode`); `original` is
+        pysyncobj's own, used for what this does not handle: a follower that needs a
+        snapshot, or an entry larger than a batch (its chunked path)."""
+        raft._SyncObj__newAppendEntriesTime = _monotonic() + raft._SyncObj__conf.appendEntriesPeriod
+        start = _monotonic()
+        transport = raft._SyncObj__transport
+        for node in list(raft._SyncObj__otherNodes | raft._SyncObj__readonlyNodes):
+            if node not in raft._SyncObj__connectedNodes:
+                raft._SyncObj__serializer.cancelTransmisstion(node)
+                continue
+            if not self._send(raft, node, transport.send, start):
+                _only(raft, node, original)
+
+    def _send(self, raft: Any, node: Any, send: Callable[[Any, Any], object], start: float) -> bool:
+        """Entries for `node` until it has them all, or it is held back, or the round's
+        time is up; always at least one message (the heartbeat). False if pysyncobj's
+        own send must do it (snapshot, or one entry larger than a batch)."""
+        log = raft._SyncObj__raftLog
+        batch_bytes = raft._SyncObj__conf.appendEntriesBatchSizeBytes
+        next_index, match_index = raft._SyncObj__raftNextIndex, raft._SyncObj__raftMatchIndex
+        first = True
+        while True:
+            index = next_index[node]
+            if index <= log[0][1]:
+                return False  # behind the log's start: a snapshot install
+            if not first and (index > log[-1][1] or self._held(raft, node, index, match_index)):
+                return True
+            prev_index, prev_term = raft._SyncObj__getPrevLogIndexTerm(index)
+            entries: list[Any] = []
+            if index <= log[-1][1]:
+                entries = raft._SyncObj__getEntries(index, None, batch_bytes)
+                if len(entries) == 1 and len(entries[0][0]) >= batch_bytes:
+                    return False  # the chunked path of a single large entry
+                next_index[node] = entries[-1][1] + 1
+            send(
+                node,
+                {
+                    "type": "append_entries",
+                    "term": raft._SyncObj__raftCurrentTerm,
+                    "commit_index": raft._SyncObj__raftCommitIndex,
+                    "entries": entries,
+                    "prevLogIdx": prev_index,
+                    "prevLogTerm": prev_term,
+                },
+            )
+            first = False
+            if node not in raft._SyncObj__connectedNodes:
+                return True
+            if _monotonic() - start > raft._SyncObj__conf.appendEntriesPeriod:
+                return True
+
+    @staticmethod
+    def positions(raft: Any, now_ms: int, leader_state: int) -> list[tuple[int, int]]:
+        """On a leader: each follower's match index and when it was last heard from
+        (wall-clock ms), for the cold replica checkpoint of the safety point; empty on
+        a follower (it knows nothing of the others' logs)."""
+        if raft._SyncObj__raftState != leader_state:
+            return []
+        now = _monotonic()
+        heard = raft._SyncObj__lastResponseTime
+        return [
+            (int(index), now_ms - int((now - heard.get(node, 0.0)) * 1000))
+            for node, index in list(raft._SyncObj__raftMatchIndex.items())
+        ]
+
+    def _held(self, raft: Any, node: Any, index: int, match_index: dict[Any, int]) -> bool:
+        in_flight = index - match_index.get(node, 0) - 1
+        conn = raft._SyncObj__transport._connections.get(node)
+        buffered = conn.getSendBufferSize() if conn is not None else 0
+        if in_flight < self.entries_max and buffered < self.bytes_max:
+            return False
+        key = str(getattr(node, "id", node))
+        self.held[key] = self.held.get(key, 0) + 1
+        return True
+
+
+def _only(raft: Any, node: Any, original: Callable[[Any], None]) -> None:
+    """pysyncobj's send, to `node` alone."""
+    others, readonly = raft._SyncObj__otherNodes, raft._SyncObj__readonlyNodes
+    raft._SyncObj__otherNodes = {node} & others
+    raft._SyncObj__readonlyNodes = {node} & readonly
+    try:
+        original(raft)
+    finally:
+        raft._SyncObj__otherNodes, raft._SyncObj__readonlyNodes = others, readonly

@@ -1,0 +1,96 @@
+"""A leader and its lagging followers (docs/raft.md, "Flow control" and "Compaction"):
+a follower catching up gets at most a bounded number of entries in flight, not the
+leader's whole backlog at once, while the other follower keeps committing; and a
+follower heard from recently keeps the leader from compacting past what it holds
+(the cold replica checkpoint), so it catches up from the log, not a snapshot."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from test_replica import Cluster, fast, wait_until, write
+
+ENTRIES_MAX = 50
+BATCH_BYTES = 2048
+
+
+def _in_flight(leader: Any, follower_addr: str) -> int | None:
+    node = leader._node
+    for member, next_index in list(node._SyncObj__raftNextIndex.items()):
+        if str(member.id) == follower_addr:
+            return int(next_index) - int(node._SyncObj__raftMatchIndex.get(member, 0)) - 1
+    return None
+
+
+def test_a_follower_catching_up_gets_a_bounded_window_of_entries(tmp_path: Path) -> None:
+    tuning = fast(follower_entries_in_flight_max=ENTRIES_MAX, append_batch_bytes=BATCH_BYTES)
+    cluster = Cluster(tmp_path, tuning=tuning).start_all()
+    try:
+        leader = cluster.leader()
+        lagging, other = cluster.followers()
+        index = cluster.index_of(lagging)
+        addr = lagging.self_addr
+        cluster.stop(index)
+        futures = [leader.submit(write(f"k{i:05d}", b"x" * 64)) for i in range(1500)]
+        for future in futures:
+            future.result(timeout=60)  # committed by the leader and the other follower
+        peak = 0
+        stop = threading.Event()
+
+        def sample() -> None:
+            nonlocal peak
+            while not stop.is_set():
+                seen = _in_flight(leader, addr)
+                if seen is not None:
+                    peak = max(peak, seen)
+                time.sleep(0.001)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        cluster.start(index)
+        # Meanwhile the healthy follower keeps up with new writes.
+        for i in range(20):
+            leader.submit(write(f"later{i}")).result(timeout=30)
+        cluster.converge(timeout_s=60)
+        stop.set()
+        sampler.join()
+        # One batch (about BATCH_BYTES of entries) may leave past the bound.
+        assert 0 < peak <= ENTRIES_MAX + BATCH_BYTES // 64, peak
+        held = leader.status()["followers_held"]
+        assert isinstance(held, dict) and held.get(addr, 0) > 0, held
+        wait_until(
+            lambda: (
+                other.read(lambda sm: sm.applied_index) >= leader.read(lambda sm: sm.applied_index)
+            )
+        )
+    finally:
+        cluster.close()
+
+
+def test_a_follower_heard_from_recently_holds_the_leaders_compaction(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, tuning=fast(compaction_min_entries=20)).start_all()
+    try:
+        leader = cluster.leader()
+        for i in range(5):
+            leader.propose(write(f"early-{i}"))
+        cluster.converge()
+        gone = cluster.followers()[0]
+        index = cluster.index_of(gone)
+        last_seen = gone.read(lambda sm: sm.applied_index)
+        cluster.stop(index)
+        written = leader.status()["snapshots_written"]
+        for i in range(80):
+            leader.propose(write(f"late-{i}"))
+        wait_until(
+            lambda: leader.status()["snapshots_written"] != written, what="a leader snapshot"
+        )
+        first = leader.status()["log_first_index"]
+        assert isinstance(first, int) and first <= last_seen + 1, (first, last_seen)
+        restarted = cluster.start(index)
+        cluster.converge()
+        assert restarted.status()["snapshots_loaded"] == 0  # caught up from the log
+    finally:
+        cluster.close()
