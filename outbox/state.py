@@ -10,7 +10,6 @@ an entry that names it, judged against the time that entry carries
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -74,6 +73,7 @@ from .model import (
     WriteResult,
     delta_bytes,
 )
+from .producer_results import ProducerResults
 from .query import Plan, Planner, Query, QueryIndex, QueryKind, plan_query
 
 SNAPSHOT_FORMAT_VERSION: Final = 2
@@ -123,9 +123,9 @@ class _Producer:
     """Log time of its INIT_PRODUCER or of its last write taken (or answered as a
     duplicate)."""
     last_seq: int = -1
-    results: deque[tuple[int, WriteResult]] = field(
-        default_factory=lambda: deque(maxlen=limits.PRODUCER_RESULTS_CACHED)
-    )
+    results: ProducerResults = field(default_factory=ProducerResults)
+    """The results of its last sequences, `last_seq` last (a producer's sequences
+    apply only in order, so these are consecutive)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,10 +342,11 @@ class BucketStateMachine:
                     ),
                 )
             if ref.sequence <= producer.last_seq:
-                for seq, cached in producer.results:
-                    if seq == ref.sequence:
-                        producer.last_active_ms = max(producer.last_active_ms, entry.now_ms)
-                        return dataclasses.replace(cached, duplicate=True), []
+                back = producer.last_seq - ref.sequence
+                original = producer.results.original(back, self._bucket_uuid, entry)
+                if original is not None:
+                    producer.last_active_ms = max(producer.last_active_ms, entry.now_ms)
+                    return original, []
                 return _refused(
                     commit,
                     error=_reject(
@@ -365,7 +366,7 @@ class BucketStateMachine:
         result, changes = self._write_ops(commit, entry)
         if producer is not None and entry.producer is not None:
             producer.last_seq = entry.producer.sequence
-            producer.results.append((entry.producer.sequence, result))
+            producer.results.add(result)
             producer.last_active_ms = max(producer.last_active_ms, entry.now_ms)
         return result, changes
 
@@ -962,16 +963,17 @@ class BucketStateMachine:
     def snapshot_later(self) -> Callable[[], bytes]:
         """`snapshot()` of the state as it is now, made when the returned function is
         called: in another thread, while this one applies on. Only references are
-        taken now (the key data is one dict copy; records, rows, sequences and
-        results are immutable): ~10 ms for 300k keys and 10,000 subscriptions, against
-        ~75 ms when the subscriptions' rows were packed here. Sorting and packing are
+        taken now (the key data is one dict copy, each producer's results one bytes
+        copy; records, rows and sequences are immutable): ~10 ms for 300k keys and
+        10,000 subscriptions, against ~75 ms when the subscriptions' rows were packed
+        here. Sorting and packing are
         left to `make`, which packs item by item rather than in one `packb` (of ~40 MB:
         the GIL held ~60 ms, the tick thread's heartbeats with it); the bytes are
         exactly those of one `packb` of the whole list. Sorting the keys is still one
         call: 3 ms for 300k keys written in order, ~85 ms for 300k random ones."""
         records = self._data.copy()
         producers = [
-            (pid, p.epoch, p.last_seq, tuple(p.results), p.last_active_ms)
+            (pid, p.epoch, p.last_seq, p.results.packed(), p.last_active_ms)
             for pid, p in sorted(self._producers.items())
         ]
         subs = [
@@ -1010,9 +1012,8 @@ class BucketStateMachine:
             for key in sorted(records):
                 pack((key, *records[key]))
             packer.pack_array_header(len(producers))
-            for pid, epoch, last_seq, results, p_active in producers:
-                packed = [[q, _pack_write_result(r)] for q, r in results]
-                pack([pid, epoch, last_seq, packed, p_active])
+            for producer in producers:
+                pack(producer)
             packer.pack_array_header(len(subs))
             for sub_id, who, query, plan_hash, start, head_, acked, active, rows in subs:
                 pack(
@@ -1068,7 +1069,7 @@ class BucketStateMachine:
                 expired = raw[11]
             for pid, p_epoch, last_seq, results, p_active in producers:
                 producer = _Producer(p_epoch, p_active, last_seq)
-                producer.results.extend((seq, _unpack_write_result(r)) for seq, r in results)
+                producer.results = ProducerResults.restore(results, last_seq)
                 sm._producers[pid] = producer
             for sub_id, principal, kind, arg, plan_hash, start, head, acked, active, rows in subs:
                 query = Query(QueryKind(kind), arg)
@@ -1132,20 +1133,6 @@ def _adopt_pending_rows(subs: dict[str, Subscription], pending: deque[_PendingBa
             sub = subs.get(row.sub_id)
             if sub is not None and row.emit_seq > sub.start:
                 sub.rows.append(row)
-
-
-def _pack_write_result(result: WriteResult) -> list[object]:
-    error = None if result.error is None else [str(result.error.code), result.error.message]
-    return [result.commit.pack(), [list(kv) for kv in result.versions], error]
-
-
-def _unpack_write_result(raw: Any) -> WriteResult:
-    commit, versions, error = raw
-    rejection = None
-    if error is not None:
-        code, message = error
-        rejection = Rejection(ErrorCode(code), message)
-    return WriteResult(EmitSeq(*commit), tuple((k, v) for k, v in versions), error=rejection)
 
 
 def _unpack_row(raw: Any) -> OutboxRow:

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import ANY, ExpectKind, Op, OpKind, Write
 from sevendb.outbox.errors import InvalidArgument, SevenDBError
 from sevendb.outbox.query import Query, QueryKind
@@ -102,6 +103,8 @@ class WriteQueue:
 
 
 def _write_result(response: pb.WriteResponse) -> WriteResult:
+    if not response.HasField("committed"):  # a duplicate whose result was lost (the pipeline)
+        return WriteResult(EmitSeq("", 0, 0), response.bucket, {}, True, position_known=False)
     versions = response.versions
     if len(versions) == 1:  # most writes: no comprehension
         kv = versions[0]

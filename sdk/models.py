@@ -54,12 +54,17 @@ def _expected(version: int | None, must_not_exist: bool) -> Expected:
 class WriteResult:
     """A committed write: where it committed, and each key's version after it.
     `duplicate`: an idempotent producer's retry of a write that had committed
-    (the original commit is returned, nothing was applied twice)."""
+    (the original commit is returned, nothing was applied twice).
+    `position_known` is False only for a duplicate whose original result the node
+    no longer kept (docs/errors.md, "A write's result lost"): the write committed
+    once, but `committed` is `EmitSeq("", 0, 0)` (before every real position) and
+    `versions` is empty."""
 
     committed: EmitSeq
     bucket: int
     versions: dict[str, int] = field(default_factory=dict)
     duplicate: bool = False
+    position_known: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,23 +23,33 @@ answer about the producer itself (this module decides, the pipeline acts):
 * UNKNOWN_PRODUCER / INVALID_PRODUCER_EPOCH: the bucket forgot the producer (its
   state expired): a new generation, as above.
 
+At most `SEQUENCES_IN_FLIGHT_MAX` sequences of a bucket are unanswered at once (in a
+generation: from the oldest unanswered one, a write may take a sequence fewer than
+that many ahead; later writes wait in the pipeline). A bucket keeps the results of
+that many sequences per producer (`limits.PRODUCER_RESULTS_CACHED`), so every retry
+is answered with its original result: when a sequence is retried, no write more
+than that many sequences after it can have committed. (Kafka bounds an idempotent
+producer to 5 batches in flight per partition, and a broker keeps 5, likewise.)
+
 Loop only (the SDK's asyncio loop), apart from `new_producer_id`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import random
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import grpc
 from grpc import aio
 
+from sevendb.outbox import limits
 from sevendb.outbox.errors import ErrorCode
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.sdk.engine import ERROR_CODE_KEY, RETRY_AFTER_KEY, Engine, leader_hint, trailer
@@ -59,6 +69,9 @@ IN_LOG_CODES: Final = (
 )
 """Refusals reached by applying the write: its sequence is used up (or never was)
 without leaving a hole. Any other refusal happens before the log: a hole."""
+SEQUENCES_IN_FLIGHT_MAX: Final = limits.PRODUCER_RESULTS_CACHED
+"""Unanswered sequences per bucket (see the module docstring): no more than a node
+keeps the results of."""
 
 
 def new_producer_id() -> int:
@@ -79,6 +92,16 @@ class BucketState:
     """The highest epoch ever granted here: a new generation needs a higher one."""
     initialising: bool = False
     """An InitProducer is under way (the write pipeline holds the writes meanwhile)."""
+    unanswered: collections.deque[int] = field(default_factory=collections.deque)
+    """The sequences of this generation taken and not answered yet, ascending (those
+    answered out of order leave when everything before them was answered)."""
+    answered: set[int] = field(default_factory=set)
+    """Answered sequences still behind an unanswered one in `unanswered`."""
+
+    def forget_sequences(self) -> None:
+        self.next_seq = 0
+        self.unanswered.clear()
+        self.answered.clear()
 
 
 class Producer:
@@ -99,12 +122,35 @@ class Producer:
         state = self.bucket(bucket)
         return state.epoch >= 0 and not state.initialising
 
+    def has_room(self, bucket: int, window: int = SEQUENCES_IN_FLIGHT_MAX) -> bool:
+        """May the bucket's next write go on: take a sequence fewer than `window`
+        ahead of the oldest unanswered one, or wait for an InitProducer (which starts
+        a generation: nothing unanswered in it)?"""
+        state = self.bucket(bucket)
+        if state.epoch < 0 or state.initialising:
+            return True
+        oldest = state.unanswered[0] if state.unanswered else state.next_seq
+        return state.next_seq - oldest < window
+
     def take(self, bucket: int) -> tuple[int, int, int]:
         """(epoch, sequence, generation) for the next write of a ready bucket."""
         state = self.buckets[bucket]
         seq = state.next_seq
         state.next_seq += 1
+        state.unanswered.append(seq)
         return state.epoch, seq, state.generation
+
+    def answered(self, bucket: int, seq: int, generation: int) -> None:
+        """The write of `seq` is answered for good (it will not be sent again)."""
+        state = self.buckets.get(bucket)
+        if state is None or state.generation != generation:
+            return  # that generation is over: its sequences are forgotten
+        unanswered = state.unanswered
+        if not unanswered or seq < unanswered[0]:
+            return
+        state.answered.add(seq)
+        while unanswered and unanswered[0] in state.answered:
+            state.answered.discard(unanswered.popleft())
 
     def give_back(self, bucket: int, seq: int, generation: int) -> bool:
         """A write refused before the log returns its sequence: True if it was the
@@ -115,6 +161,8 @@ class Producer:
             return True  # that generation is over already
         if state.next_seq == seq + 1:
             state.next_seq = seq
+            if state.unanswered and state.unanswered[-1] == seq:
+                state.unanswered.pop()
             return True
         self.new_generation(bucket, generation)
         return False
@@ -126,7 +174,7 @@ class Producer:
         if state is not None and state.generation == generation:
             state.generation += 1
             state.epoch = -1
-            state.next_seq = 0
+            state.forget_sequences()
 
     def granted(self, bucket: int, epoch: int) -> bool:
         """InitProducer answered `epoch`; False if it is not above every epoch this
@@ -136,7 +184,7 @@ class Producer:
         if epoch <= state.last_epoch:
             return False
         state.epoch = state.last_epoch = epoch
-        state.next_seq = 0
+        state.forget_sequences()
         return True
 
 
@@ -188,6 +236,7 @@ async def init_producer(
 __all__ = [
     "IN_LOG_CODES",
     "RESET_CODES",
+    "SEQUENCES_IN_FLIGHT_MAX",
     "BucketState",
     "Producer",
     "init_producer",

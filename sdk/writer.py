@@ -19,7 +19,10 @@ round instead of overtaking it): a producer's sequence must reach the log in ord
 
 Writes with a producer (every `Client` write: `sevendb.sdk.producer`) are sequenced
 here, on the loop, in submission order: a retry of a write whose answer was lost
-returns the original commit instead of applying it again.
+returns the original commit instead of applying it again. At most
+`SEQUENCES_IN_FLIGHT_MAX` sequences of a bucket are unanswered at once; later writes
+of the bucket wait here (in the queue's bounds below) until earlier ones are
+answered, so that a node still keeps the result of every write that may be retried.
 
 The queue is bounded (`max_writes` unanswered writes, `max_bytes` of them): a
 `submit` beyond it blocks until writes are answered, for up to `wait_s`, then raises
@@ -31,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import heapq
 import itertools
 import random
 import threading
@@ -60,7 +64,13 @@ from sevendb.sdk.errors import (
     domain_error,
     retry_after_s,
 )
-from sevendb.sdk.producer import IN_LOG_CODES, RESET_CODES, Producer, init_producer
+from sevendb.sdk.producer import (
+    IN_LOG_CODES,
+    RESET_CODES,
+    SEQUENCES_IN_FLIGHT_MAX,
+    Producer,
+    init_producer,
+)
 
 BATCH_WRITES_MAX: Final = 512
 BATCH_BYTES_MAX: Final = 3 * 1024 * 1024
@@ -76,6 +86,8 @@ how long a write waits for room."""
 _REF_BYTES: Final = 32
 """What a ProducerRef adds to a write's size, at most."""
 T = TypeVar("T")
+_Key = tuple[Producer, int]
+"""A producer in a bucket."""
 
 
 @dataclass(eq=False)
@@ -95,6 +107,8 @@ class _Pending:
     ambiguous: bool = False
     """An attempt failed in a way that may have reached the log (its outcome unknown)."""
     settled: bool = False
+    order: int = 0
+    """Its place in submission order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +153,7 @@ class WritePipeline(Generic[T]):
         max_writes: int = QUEUE_WRITES_MAX,
         max_bytes: int = QUEUE_BYTES_MAX,
         wait_s: float = QUEUE_WAIT_S,
+        sequences_in_flight: int = SEQUENCES_IN_FLIGHT_MAX,
     ) -> None:
         self._engine = engine
         self._metadata = metadata
@@ -153,6 +168,7 @@ class WritePipeline(Generic[T]):
         self._max_writes = max_writes
         self._max_bytes = max_bytes
         self._wait_s = wait_s
+        self._window = sequences_in_flight
         self._leaders: dict[int, str] = {}
         self._queues: dict[str, collections.deque[_Pending]] = {}
         self._calls: dict[str, int] = {}
@@ -171,6 +187,11 @@ class WritePipeline(Generic[T]):
         self._rounds: dict[int, asyncio.TimerHandle] = {}
         self._initialising: dict[tuple[Producer, int], list[_Pending]] = {}
         """Writes waiting for their producer's InitProducer in their bucket."""
+        self._held: dict[_Key, list[tuple[int, _Pending]]] = {}
+        """Writes waiting for a sequence: their bucket has `sequences_in_flight`
+        unanswered (a heap in submission order)."""
+        self._releasing: set[_Key] = set()
+        self._orders = itertools.count()
         self._inits: set[asyncio.Task[None]] = set()
         self._sending: dict[asyncio.Task[None], list[_Pending]] = {}
         """Requests in flight (or about to leave) and their writes."""
@@ -203,6 +224,7 @@ class WritePipeline(Generic[T]):
                 self._wait_for_room(size)
             self._unanswered += 1
             self._unanswered_bytes += size
+            pending.order = next(self._orders)
             self._inbox.append(pending)
             if self._drain_scheduled:
                 return pending.future
@@ -253,6 +275,10 @@ class WritePipeline(Generic[T]):
         if pending.settled:
             return
         pending.settled = True
+        producer = pending.producer
+        if producer is not None and pending.seq >= 0:
+            producer.answered(pending.bucket, pending.seq, pending.generation)
+            self._release_soon((producer, pending.bucket))
         with self._inbox_lock:
             self._unanswered -= 1
             self._unanswered_bytes -= pending.size
@@ -280,6 +306,9 @@ class WritePipeline(Generic[T]):
             task.cancel()
         for group in (*self._parked.values(), *self._initialising.values(), *self._queues.values()):
             waiting.extend(group)
+        for held in self._held.values():
+            waiting.extend(pending for _, pending in sorted(held))
+        self._held.clear()
         self._rounds.clear()
         self._parked.clear()
         self._initialising.clear()
@@ -319,16 +348,55 @@ class WritePipeline(Generic[T]):
             return
         producer = pending.producer
         if producer is not None and pending.seq < 0:
+            key = (producer, pending.bucket)
+            if key in self._held or not producer.has_room(pending.bucket, self._window):
+                heapq.heappush(self._held.setdefault(key, []), (pending.order, pending))
+                self._release_soon(key)
+                return
             if not producer.ready(pending.bucket):
                 self._await_init(producer, pending)
                 return
-            epoch, pending.seq, pending.generation = producer.take(pending.bucket)
-            ref = pending.request.producer
-            ref.producer_id, ref.producer_epoch, ref.sequence = (
-                producer.producer_id,
-                epoch,
-                pending.seq,
-            )
+            self._sequence(producer, pending)
+        self._enqueue(pending, targets)
+
+    def _sequence(self, producer: Producer, pending: _Pending) -> None:
+        epoch, pending.seq, pending.generation = producer.take(pending.bucket)
+        ref = pending.request.producer
+        ref.producer_id, ref.producer_epoch, ref.sequence = (
+            producer.producer_id,
+            epoch,
+            pending.seq,
+        )
+
+    def _release_soon(self, key: _Key) -> None:
+        """Release held writes once the loop is done with what answered (or reset)
+        the writes before them."""
+        if key in self._held and key not in self._releasing:
+            self._releasing.add(key)
+            self._engine.loop.call_soon(self._release, key)
+
+    def _release(self, key: _Key) -> None:
+        """Send the writes held for `key`, in submission order, while there is room."""
+        self._releasing.discard(key)
+        held = self._held.get(key)
+        if held is None or self._closed:
+            return
+        producer, bucket = key
+        targets: set[str] = set()
+        while held and producer.has_room(bucket, self._window):
+            _, pending = heapq.heappop(held)
+            if producer.ready(bucket):
+                self._sequence(producer, pending)
+                self._enqueue(pending, targets)
+            else:
+                self._await_init(producer, pending)
+        if not held:
+            del self._held[key]
+        for target in targets:
+            self._kick(target)
+
+    def _enqueue(self, pending: _Pending, targets: set[str]) -> None:
+        """Into its node's queue, or behind its bucket's retry round if one is due."""
         if pending.bucket in self._rounds:
             self._parked[pending.bucket].append(pending)  # in order, after the retries
             return
@@ -386,7 +454,7 @@ class WritePipeline(Generic[T]):
         finally:
             producer.bucket(bucket).initialising = False
         targets: set[str] = set()
-        for pending in self._initialising.pop(key, []):
+        for pending in sorted(self._initialising.pop(key, []), key=lambda p: p.order):
             self._route(pending, targets)
         for target in targets:
             self._kick(target)
@@ -656,20 +724,35 @@ class WritePipeline(Generic[T]):
             producer.new_generation(pending.bucket, pending.generation)
             self._sequence_again(pending, typed)
         elif code is ErrorCode.DUPLICATE_SEQUENCE:
-            self._settle(
-                pending,
-                error=DuplicateSequence(
-                    f"the write committed (an earlier attempt of it did), but its result "
-                    f"is older than what the node keeps per producer: {typed}"
-                ),
-            )
+            self._result_lost(pending, typed)
         else:
             if code not in IN_LOG_CODES:  # refused before the log: its sequence is unused
                 if pending.ambiguous:  # ... unless an earlier attempt used it
                     producer.new_generation(pending.bucket, pending.generation)
                 else:
                     producer.give_back(pending.bucket, pending.seq, pending.generation)
+                pending.seq = -1  # it holds no sequence any more
             self._settle(pending, error=typed)
+
+    def _result_lost(self, pending: _Pending, typed: SevenDBError) -> None:
+        """A retry answered DUPLICATE_SEQUENCE: an earlier attempt of the write reached
+        the log (once: never twice), and the node no longer keeps its result. Within
+        `sequences_in_flight` this cannot happen (a node keeps as many results); a
+        node keeping fewer could. An unconditional write then committed: success,
+        its position unknown. A conditional one may have been refused by its
+        preconditions instead: `DuplicateSequence`, saying so (docs/errors.md)."""
+        if _conditional(pending.request):
+            self._settle(
+                pending,
+                error=DuplicateSequence(
+                    "the write reached the log once (it is never applied twice), but its "
+                    "result is no longer kept: whether its preconditions held, and so "
+                    f"whether it applied, is unknown; read its keys to find out ({typed})"
+                ),
+            )
+        else:
+            unknown = pb.WriteResponse(bucket=pending.bucket, duplicate=True)  # no `committed`
+            self._settle(pending, self._convert(unknown))
 
     def _sequence_again(self, pending: _Pending, typed: SevenDBError) -> None:
         """A write of a producer generation that ended: never applied unless an
@@ -692,6 +775,11 @@ class WritePipeline(Generic[T]):
         self._route(pending, targets)
         for target in targets:
             self._kick(target)
+
+
+def _conditional(request: pb.WriteRequest) -> bool:
+    """Has any op of the write a precondition?"""
+    return any(op.expected.WhichOneof("kind") in ("not_exists", "exact") for op in request.ops)
 
 
 def _closing() -> ClientClosed:

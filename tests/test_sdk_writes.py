@@ -9,20 +9,24 @@ import selectors
 import socket
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 from cluster_harness import LocalCluster, wait_for
 
+from sevendb.outbox import limits
 from sevendb.sdk import (
     Client,
     DuplicateSequence,
+    Op,
     ResourceExhausted,
     WriteQueue,
     WriteResult,
     set_op,
 )
+from sevendb.sdk.producer import SEQUENCES_IN_FLIGHT_MAX
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +39,8 @@ def cluster(shared_cluster: LocalCluster) -> LocalCluster:
 class LossyProxy:
     """A TCP relay to one node in a thread (a network between client and node): with
     `answers_lost` set, what the node sends is dropped; `cut()` then closes every
-    connection, as a failing link would, and relays new ones normally again."""
+    connection, as a failing link would, and relays new ones normally again (to
+    another node, with `to`)."""
 
     def __init__(self, target: str) -> None:
         host, port = target.rsplit(":", 1)
@@ -52,7 +57,10 @@ class LossyProxy:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def cut(self) -> None:
+    def cut(self, to: str | None = None) -> None:
+        if to is not None:
+            host, port = to.rsplit(":", 1)
+            self._target = (host, int(port))
         self._cutting.set()
         wait_for(lambda: not self._cutting.is_set(), 10, "the proxy to cut its links")
 
@@ -79,7 +87,11 @@ class LossyProxy:
                     continue
                 if sock is self._listener:
                     client, _ = self._listener.accept()
-                    node = socket.create_connection(self._target)
+                    try:
+                        node = socket.create_connection(self._target)
+                    except OSError:  # the node is down: so is the link
+                        client.close()
+                        continue
                     self._peer[client], self._peer[node] = node, client
                     self._to_client.add(node)
                     selector.register(client, selectors.EVENT_READ)
@@ -135,6 +147,129 @@ def test_a_write_whose_answer_was_lost_applies_once_when_retried(cluster: LocalC
             proxy.close()
 
 
+def lose_answers_then_cut(
+    cluster: LocalCluster,
+    direct: Client,
+    warm: str,
+    writes: list[tuple[str, Sequence[Op]]],
+    window: int = 0,
+    cut: Callable[[LossyProxy], None] = LossyProxy.cut,
+) -> tuple[list[Future[WriteResult]], int]:
+    """Pipeline `writes` (of bucket 0) through a relay to its leader that loses every
+    answer; once the first `window` (the SDK's `sequences_in_flight` over the relay,
+    if given; SEQUENCES_IN_FLIGHT_MAX otherwise) committed, `cut` the link, so that
+    the SDK sends again what it sent. Their futures, once all are answered, and how
+    many sequences the SDK had taken before the cut."""
+    leader = cluster.spec.node(cluster.leader_node(0)).grpc_address
+    proxy = LossyProxy(leader)
+    try:
+        with Client([proxy.address], token=cluster.token()) as client:
+            client.put(warm, b"w")  # the producer is initialised, the stream is up
+            if window:
+                client._pipeline()._window = window
+            sequences = client._producer.bucket(0)
+            first = sequences.next_seq
+            proxy.answers_lost = True
+            futures = [client.write_async(ops) for _, ops in writes]
+            expected = min(len(writes), window or SEQUENCES_IN_FLIGHT_MAX)
+            wait_for(lambda: sequences.next_seq - first >= expected, 10, "writes to be sent")
+            # Writes leave in order: once the last one sent committed, all sent did.
+            last = writes[expected - 1][0]
+            wait_for(lambda: direct.get(last) is not None, 30, "the writes to commit")
+            taken = sequences.next_seq - first
+            assert not any(f.done() for f in futures)  # every answer was lost
+            cut(proxy)
+            for future in futures:
+                with contextlib.suppress(Exception):
+                    future.result(60)
+            return futures, taken
+    finally:
+        proxy.close()
+
+
+def test_more_writes_than_a_node_keeps_results_of_committed_once_answers_lost(
+    cluster: LocalCluster,
+) -> None:
+    """3 times the window of pipelined writes of one bucket; their answers lost, the link
+    cut, all retried: each is answered success, with its original commit. With every
+    write in flight and 5 results kept per producer, all but the last 5 retried
+    raised `DuplicateSequence` although they had committed (once). Now the SDK sends
+    a bucket's writes at most `SEQUENCES_IN_FLIGHT_MAX` sequences ahead of the
+    oldest unanswered one, and a node keeps that many results."""
+    with cluster.client() as direct:
+        warm, *keys = keys_of_bucket(direct, 0, "window/", 3 * SEQUENCES_IN_FLIGHT_MAX + 1)
+        writes: list[tuple[str, Sequence[Op]]] = [(k, [set_op(k, b"v")]) for k in keys]
+        futures, sent = lose_answers_then_cut(cluster, direct, warm, writes)
+        results = [f.result(0) for f in futures]
+        records = {r.key: r for r in direct.sync_bucket(0) if r.key.startswith("window/")}
+    for key, result in zip(keys, results, strict=True):
+        assert result.position_known and result.versions == {key: 1}
+        assert records[key].version == 1, f"{key} applied twice"
+        assert records[key].mod_commit_index == result.committed.commit_index
+    assert sent == SEQUENCES_IN_FLIGHT_MAX  # the rest waited for answers
+    assert all(r.duplicate for r in results[:sent]) and not any(r.duplicate for r in results[sent:])
+    indexes = [r.committed.commit_index for r in results]
+    assert indexes == sorted(indexes)
+
+
+def test_writes_whose_answers_were_lost_are_answered_once_by_the_next_leader(
+    tmp_path: Path,
+) -> None:
+    """As above, but the leader is killed (kill -9) after the writes committed: the
+    new leader answers their retries from the results it applied itself."""
+    cluster = LocalCluster.start(tmp_path / "data", buckets=2)
+
+    def kill_the_leader(proxy: LossyProxy) -> None:
+        old = cluster.leader_node(0)
+        cluster.kill9(old)
+        proxy.cut(to=cluster.spec.node(cluster.leader_node(0)).grpc_address)
+
+    try:
+        cluster.wait_settled()
+        with cluster.client() as direct:
+            warm, *keys = keys_of_bucket(direct, 0, "kill/", 3 * SEQUENCES_IN_FLIGHT_MAX + 1)
+            writes: list[tuple[str, Sequence[Op]]] = [(k, [set_op(k, b"v")]) for k in keys]
+            futures, sent = lose_answers_then_cut(
+                cluster, direct, warm, writes, cut=kill_the_leader
+            )
+            results = [f.result(0) for f in futures]
+            records = {r.key: r for r in direct.sync_bucket(0) if r.key.startswith("kill/")}
+        assert sent == SEQUENCES_IN_FLIGHT_MAX
+        assert all(r.duplicate for r in results[:sent])
+        for key, result in zip(keys, results, strict=True):
+            assert records[key].version == 1, f"{key} applied twice"
+            assert records[key].mod_commit_index == result.committed.commit_index
+    finally:
+        cluster.stop()
+
+
+def test_a_retry_whose_result_the_node_no_longer_keeps_is_not_a_failure(
+    cluster: LocalCluster,
+) -> None:
+    """Cannot happen within the window (a node keeps as many results); a client with
+    a larger one makes it happen. A retry answered DUPLICATE_SEQUENCE committed once:
+    an unconditional write succeeds, its position unknown; a conditional one may
+    have been refused by its precondition instead, and raises `DuplicateSequence`
+    saying so (docs/errors.md)."""
+    kept = limits.PRODUCER_RESULTS_CACHED
+    with cluster.client() as direct:
+        warm, *keys = keys_of_bucket(direct, 0, "lost-result/", kept + 4)
+        writes: list[tuple[str, Sequence[Op]]] = [(k, [set_op(k, b"v")]) for k in keys]
+        writes[1] = (keys[1], [set_op(keys[1], b"v", must_not_exist=True)])
+        futures, sent = lose_answers_then_cut(cluster, direct, warm, writes, window=kept + 10)
+        records = {r.key: r for r in direct.sync_bucket(0) if r.key.startswith("lost-result/")}
+    assert sent == len(writes)
+    unknown = futures[0].result(0)
+    assert unknown.duplicate and not unknown.position_known and unknown.versions == {}
+    with pytest.raises(DuplicateSequence, match=r"reached the log once.*read its keys"):
+        futures[1].result(0)
+    assert futures[2].result(0).duplicate and not futures[2].result(0).position_known
+    for key, future in zip(keys[3:], futures[3:], strict=True):
+        assert future.result(0).duplicate and future.result(0).position_known
+        assert future.result(0).committed.commit_index == records[key].mod_commit_index
+    assert all(records[key].version == 1 for key in keys)
+
+
 def test_many_writes_in_flight_through_a_leader_kill_apply_once_each(tmp_path: Path) -> None:
     """Pipelined writes (write_async) ride over kill -9 of their bucket's leader: each
     commits exactly once, in submission order per bucket (a producer's sequence must
@@ -154,19 +289,14 @@ def test_many_writes_in_flight_through_a_leader_kill_apply_once_each(tmp_path: P
                     killed = True
                 if i % 100 == 0:
                     time.sleep(0.01)  # a steady stream, not one burst
-            committed = []
-            for key, future in futures:
-                try:
-                    committed.append((key, future.result(60)))
-                except DuplicateSequence:  # committed; its result was not kept
-                    committed.append((key, None))  # type: ignore[arg-type]
-            assert len(committed) == len(futures)
+            # Every write answered success (with 5 results kept per producer, some
+            # committed ones raised DuplicateSequence), with its original commit.
+            committed = [(key, future.result(60)) for key, future in futures]
             cluster.restart()
             records = {r.key: r for r in client.sync_bucket(0)}
             for key, result in committed:
                 assert records[key].version == 1, f"{key} applied twice"
-                if result is not None:
-                    assert records[key].mod_commit_index == result.committed.commit_index
+                assert records[key].mod_commit_index == result.committed.commit_index
             indexes = [records[key].mod_commit_index for key, _ in futures]
             assert indexes == sorted(indexes)  # in submission order
     finally:

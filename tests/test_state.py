@@ -124,17 +124,6 @@ def test_producer_duplicate_returns_original_commit() -> None:
     assert d.sm.get("k").version == 1  # type: ignore[union-attr]
 
 
-def test_producer_caches_last_five_results() -> None:
-    d = Driver()
-    d.init_producer(7)
-    commits = [write_result(d, f"k{i}", producer=ProducerRef(7, 0, i)).commit for i in range(7)]
-    for i in range(2, 7):
-        assert write_result(d, f"k{i}", producer=ProducerRef(7, 0, i)).commit == commits[i]
-    old = write_result(d, "k0", producer=ProducerRef(7, 0, 0))
-    assert old.error is not None and old.error.code is ErrorCode.DUPLICATE_SEQUENCE
-    assert limits.PRODUCER_RESULTS_CACHED >= 5
-
-
 @pytest.mark.parametrize(
     ("ref", "code"),
     [
