@@ -447,7 +447,7 @@ class StatusRequest(_message.Message):
     def __init__(self, with_digests: _Optional[bool] = ...) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("bucket", "bucket_uuid", "address", "leader", "is_leader", "term", "commit_index", "applied_index", "log_len", "epoch_counter", "digest", "quarantined", "members", "fsyncs", "lease_holder", "emitting", "subscriptions", "outbox_rows", "connected")
+    __slots__ = ("bucket", "bucket_uuid", "address", "leader", "is_leader", "term", "commit_index", "applied_index", "log_len", "epoch_counter", "digest", "quarantined", "members", "fsyncs", "lease_holder", "emitting", "subscriptions", "outbox_rows", "connected", "producers")
     BUCKET_FIELD_NUMBER: _ClassVar[int]
     BUCKET_UUID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -467,6 +467,7 @@ class ReplicaStatus(_message.Message):
     SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
     OUTBOX_ROWS_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    PRODUCERS_FIELD_NUMBER: _ClassVar[int]
     bucket: int
     bucket_uuid: str
     address: str
@@ -486,7 +487,8 @@ class ReplicaStatus(_message.Message):
     subscriptions: int
     outbox_rows: int
     connected: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, bucket: _Optional[int] = ..., bucket_uuid: _Optional[str] = ..., address: _Optional[str] = ..., leader: _Optional[str] = ..., is_leader: _Optional[bool] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., log_len: _Optional[int] = ..., epoch_counter: _Optional[int] = ..., digest: _Optional[str] = ..., quarantined: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., fsyncs: _Optional[int] = ..., lease_holder: _Optional[str] = ..., emitting: _Optional[bool] = ..., subscriptions: _Optional[int] = ..., outbox_rows: _Optional[int] = ..., connected: _Optional[_Iterable[str]] = ...) -> None: ...
+    producers: int
+    def __init__(self, bucket: _Optional[int] = ..., bucket_uuid: _Optional[str] = ..., address: _Optional[str] = ..., leader: _Optional[str] = ..., is_leader: _Optional[bool] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., log_len: _Optional[int] = ..., epoch_counter: _Optional[int] = ..., digest: _Optional[str] = ..., quarantined: _Optional[str] = ..., members: _Optional[_Iterable[str]] = ..., fsyncs: _Optional[int] = ..., lease_holder: _Optional[str] = ..., emitting: _Optional[bool] = ..., subscriptions: _Optional[int] = ..., outbox_rows: _Optional[int] = ..., connected: _Optional[_Iterable[str]] = ..., producers: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("node_id", "replicas", "meta_version", "meta_voter", "meta")

@@ -180,10 +180,11 @@ class Admin:
                     sm.lease_holder,
                     len(sm.subscriptions()),
                     sm.outbox_size(),
+                    sm.producer_count(),
                 )
             )
         )
-        digest, holder, subs, outbox = core or ("", "", 0, 0)
+        digest, holder, subs, outbox, producers = core or ("", "", 0, 0, 0)
         notifier = self._edge.notifiers.get(bucket)
         return pb.ReplicaStatus(
             bucket=max(bucket, 0),
@@ -204,6 +205,7 @@ class Admin:
             emitting=notifier is not None and notifier.emitting,
             subscriptions=subs,
             outbox_rows=outbox,
+            producers=producers,
             connected=replica.connectivity().connected,
         )
 
