@@ -49,8 +49,7 @@ class Deployment:
         return self.bundles / "client.toml"
 
     def admin(self) -> ClusterAdmin:
-        config = ClientConfig.load(self.client_toml)
-        return ClusterAdmin(list(config.endpoints), config.token)
+        return ClusterAdmin.from_config(ClientConfig.load(self.client_toml))
 
     def sevendb(self, *args: str, host: Host | None = None, timeout: float = 120) -> str:
         """`sevendb ARGS` on the client host (or `host`), from the client bundle."""
