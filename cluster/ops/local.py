@@ -404,10 +404,11 @@ def cluster_down(
     timeout_s: float = STOP_TIMEOUT_S,
     progress: Callable[[str], None] = lambda _: None,
 ) -> list[str]:
-    """SIGTERM every node (clean shutdown), SIGKILL what is still alive at the timeout."""
+    """Stop every node at once: SIGINT (a clean stop without a drain: there is no
+    other node to hand anything to), SIGKILL what is still alive at the timeout."""
     data_dir = data_dir.resolve()
     local_secrets(data_dir)  # a clear error if there is no cluster here
-    return stop_nodes(data_dir, local_nodes(data_dir), timeout_s, progress)
+    return stop_nodes(data_dir, local_nodes(data_dir), timeout_s, progress, drain=False)
 
 
 def stop_nodes(
@@ -415,14 +416,17 @@ def stop_nodes(
     node_ids: list[str],
     timeout_s: float = STOP_TIMEOUT_S,
     progress: Callable[[str], None] = lambda _: None,
+    *,
+    drain: bool = True,
 ) -> list[str]:
-    """Stop these node processes cleanly (SIGKILL at the timeout); returns the ids that
-    were running."""
+    """Stop these node processes cleanly (SIGKILL at the timeout): SIGTERM, each
+    handing its leaderships and leases to the others first, or SIGINT without
+    (`drain` False); returns the ids that were running."""
     pids = {n: running_pid(data_dir, n) for n in node_ids}
     alive = {node_id: pid for node_id, pid in pids.items() if pid is not None}
     for node_id, pid in alive.items():
         progress(f"stopping node {node_id} (pid {pid})")
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGTERM if drain else signal.SIGINT)
     deadline = time.monotonic() + timeout_s
     while alive and time.monotonic() < deadline:
         alive = {n: p for n, p in alive.items() if running_pid(data_dir, n) is not None}

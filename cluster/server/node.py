@@ -143,8 +143,7 @@ class Node:
         )
         """How this node reaches others' client ports: TLS presenting its certificate."""
         self.view = ClusterView(ClusterSpec.load(settings.genesis), self.home)
-        self._keyring = self._keyring_of(self.view.state)
-        self.view.listen(self._refresh_keyring)
+        self._keyring = (self.view.state.version, self._keyring_of(self.view.state))
         self.draining = False
         self._follower: MetaFollower | None = self._new_follower()
         if self.node_id not in self.view.spec.node_ids:  # joined after the genesis
@@ -193,17 +192,19 @@ class Node:
     def keyring(self) -> Keyring:
         """The token keys and revocations in force: the secrets file's keys and the
         metadata's ``auth/`` records, as of the view's version."""
-        return self._keyring
+        state = self.view.state
+        version, keyring = self._keyring
+        if version != state.version:
+            keyring = self._keyring_of(state)
+            self._keyring = (state.version, keyring)
+        return keyring
 
     def _keyring_of(self, state: MetaState) -> Keyring:
         return self.secrets.keyring({k: v for k, (v, _) in state.records.items()})
 
-    def _refresh_keyring(self, state: MetaState) -> None:
-        self._keyring = self._keyring_of(state)
-
     def _node_metadata(self) -> tuple[tuple[str, str], ...]:
         """A fresh node token, for this node's own calls to other nodes."""
-        token = self._keyring.mint(NODE_PRINCIPAL, now_ms=now_ms(), ttl_s=NODE_TOKEN_TTL_S)
+        token = self.keyring.mint(NODE_PRINCIPAL, now_ms=now_ms(), ttl_s=NODE_TOKEN_TTL_S)
         return auth_metadata(token)
 
     def _new_follower(self) -> MetaFollower:
@@ -415,6 +416,12 @@ class Node:
                     [b for b, _ in left],
                 )
                 return False
+            if not any(r.connectivity().connected for _, r in left):
+                log.warning(
+                    "drain: no other replica of buckets %s is reachable; exiting",
+                    [b for b, _ in left],
+                )
+                return False
             for bucket, replica in left:
                 if not replica.is_leader or now < asked.get(bucket, 0.0):
                     continue  # a lease still moving, or a transfer asked a moment ago
@@ -427,7 +434,7 @@ class Node:
                 asked[bucket] = now + 1.0
             time.sleep(0.05)
 
-    async def serve(self, stop: threading.Event) -> int:
+    async def serve(self, stop: StopRequest) -> int:
         server = aio.server(
             options=[
                 ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES_MAX),
@@ -464,20 +471,23 @@ class Node:
             else "(off)",
             len(self.replicas),
         )
-        await asyncio.get_running_loop().run_in_executor(None, stop.wait)
-        drain_s = self.config.node.drain_s
-        log.info("node %s stopping: draining (for up to %.1f s)", self.node_id, drain_s)
+        await asyncio.get_running_loop().run_in_executor(None, stop.event.wait)
         self.draining = True  # new writes and streams are refused, with another node's address
         reporter.cancel()
         await health.enter_graceful_shutdown()
-        started = time.monotonic()
-        moved = await asyncio.get_running_loop().run_in_executor(None, self.drain, drain_s)
-        log.info(
-            "node %s drained in %.2f s (%s); closing the client port",
-            self.node_id,
-            time.monotonic() - started,
-            "every leadership and lease handed over" if moved else "not everything moved",
-        )
+        if stop.drain:
+            drain_s = self.config.node.drain_s
+            log.info("node %s stopping: draining (for up to %.1f s)", self.node_id, drain_s)
+            started = time.monotonic()
+            moved = await asyncio.get_running_loop().run_in_executor(None, self.drain, drain_s)
+            log.info(
+                "node %s drained in %.2f s (%s); closing the client port",
+                self.node_id,
+                time.monotonic() - started,
+                "every leadership and lease handed over" if moved else "not everything moved",
+            )
+        else:
+            log.info("node %s stopping without a drain (SIGINT)", self.node_id)
         await server.stop(STOP_GRACE_S)
         await self.service.close()
         return 0
@@ -501,7 +511,20 @@ class Node:
         return "TLS"
 
 
-def serve(config: NodeConfig, stop: threading.Event) -> int:
+class StopRequest:
+    """How the process was asked to stop: SIGTERM drains first (`Node.drain`), SIGINT
+    (Ctrl-C; `sevendb cluster down`, which stops every node at once) does not."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.drain = False
+
+    def on_signal(self, signum: int, _frame: object = None) -> None:
+        self.drain = self.drain or signum == signal.SIGTERM
+        self.event.set()
+
+
+def serve(config: NodeConfig, stop: StopRequest) -> int:
     node = Node(config)
     try:
         return asyncio.run(node.serve(stop))
@@ -543,9 +566,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.print_config:
             print(config.settings.explain(), end="")
             return 0
-        stop = threading.Event()
+        stop = StopRequest()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+            signal.signal(sig, stop.on_signal)
         return serve(config, stop)
     except ConfigError as exc:
         log.critical("%s", exc)
