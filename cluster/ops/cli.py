@@ -111,8 +111,8 @@ def _tls(args: argparse.Namespace) -> TLS | None:
 
     if getattr(args, "insecure", False):
         return None
-    if getattr(args, "ca", None) or getattr(args, "cert", None):
-        return TLS.from_files(args.ca, args.cert, args.key)
+    if getattr(args, "tls_ca", None) or getattr(args, "tls_cert", None):
+        return TLS.from_files(args.tls_ca, args.tls_cert, args.tls_key)
     config = _client_config(args)
     return SYSTEM_ROOTS if config is None else client_tls(config)
 
@@ -699,9 +699,15 @@ def build_parser() -> argparse.ArgumentParser:
         default="default",
         help="with a local data dir and no token: act as this principal (default: default)",
     )
-    common.add_argument("--ca", help="TLS: trust this CA certificate (default: the bundle's)")
-    common.add_argument("--cert", help="TLS: present this client certificate (mTLS)")
-    common.add_argument("--key", help="TLS: the client certificate's key (mode 0600)")
+    common.add_argument(
+        "--ca", dest="tls_ca", help="TLS: trust this CA certificate (default: the bundle's)"
+    )
+    common.add_argument(
+        "--cert", dest="tls_cert", help="TLS: present this client certificate (mTLS)"
+    )
+    common.add_argument(
+        "--key", dest="tls_key", help="TLS: the client certificate's key (mode 0600)"
+    )
     common.add_argument(
         "--insecure",
         action="store_true",
