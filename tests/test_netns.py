@@ -450,21 +450,23 @@ def test_refusals_across_hosts_change_nothing(d: Deployment) -> None:
 
     other_ca.write_bytes(new_ca("not-this-cluster").cert_pem)
     keyring, now = _keyring_now(d)
-    expired = keyring.mint("alice", now_ms=now - 7_200_000, ttl_s=3600)
+    # (An admin token: the admin key is not retired below, so expiry is its only fault.)
+    expired = keyring.mint("admin", now_ms=now - 7_200_000, ttl_s=3600)
     old_key = keyring.mint("alice", now_ms=now, ttl_s=3600)
-    mallory = d.sevendb("token", "mallory", "--ttl", "1h").strip()
-    # Both still work, through every node, before the changes below.
+    d.sevendb("auth", "rotate-key")
+    mallory = d.sevendb("token", "mallory", "--ttl", "1h").strip()  # by the new key
+    # Both work through every node, the old key's token too, until the changes below.
     for node_id in NODES:
         for token in (old_key, mallory):
             assert _get_on(d, node_id, "--ca", ca, token=token).returncode == 0
-    d.sevendb("auth", "rotate-key")
     previous = Token.parse(old_key).kid
+    assert Token.parse(mallory).kid != previous
     d.sevendb("auth", "retire-key", previous)
     d.sevendb("auth", "revoke", "mallory")
     cases = [
         (("--insecure",), admin_token, 3, "UNAVAILABLE"),
         (("--ca", str(other_ca)), admin_token, 3, "CERTIFICATE_VERIFY_FAILED"),
-        (("--ca", ca), expired, 1, "Unauthenticated: token for 'alice' expired"),
+        (("--ca", ca), expired, 1, "Unauthenticated: token for 'admin' expired"),
         (("--ca", ca), old_key, 1, f"signed by key {previous}, which was retired"),
         (("--ca", ca), mallory, 1, "tokens of 'mallory' minted before"),
     ]
@@ -493,7 +495,9 @@ def test_a_node_whose_certificate_the_others_do_not_trust_is_refused(d: Deployme
     """n3 restarted with its own data and secrets but a certificate from another CA
     (and that CA in its ca.pem, so that it starts): clients and the other nodes,
     connecting with the cluster's CA, refuse it at the handshake; a write through it
-    is refused and nothing changes. Then the real n3 comes back."""
+    is refused and nothing changes. (It still holds the Raft key, so it stays a
+    replica: a bucket it leads is unavailable to clients meanwhile, as forwarding to
+    it is refused too.) Then the real n3 comes back."""
     import shutil
 
     from sevendb.cluster.common.tls import issue, new_ca
@@ -565,9 +569,9 @@ def test_a_node_whose_certificate_the_others_do_not_trust_is_refused(d: Deployme
         out = d.node_hosts["n1"].run([sys.executable, "-c", probe], timeout=60)
         assert out.returncode == 0, out.stderr
         assert out.stdout.startswith("UNAVAILABLE") and "CERTIFICATE_VERIFY_FAILED" in out.stdout
-        assert json.loads(d.sevendb("get", "refusal/x"))["value"] == "before"
     finally:
         host.kill9(proc)
     d.start("n3")
     d.wait_leaders()
     wait_for(d.converged, 90, "replicas to converge after the impostor")
+    assert json.loads(d.sevendb("get", "refusal/x"))["value"] == "before"

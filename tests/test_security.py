@@ -268,3 +268,56 @@ def test_sigterm_drains_a_leaders_node_under_load_and_nothing_is_lost(
     assert len(load.delivered) == len(set(load.delivered)), "an event was delivered twice"
     cluster.restart()
     cluster.wait_converged()
+
+
+@pytest.mark.slow
+def test_with_client_certificates_required_a_certificate_names_the_principal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`[node] client_certs = true`: a connection without a certificate from the
+    cluster's CA is refused; one with alice's certificate and no token acts as
+    alice, the admin certificate as admin (its calls forwarded by a node keep that
+    principal: the node's own certificate vouches for it); a revocation refuses
+    alice's certificate."""
+    from sevendb.cluster.common.tls import Issued
+
+    monkeypatch.setenv("SEVENDB_NODE_CLIENT_CERTS", "true")
+    cluster = LocalCluster.start(tmp_path / "data", buckets=1)
+    try:
+        data = cluster.data_dir
+        ca = Issued((data / "ca.pem").read_bytes(), (data / "ca-key.pem").read_bytes())
+        alice_cert = issue(ca, "alice", server=False)
+        alice = TLS(ca.cert_pem, alice_cert.cert_pem, alice_cert.key_pem)
+        assert cluster.tls is not None
+        admin = cluster.tls  # client.toml's: the CA and the admin certificate
+        endpoints = [n.grpc_address for n in cluster.spec.nodes]
+        fast = RetryPolicy(deadline_s=3, call_timeout_s=1)
+        with (
+            Client(endpoints, token=cluster.token(), tls=TLS(ca.cert_pem), retry=fast) as bare,
+            pytest.raises(Unavailable),
+        ):
+            bare.put("mtls/a", b"1")  # a token but no certificate: no handshake
+        with Client(endpoints, tls=alice) as client:
+            client.put("mtls/a", b"1")
+            sub = client.subscribe("key:mtls/a", name="alice-sub")
+            leader = cluster.spec.node(cluster.leader_node(0)).grpc_address
+            follower = next(a for a in endpoints if a != leader)
+            listing = pb.ListSubscriptionsRequest(bucket=0)
+            mine = _stub(follower, alice).ListSubscriptions(listing, timeout=10)
+            everyone = _stub(follower, admin).ListSubscriptions(listing, timeout=10)
+            owners = {s.owner for s in everyone.subscriptions}
+            assert [s.owner for s in mine.subscriptions] == ["alice"]
+            assert owners == {"alice"} and len(everyone.subscriptions) == 1
+            with pytest.raises(grpc.RpcError) as denied:
+                _stub(follower, alice).MintToken(pb.MintTokenRequest(principal="x", ttl_s=9))
+            assert denied.value.code() is grpc.StatusCode.PERMISSION_DENIED
+            assert _stub(leader, admin).MintToken(pb.MintTokenRequest(principal="x", ttl_s=9))
+            sub.close()
+        with cluster.admin() as operator:
+            operator.revoke("alice")
+        with pytest.raises(grpc.RpcError) as revoked:
+            _stub(endpoints[0], alice).Get(pb.GetRequest(key="mtls/a"), timeout=10)
+        assert revoked.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        assert "certificates of 'alice' issued before" in (revoked.value.details() or "")
+    finally:
+        cluster.stop()

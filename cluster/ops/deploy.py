@@ -54,6 +54,7 @@ __all__ = [
     "node_run",
     "node_tls",
     "parse_node",
+    "write_client_bundle",
 ]
 
 NODE_MODULE: Final = "sevendb.cluster.server.node"
@@ -133,7 +134,7 @@ def cluster_init(
     (out/client.toml): with TLS, a CA of the cluster's own (out/ca-key.pem) unless
     `ca` is the operator's, a certificate per node for its host and `sans`, and an
     admin client certificate; with `insecure`, none (plaintext)."""
-    from sevendb.cluster.common.tls import issue, new_ca
+    from sevendb.cluster.common.tls import new_ca
 
     if insecure and (ca is not None or sans):
         raise ConfigError("--insecure makes no certificate: drop --ca-cert/--ca-key/--san")
@@ -163,17 +164,26 @@ def cluster_init(
             out / node.node_id, spec, node, secrets, tls, listen_host=listen_host
         )
         progress(f"wrote {path}")
+    progress(f"wrote {write_client_bundle(out / CLIENT_FILE, spec, secrets, ca)}")
+    return spec
+
+
+def write_client_bundle(
+    path: Path, spec: ClusterSpec, secrets: ClusterSecrets, ca: Issued | None
+) -> Path:
+    """client.toml at `path`: an admin token and, with `ca`, the CA and an admin
+    client certificate beside it (without: a plaintext bundle)."""
+    from sevendb.cluster.common.tls import issue
+
     admin = None if ca is None else issue(ca, ADMIN_PRINCIPAL, server=False)
-    client = write_client_config(
-        out / CLIENT_FILE,
+    return write_client_config(
+        path,
         spec,
         secrets,
         now_ms=time.time_ns() // 1_000_000,
         ca_pem=None if ca is None else ca.cert_pem,
         admin_cert=None if admin is None else (admin.cert_pem, admin.key_pem),
     )
-    progress(f"wrote {client}")
-    return spec
 
 
 def node_init(

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import grpc
 
-from sevendb.cluster.common.auth import ADMIN_PRINCIPAL, DEFAULT_PRINCIPAL, TOKEN_TTL_DEFAULT_S
+from sevendb.cluster.common.auth import DEFAULT_PRINCIPAL, TOKEN_TTL_DEFAULT_S
 from sevendb.cluster.common.bundle import (
     CA_FILE,
     CA_KEY_FILE,
@@ -29,7 +29,6 @@ from sevendb.cluster.common.bundle import (
     SECRETS_FILE,
     ClientConfig,
     ClusterSecrets,
-    write_client_config,
     write_file,
     write_node_bundle,
 )
@@ -43,7 +42,7 @@ from sevendb.cluster.common.topology import (
     new_cluster,
 )
 from sevendb.cluster.ops.admin import ClusterAdmin, Unreachable, client_tls
-from sevendb.cluster.ops.deploy import load_ca_files, node_tls
+from sevendb.cluster.ops.deploy import load_ca_files, node_tls, write_client_bundle
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 from sevendb.sdk.tls import TLS, sync_channel
@@ -249,7 +248,7 @@ def create_local_cluster(
     """Mint a cluster on 127.0.0.1 and write its bundles under `data_dir`: one per
     node in nodes/<id>/, the secrets, the CA (unless `insecure`) and a client.toml
     with an admin token and certificate."""
-    from sevendb.cluster.common.tls import issue, new_ca
+    from sevendb.cluster.common.tls import new_ca
 
     if replicas > nodes:
         raise ConfigError(f"--replicas {replicas} needs at least as many --nodes (got {nodes})")
@@ -267,23 +266,15 @@ def create_local_cluster(
     ]
     spec = new_cluster(nodes=specs, buckets=buckets, replicas=replicas)
     secrets = ClusterSecrets.new()
-    ca = admin = None
+    ca = None
     if not insecure:
         ca = new_ca(spec.cluster_id)
         write_file(data_dir / CA_KEY_FILE, ca.key_pem, secret=True)
         write_file(data_dir / CA_FILE, ca.cert_pem)
-        admin = issue(ca, ADMIN_PRINCIPAL, server=False)
     for node in spec.nodes:
         _write_node(data_dir, spec, node, secrets)
     write_file(data_dir / SECRETS_FILE, secrets.to_toml(), secret=True)
-    write_client_config(
-        data_dir / CLIENT_FILE,
-        spec,
-        secrets,
-        now_ms=time.time_ns() // 1_000_000,
-        ca_pem=None if ca is None else ca.cert_pem,
-        admin_cert=None if admin is None else (admin.cert_pem, admin.key_pem),
-    )
+    write_client_bundle(data_dir / CLIENT_FILE, spec, secrets, ca)
     return spec
 
 

@@ -29,7 +29,7 @@ from sevendb.cluster.common.auth import (
     token_from_metadata,
 )
 from sevendb.cluster.common.bundle import ClusterSecrets
-from sevendb.cluster.common.tls import peer_identity
+from sevendb.cluster.common.tls import PeerIdentity, peer_identity
 from sevendb.cluster.common.topology import ClusterSpec, ConfigError, NodeSpec
 from sevendb.cluster.raft.replica import ApplyOutcome, BucketReplica, ReplicaUnavailable
 from sevendb.cluster.server.errors import Ctx, Failure, status_of_unavailable
@@ -335,7 +335,7 @@ class Edge:
         return outcome.commit_index
 
 
-def _peer(context: Ctx | None) -> Any:
+def _peer(context: Ctx | None) -> PeerIdentity | None:
     """The identity of the call's verified client certificate, or None."""
     if context is None:
         return None

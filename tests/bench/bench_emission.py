@@ -84,6 +84,22 @@ class Subscribers:
         return result
 
 
+def delivery_latencies(
+    load: dict[str, Any], result: dict[str, Any]
+) -> tuple[list[float], list[float]]:
+    """(write acknowledged -> event in the application, write sent -> event in the
+    application), ms, sorted: the writes of `load` joined on (bucket, commit index)
+    with the subscriber's trace."""
+    received = {(b, i): ns for b, i, ns in result["trace"]}
+    commit_to_app, send_to_app = [], []
+    for bucket, index, sent, acked in load["acks"]:
+        got = received.get((bucket, index))
+        if got is not None:
+            commit_to_app.append((got - acked) / 1e6)
+            send_to_app.append((got - sent) / 1e6)
+    return sorted(commit_to_app), sorted(send_to_app)
+
+
 def outbox_rows(spec: ClusterSpec, tls: TLS | None) -> int:
     total = 0
     for node in spec.nodes:
@@ -142,16 +158,7 @@ def run(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
             sub = Subscribers(spec, token, "prefix:l/", 1, ca)
             load = write_load(spec, token, "l/", args.seconds, rate=args.rate, tls=tls)
             sub.wait_count(load["writes"], 60)
-            result = sub.finish()
-            received = {(b, i): ns for b, i, ns in result["trace"]}
-            commit_to_app, e2e = [], []
-            for bucket, index, sent, acked in load["acks"]:
-                got = received.get((bucket, index))
-                if got is not None:
-                    commit_to_app.append((got - acked) / 1e6)
-                    e2e.append((got - sent) / 1e6)
-            commit_to_app.sort()
-            e2e.sort()
+            commit_to_app, e2e = delivery_latencies(load, sub.finish())
             rows.append(
                 (
                     f"1 subscription, writes at {args.rate:.0f}/s",

@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench_emission import Subscribers
+from bench_emission import Subscribers, delivery_latencies
 from bench_writes import machine, pct, write_load
 
 from sevendb.cluster.ops.local import cluster_down, cluster_up, local_tls, local_token
@@ -57,15 +57,7 @@ def one_run(*, insecure: bool, seconds: float, rate: float, buckets: int) -> dic
             result = sub.finish()
         finally:
             cluster_down(data)
-    received = {(b, i): ns for b, i, ns in result["trace"]}
-    commit_to_app, send_to_app = [], []
-    for bucket, index, sent, acked in paced["acks"]:
-        got = received.get((bucket, index))
-        if got is not None:
-            commit_to_app.append((got - acked) / 1e6)
-            send_to_app.append((got - sent) / 1e6)
-    commit_to_app.sort()
-    send_to_app.sort()
+    commit_to_app, send_to_app = delivery_latencies(paced, result)
     return {
         "load": load_before,
         "writes_per_s": closed["writes_per_s"],

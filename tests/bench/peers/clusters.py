@@ -224,9 +224,7 @@ class SevendbCluster:
 
         self._started = True
         # Plaintext, like the etcd and NATS it is measured against.
-        spec = cluster_up(
-            self.dir, nodes=3, buckets=self.buckets, replicas=3, insecure=True
-        ).spec
+        spec = cluster_up(self.dir, nodes=3, buckets=self.buckets, replicas=3, insecure=True).spec
         self._conf = {
             "endpoints": [n.grpc_address for n in spec.nodes],
             "token": local_token(self.dir),
