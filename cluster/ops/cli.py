@@ -678,6 +678,24 @@ def _node_init_parser(
     init.set_defaults(fn=cmd_node_init)
 
 
+def _add_tls_arguments(common: argparse.ArgumentParser) -> None:
+    """--ca, --cert, --key and --insecure: how a command connects (`_tls`)."""
+    common.add_argument(
+        "--ca", dest="tls_ca", help="TLS: trust this CA certificate (default: the bundle's)"
+    )
+    common.add_argument(
+        "--cert", dest="tls_cert", help="TLS: present this client certificate (mTLS)"
+    )
+    common.add_argument(
+        "--key", dest="tls_key", help="TLS: the client certificate's key (mode 0600)"
+    )
+    common.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plaintext gRPC (a cluster made with --insecure; `cluster up`: make one)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sevendb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -699,20 +717,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="default",
         help="with a local data dir and no token: act as this principal (default: default)",
     )
-    common.add_argument(
-        "--ca", dest="tls_ca", help="TLS: trust this CA certificate (default: the bundle's)"
-    )
-    common.add_argument(
-        "--cert", dest="tls_cert", help="TLS: present this client certificate (mTLS)"
-    )
-    common.add_argument(
-        "--key", dest="tls_key", help="TLS: the client certificate's key (mode 0600)"
-    )
-    common.add_argument(
-        "--insecure",
-        action="store_true",
-        help="plaintext gRPC (a cluster made with --insecure; `cluster up`: make one)",
-    )
+    _add_tls_arguments(common)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the demo (starts and stops a local cluster)")
     demo.add_argument(
