@@ -626,6 +626,24 @@ class MetaWriteResponse(_message.Message):
     version: int
     def __init__(self, version: _Optional[int] = ...) -> None: ...
 
+class MintTokenRequest(_message.Message):
+    __slots__ = ("principal", "ttl_s")
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    principal: str
+    ttl_s: int
+    def __init__(self, principal: _Optional[str] = ..., ttl_s: _Optional[int] = ...) -> None: ...
+
+class MintTokenResponse(_message.Message):
+    __slots__ = ("token", "key_id", "expires_ms")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_MS_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    key_id: str
+    expires_ms: int
+    def __init__(self, token: _Optional[str] = ..., key_id: _Optional[str] = ..., expires_ms: _Optional[int] = ...) -> None: ...
+
 class JoinBundleRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

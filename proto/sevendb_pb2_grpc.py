@@ -140,6 +140,11 @@ class SevenDBStub:
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.JoinBundleRequest.SerializeToString,
                 response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.JoinBundleResponse.FromString,
                 _registered_method=True)
+        self.MintToken = channel.unary_unary(
+                '/sevendb.v1.SevenDB/MintToken',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.MintTokenRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.MintTokenResponse.FromString,
+                _registered_method=True)
         self.ListSubscriptions = channel.unary_unary(
                 '/sevendb.v1.SevenDB/ListSubscriptions',
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.ListSubscriptionsRequest.SerializeToString,
@@ -310,6 +315,13 @@ class SevenDBServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MintToken(self, request, context):
+        """A token for a principal, minted by the node (principal "admin").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListSubscriptions(self, request, context):
         """Subscription administration: list, show, delete (an UNSUBSCRIBE on the
         owner's behalf: its rows go, its slot is freed).
@@ -437,6 +449,11 @@ def add_SevenDBServicer_to_server(servicer, server):
                     servicer.JoinBundle,
                     request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.JoinBundleRequest.FromString,
                     response_serializer=sevendb_dot_proto_dot_sevendb__pb2.JoinBundleResponse.SerializeToString,
+            ),
+            'MintToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.MintToken,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.MintTokenRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.MintTokenResponse.SerializeToString,
             ),
             'ListSubscriptions': grpc.unary_unary_rpc_method_handler(
                     servicer.ListSubscriptions,
@@ -1022,6 +1039,33 @@ class SevenDB:
             '/sevendb.v1.SevenDB/JoinBundle',
             sevendb_dot_proto_dot_sevendb__pb2.JoinBundleRequest.SerializeToString,
             sevendb_dot_proto_dot_sevendb__pb2.JoinBundleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MintToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sevendb.v1.SevenDB/MintToken',
+            sevendb_dot_proto_dot_sevendb__pb2.MintTokenRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.MintTokenResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -66,6 +66,7 @@ from sevendb.sdk.subscription import (
     Subscription,
     SubscriptionStats,
 )
+from sevendb.sdk.tls import TLS
 
 __all__ = [
     "AckMode",
@@ -112,6 +113,7 @@ __all__ = [
     "SubscriptionExists",
     "SubscriptionNotFound",
     "SubscriptionStats",
+    "TLS",
     "Unauthenticated",
     "Unavailable",
     "UnknownProducer",

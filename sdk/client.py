@@ -59,6 +59,7 @@ from sevendb.sdk.subscription import (
     close_subscriptions,
     parse_query,
 )
+from sevendb.sdk.tls import SYSTEM_ROOTS, TLS, sync_channel
 from sevendb.sdk.writer import QUEUE_BYTES_MAX, QUEUE_WAIT_S, QUEUE_WRITES_MAX, WritePipeline
 
 T = TypeVar("T")
@@ -156,9 +157,12 @@ class Client:
     """A connection to a sevendb cluster through any of its nodes' client endpoints.
 
     `token` authenticates every call (`sevendb token NAME` mints one); a subscription
-    belongs to the token's principal. `retry` says how long to retry, `write_queue`
-    how many unanswered writes to hold before a write waits (backpressure).
-    Thread-safe.
+    belongs to the token's principal. `tls` says which CA to trust and which client
+    certificate to present (`TLS`; by default TLS trusting the system's CAs; None:
+    plaintext, for a cluster made with --insecure). With a client certificate and no
+    token, on a cluster that requires client certificates, the certificate's name is
+    the principal. `retry` says how long to retry, `write_queue` how many unanswered
+    writes to hold before a write waits (backpressure). Thread-safe.
     """
 
     def __init__(
@@ -166,12 +170,16 @@ class Client:
         endpoints: Sequence[str],
         *,
         token: str | None = None,
+        tls: TLS | None = SYSTEM_ROOTS,
         retry: RetryPolicy | None = None,
         write_queue: WriteQueue | None = None,
     ) -> None:
         if not endpoints:
             raise InvalidArgument("a Client needs at least one endpoint (host:port)")
+        if tls is not None and not isinstance(tls, TLS):
+            raise InvalidArgument(f"tls takes a sevendb.sdk.TLS or None (plaintext), not {tls!r}")
         self._endpoints = list(endpoints)
+        self._tls = tls
         self._retry = retry or RetryPolicy()
         self._write_queue = write_queue or WriteQueue()
         self._producer = Producer()
@@ -226,7 +234,7 @@ class Client:
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = self._channels[address] = grpc.insecure_channel(address)
+                channel = self._channels[address] = sync_channel(address, self._tls)
         return pb_grpc.SevenDBStub(channel)
 
     def _call(self, fn: Callable[[pb_grpc.SevenDBStub, float], T]) -> T:
@@ -423,7 +431,7 @@ class Client:
 
     def _loop_locked(self) -> Engine:
         if self._engine is None:
-            self._engine = Engine(self._endpoints)
+            self._engine = Engine(self._endpoints, self._tls)
         return self._engine
 
     def _pipeline(self) -> WritePipeline[WriteResult]:

@@ -19,6 +19,7 @@ from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 from sevendb.proto.codec import ERROR_CODE_KEY, LEADER_HINT_KEY, RETRY_AFTER_KEY
 from sevendb.proto.mailbox import mailbox
 from sevendb.proto.threads import name_os_thread
+from sevendb.sdk.tls import TLS, aio_channel
 
 T = TypeVar("T")
 
@@ -44,10 +45,12 @@ def trailer(exc: aio.AioRpcError, key: str) -> str | None:
 
 
 class Engine:
-    """An event loop in a daemon thread, with one channel per node address."""
+    """An event loop in a daemon thread, with one channel per node address (TLS
+    unless `tls` is None)."""
 
-    def __init__(self, endpoints: Sequence[str]) -> None:
+    def __init__(self, endpoints: Sequence[str], tls: TLS | None) -> None:
         self.endpoints = list(endpoints)
+        self.tls = tls
         self.loop = asyncio.new_event_loop()
         self.mailbox = mailbox(self.loop)
         """Calls into the loop from other threads, one wake-up per batch."""
@@ -75,7 +78,7 @@ class Engine:
         callable per method: not something to do per call)."""
         stub = self._stubs.get(address)
         if stub is None:
-            channel = self._channels[address] = aio.insecure_channel(address)
+            channel = self._channels[address] = aio_channel(address, self.tls)
             stub = self._stubs[address] = pb_grpc.SevenDBStub(channel)
         return stub
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+import grpc
+
 from sevendb.cluster.common.topology import ClusterSpec
 from sevendb.cluster.ops.admin import ClusterAdmin
 from sevendb.cluster.ops.local import (
@@ -18,12 +20,15 @@ from sevendb.cluster.ops.local import (
     cluster_up,
     local_admin,
     local_spec,
+    local_tls,
     local_token,
     node_status,
     running_pid,
 )
 from sevendb.proto import sevendb_pb2 as pb
+from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 from sevendb.sdk.client import Client, RetryPolicy
+from sevendb.sdk.tls import TLS, sync_channel
 
 T = TypeVar("T")
 
@@ -51,10 +56,29 @@ class LocalCluster:
     data_dir: Path
 
     @classmethod
-    def start(cls, data_dir: Path, *, nodes: int = 3, buckets: int = 2) -> LocalCluster:
+    def start(
+        cls, data_dir: Path, *, nodes: int = 3, buckets: int = 2, insecure: bool = False
+    ) -> LocalCluster:
         STARTED.append(data_dir.resolve())
-        cluster_up(data_dir, nodes=nodes, buckets=buckets, replicas=min(3, nodes))
+        # SEVENDB_TEST_INSECURE=1: every cluster plaintext (to measure what TLS costs
+        # the suite; docs/benchmarks.md).
+        insecure = insecure or os.environ.get("SEVENDB_TEST_INSECURE") == "1"
+        cluster_up(
+            data_dir, nodes=nodes, buckets=buckets, replicas=min(3, nodes), insecure=insecure
+        )
         return cls(data_dir.resolve())
+
+    @property
+    def tls(self) -> TLS | None:
+        """The TLS settings of the cluster's client.toml (None: plaintext)."""
+        return local_tls(self.data_dir)
+
+    def channel(self, address: str) -> grpc.Channel:
+        """A blocking channel to a node's client port, as the cluster's clients connect."""
+        return sync_channel(address, self.tls)
+
+    def stub(self, address: str) -> pb_grpc.SevenDBStub:
+        return pb_grpc.SevenDBStub(self.channel(address))  # type: ignore[no-untyped-call]
 
     @property
     def spec(self) -> ClusterSpec:
@@ -71,7 +95,10 @@ class LocalCluster:
 
     def client(self, retry: RetryPolicy | None = None, principal: str = "default") -> Client:
         return Client(
-            [n.grpc_address for n in self.spec.nodes], token=self.token(principal), retry=retry
+            [n.grpc_address for n in self.spec.nodes],
+            token=self.token(principal),
+            tls=self.tls,
+            retry=retry,
         )
 
     def restart(self) -> None:
@@ -101,7 +128,7 @@ class LocalCluster:
                     os.kill(pid, signal.SIGCONT)  # type: ignore[arg-type]
 
     def status(self, node_id: str, *, digests: bool = False) -> pb.StatusResponse | None:
-        return node_status(self.spec.node(node_id).grpc_address, digests=digests)
+        return node_status(self.spec.node(node_id).grpc_address, self.tls, digests=digests)
 
     def leader_node(self, bucket: int) -> str:
         """The node whose replica of `bucket` leads its Raft group (waits for one)."""

@@ -19,12 +19,16 @@ import time
 from pathlib import Path
 
 from sevendb.cluster.common.bundle import ClientConfig
+from sevendb.cluster.ops.admin import client_tls
 from sevendb.sdk import Client, SevenDBError
 
 
 def load(config: ClientConfig, out: Path, prefix: str, seconds: float) -> None:
     deadline = time.monotonic() + seconds
-    with Client(list(config.endpoints), token=config.token) as client, out.open("a") as acked:
+    with (
+        Client(list(config.endpoints), token=config.token, tls=client_tls(config)) as client,
+        out.open("a") as acked,
+    ):
         producer = client.producer()
         i = 0
         while time.monotonic() < deadline:
@@ -49,7 +53,10 @@ def tail(config: ClientConfig, out: Path, cursor: Path, query: str) -> None:
         stopping = True
 
     signal.signal(signal.SIGTERM, end)
-    with Client(list(config.endpoints), token=config.token) as client, out.open("a") as seen:
+    with (
+        Client(list(config.endpoints), token=config.token, tls=client_tls(config)) as client,
+        out.open("a") as seen,
+    ):
         sub = client.subscribe(query, cursor=cursor)
         print("subscribed", flush=True)
         while not stopping and not stop.exists():

@@ -154,11 +154,10 @@ def test_write_many_gives_each_write_its_own_outcome(cluster: LocalCluster) -> N
     import grpc
 
     from sevendb.proto import sevendb_pb2 as pb
-    from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 
     with cluster.client() as client:
         client.put("wm/taken", b"1")
-        stub = pb_grpc.SevenDBStub(grpc.insecure_channel(cluster.spec.nodes[0].grpc_address))  # type: ignore[no-untyped-call]
+        stub = cluster.stub(cluster.spec.nodes[0].grpc_address)
         keys = [f"wm/{i}" for i in range(200)]
         other = next(
             k for k in keys if client.layout().bucket_of(k) != client.layout().bucket_of("wm/0")
@@ -203,7 +202,7 @@ def test_write_stream_answers_each_request_by_id_and_survives_a_bad_one(
     from sevendb.proto import sevendb_pb2 as pb
     from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 
-    channel = grpc.insecure_channel(cluster.spec.nodes[0].grpc_address)  # type: ignore[no-untyped-call]
+    channel = cluster.channel(cluster.spec.nodes[0].grpc_address)
     stub = pb_grpc.SevenDBStub(channel)  # type: ignore[no-untyped-call]
     with cluster.client() as client:
         too_many = [pb.WriteRequest(ops=[pb.Op(key="ws/x", value=b"x")])] * (

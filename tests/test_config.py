@@ -108,7 +108,7 @@ def _nodes(n: int) -> list[NodeSpec]:
 def test_a_node_config_resolves_paths_and_sections(tmp_path: Path) -> None:
     spec = new_cluster(nodes=_nodes(3), buckets=4, replicas=3)
     toml = write_node_bundle(
-        tmp_path / "n1", spec, spec.node("n1"), ClusterSecrets.new(), listen_host="0.0.0.0"
+        tmp_path / "n1", spec, spec.node("n1"), ClusterSecrets.new(), None, listen_host="0.0.0.0"
     )
     config = load_node_config(
         toml, {"SEVENDB_RAFT_HEARTBEAT_S": "0.2"}, {"notifier-window-events": "64"}
@@ -133,8 +133,8 @@ def test_a_node_config_needs_an_id(tmp_path: Path) -> None:
 def test_secret_files_are_0600_and_others_are_refused(tmp_path: Path) -> None:
     spec = new_cluster(nodes=_nodes(3), buckets=2, replicas=3)
     secrets = ClusterSecrets.new()
-    write_node_bundle(tmp_path / "n2", spec, spec.node("n2"), secrets)
-    client = write_client_config(tmp_path / "client.toml", spec, secrets)
+    write_node_bundle(tmp_path / "n2", spec, spec.node("n2"), secrets, None)
+    client = write_client_config(tmp_path / "client.toml", spec, secrets, now_ms=0, ca_pem=None)
     for path in (tmp_path / "n2" / "secrets.toml", client):
         assert os.stat(path).st_mode & 0o777 == 0o600
     assert ClusterSecrets.load(tmp_path / "n2" / "secrets.toml") == secrets

@@ -64,7 +64,7 @@ def followers(c: LocalCluster, bucket: int = 0) -> tuple[str, str, str]:
 
 def stub(c: LocalCluster, node_id: str) -> pb_grpc.SevenDBStub:
     address = c.spec.node(node_id).grpc_address
-    return pb_grpc.SevenDBStub(grpc.insecure_channel(address))  # type: ignore[no-untyped-call]
+    return c.stub(address)
 
 
 def get_status(c: LocalCluster, node_id: str, key: str) -> tuple[grpc.StatusCode, str]:

@@ -166,7 +166,7 @@ def check_delivery(
 
 def stub(cluster: LocalCluster, node_index: int = 0) -> pb_grpc.SevenDBStub:
     address = cluster.spec.nodes[node_index].grpc_address
-    return pb_grpc.SevenDBStub(grpc.insecure_channel(address))  # type: ignore[no-untyped-call]
+    return cluster.stub(address)
 
 
 def auth(cluster: LocalCluster, principal: str = "default") -> tuple[tuple[str, str], ...]:
@@ -260,7 +260,7 @@ def test_rec01_reconnect_is_catch_up_then_live(cluster: LocalCluster) -> None:
     cluster.wait_settled()  # no lease move while the raw stream is read
     md = auth(cluster)
     holder = cluster.spec.node(cluster.holder_node(0)).grpc_address
-    s = pb_grpc.SevenDBStub(grpc.insecure_channel(holder))  # type: ignore[no-untyped-call]
+    s = cluster.stub(holder)
     query = pb.Query(kind=pb.Query.PREFIX, arg="c/")
     stream = s.Subscribe(pb.SubscribeRequest(bucket=0, query=query, sub_id="raw-1"), metadata=md)
     start = next(stream).sub_ack.start_emit_seq
@@ -435,7 +435,7 @@ def test_another_principal_cannot_reconnect_ack_or_unsubscribe(cluster: LocalClu
         [(bucket, sub_id)] = collector.sub.sub_ids.items()
         position = collector.events[-1].emit_seq
         holder = cluster.spec.node(cluster.holder_node(bucket)).grpc_address
-        s = pb_grpc.SevenDBStub(grpc.insecure_channel(holder))  # type: ignore[no-untyped-call]
+        s = cluster.stub(holder)
         bob = auth(cluster, "bob")
         seq = codec.seq_to_pb(position)
         with pytest.raises(grpc.RpcError) as denied:
@@ -456,14 +456,20 @@ def test_another_principal_cannot_reconnect_ack_or_unsubscribe(cluster: LocalClu
         with pytest.raises(grpc.RpcError) as anonymous:
             s.Ack(pb.AckBatch(acks=[pb.ClientAck(sub_id=sub_id, up_to_emit_seq=seq)]))
         assert anonymous.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        forged = (("authorization", f"Bearer {mint_token('not-the-secret', 'alice')}"),)
+        forged_token = mint_token(
+            "not-the-secret", "alice", now_ms=time.time_ns() // 10**6, ttl_s=60
+        )
+        forged = (("authorization", f"Bearer {forged_token}"),)
         with pytest.raises(grpc.RpcError) as bad:
             s.Ack(
                 pb.AckBatch(acks=[pb.ClientAck(sub_id=sub_id, up_to_emit_seq=seq)]),
                 metadata=forged,
             )
         assert bad.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        with Client([holder], token="alice.forged") as mallory, pytest.raises(Unauthenticated):
+        with (
+            Client([holder], token="alice.forged", tls=cluster.tls) as mallory,
+            pytest.raises(Unauthenticated),
+        ):
             mallory.put("x", b"1")
         # Alice's subscription is untouched and still streams.
         alice.put("secret", b"2")
@@ -483,7 +489,7 @@ def test_bad_acks_are_rejected_and_change_nothing(cluster: LocalCluster, tmp_pat
         collector.stop()  # acks through the third event
         [(bucket, sub_id)] = collector.sub.sub_ids.items()
         holder = cluster.spec.node(cluster.holder_node(bucket)).grpc_address
-        s = pb_grpc.SevenDBStub(grpc.insecure_channel(holder))  # type: ignore[no-untyped-call]
+        s = cluster.stub(holder)
         md = auth(cluster)
 
         def ack(seq: EmitSeq, sub: str = sub_id) -> pb.AckResult:
@@ -653,7 +659,7 @@ def test_an_ack_waiting_to_be_applied_is_not_confirmed_while_its_purge_cannot_co
             request = pb.AckBatch(
                 acks=[pb.ClientAck(sub_id=sub_id, up_to_emit_seq=up_to)], wait_applied=wait
             )
-            with grpc.insecure_channel(cluster.spec.node(node_id).grpc_address) as channel:
+            with cluster.channel(cluster.spec.node(node_id).grpc_address) as channel:
                 s = pb_grpc.SevenDBStub(channel)  # type: ignore[no-untyped-call]
                 return s.Ack(request, metadata=auth(cluster), timeout=2).results[0]
 
@@ -818,7 +824,7 @@ def test_a_session_carries_many_streams_and_a_bad_stream_ends_alone(
     # This raw client does not follow a lease move (the SDK does): none may come.
     cluster.wait_settled()
     holder = cluster.spec.node(cluster.holder_node(bucket)).grpc_address
-    s = pb_grpc.SevenDBStub(grpc.insecure_channel(holder))  # type: ignore[no-untyped-call]
+    s = cluster.stub(holder)
     requests: queue.Queue[pb.SessionRequest | None] = queue.Queue()
     responses: list[pb.SessionResponse] = []
 

@@ -24,6 +24,7 @@ import pytest
 from cluster_harness import wait_for
 from netns import Host, NetLab
 
+from sevendb.cluster.common.auth import Token
 from sevendb.cluster.common.bundle import ClientConfig
 from sevendb.cluster.ops.admin import ClusterAdmin
 from sevendb.proto import sevendb_pb2 as pb
@@ -50,8 +51,7 @@ class Deployment:
         return self.bundles / "client.toml"
 
     def admin(self) -> ClusterAdmin:
-        config = ClientConfig.load(self.client_toml)
-        return ClusterAdmin(list(config.endpoints), config.token)
+        return ClusterAdmin.from_config(ClientConfig.load(self.client_toml))
 
     def sevendb(self, *args: str, host: Host | None = None, timeout: float = 120) -> str:
         """`sevendb ARGS` on the client host (or `host`), from the client bundle."""
@@ -290,7 +290,9 @@ def _minority_refuses(d: Deployment, host: Host) -> float:
             "--endpoints",
             f"{host.address}:7001",
             "--token",
-            ClientConfig.load(d.client_toml).token,
+            ClientConfig.load(d.client_toml).token or "",
+            "--ca",
+            str(d.bundles / "ca.pem"),
         ],
         timeout=120,
     )
@@ -430,3 +432,166 @@ def test_a_fourth_host_joins_and_a_migration_survives_a_partitioned_metadata_vot
 @pytest.fixture
 def d(deployment: Deployment) -> Deployment:
     return deployment
+
+
+# ---- refusals across hosts (issue 32 item 5; docs/security.md) --------------------------
+
+
+def _cli(d: Deployment, *args: str, host: Host | None = None) -> subprocess.CompletedProcess[str]:
+    """`sevendb ARGS` on the client host (or `host`), whatever its exit code."""
+    argv = [sys.executable, "-m", "sevendb.cluster.ops.cli", *args, "--timeout", "5"]
+    return (host or d.client_host).run(argv, timeout=120)
+
+
+def _get_on(d: Deployment, node_id: str, *tls: str, token: str) -> subprocess.CompletedProcess[str]:
+    """`sevendb get` through `node_id` alone, with these TLS flags and `token`."""
+    endpoint = f"{d.node_hosts[node_id].address}:7001"
+    return _cli(d, "get", "refusal/x", "--endpoints", endpoint, "--token", token, *tls)
+
+
+def _keyring_now(d: Deployment) -> tuple[Any, int]:
+    from sevendb.cluster.common.bundle import ClusterSecrets
+
+    keyring = ClusterSecrets.load(d.bundles / "n1" / "secrets.toml").keyring()
+    return keyring, time.time_ns() // 1_000_000
+
+
+def test_refusals_across_hosts_change_nothing(d: Deployment) -> None:
+    """From the client host, through each node: a plaintext client, a client
+    trusting another CA, an expired token, a token of a retired key and a revoked
+    principal's token are each refused with a status that says why; nothing is
+    written."""
+    ca = str(d.bundles / "ca.pem")
+    admin_token = ClientConfig.load(d.client_toml).token
+    assert admin_token is not None
+    d.sevendb("write", "refusal/x", "before")
+    other_ca = d.root / "other-ca.pem"
+    from sevendb.cluster.common.tls import new_ca
+
+    other_ca.write_bytes(new_ca("not-this-cluster").cert_pem)
+    keyring, now = _keyring_now(d)
+    # (An admin token: the admin key is not retired below, so expiry is its only fault.)
+    expired = keyring.mint("admin", now_ms=now - 7_200_000, ttl_s=3600)
+    old_key = keyring.mint("alice", now_ms=now, ttl_s=3600)
+    d.sevendb("auth", "rotate-key")
+    mallory = d.sevendb("token", "mallory", "--ttl", "1h").strip()  # by the new key
+    # Both work through every node, the old key's token too, until the changes below.
+    for node_id in NODES:
+        for token in (old_key, mallory):
+            assert _get_on(d, node_id, "--ca", ca, token=token).returncode == 0
+    previous = Token.parse(old_key).kid
+    assert Token.parse(mallory).kid != previous
+    d.sevendb("auth", "retire-key", previous)
+    d.sevendb("auth", "revoke", "mallory")
+    cases = [
+        (("--insecure",), admin_token, 3, "UNAVAILABLE"),
+        (("--ca", str(other_ca)), admin_token, 3, "CERTIFICATE_VERIFY_FAILED"),
+        (("--ca", ca), expired, 1, "Unauthenticated: token for 'admin' expired"),
+        (("--ca", ca), old_key, 1, f"signed by key {previous}, which was retired"),
+        (("--ca", ca), mallory, 1, "tokens of 'mallory' minted before"),
+    ]
+    for node_id in NODES:
+        for tls, token, code, why in cases:
+            run = _get_on(d, node_id, *tls, token=token)
+            assert run.returncode == code and why in run.stderr, (node_id, tls, run.stderr)
+            write = _cli(
+                d,
+                "write",
+                "refusal/x",
+                "after",
+                "--endpoints",
+                f"{d.node_hosts[node_id].address}:7001",
+                "--token",
+                token,
+                *tls,
+            )
+            assert write.returncode == code, write.stderr
+    assert json.loads(d.sevendb("get", "refusal/x"))["value"] == "before"
+    fresh = d.sevendb("token", "mallory", "--ttl", "1h").strip()
+    assert _get_on(d, "n1", "--ca", ca, token=fresh).returncode == 0
+
+
+def test_a_node_whose_certificate_the_others_do_not_trust_is_refused(d: Deployment) -> None:
+    """n3 restarted with its own data and secrets but a certificate from another CA
+    (and that CA in its ca.pem, so that it starts): clients and the other nodes,
+    connecting with the cluster's CA, refuse it at the handshake; a write through it
+    is refused and nothing changes. (It still holds the Raft key, so it stays a
+    replica: a bucket it leads is unavailable to clients meanwhile, as forwarding to
+    it is refused too.) Then the real n3 comes back."""
+    import shutil
+
+    from sevendb.cluster.common.tls import issue, new_ca
+
+    host = d.node_hosts["n3"]
+    impostor = d.root / "impostor-n3"
+    shutil.copytree(d.bundles / "n3", impostor, ignore=shutil.ignore_patterns("data"))
+    foreign = new_ca("impostor")
+    cert = issue(foreign, "n3", hosts=[host.address])
+    (impostor / "ca.pem").write_bytes(foreign.cert_pem)
+    (impostor / "node.pem").write_bytes(cert.cert_pem)
+    (impostor / "node-key.pem").write_bytes(cert.key_pem)
+    d.kill9("n3")
+    log = (d.root / "impostor.log").open("ab")
+    proc = host.popen(
+        [
+            sys.executable,
+            "-m",
+            "sevendb.cluster.ops.cli",
+            "node",
+            "run",
+            "--config",
+            str(impostor / "node.toml"),
+            "--node-data-dir",
+            str(d.bundles / "n3" / "data"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_for(
+            lambda: b"serving gRPC" in (d.root / "impostor.log").read_bytes(),
+            60,
+            "the impostor to serve",
+        )
+        ca = str(d.bundles / "ca.pem")
+        token = ClientConfig.load(d.client_toml).token or ""
+        run = _get_on(d, "n3", "--ca", ca, token=token)
+        assert run.returncode == 3 and "CERTIFICATE_VERIFY_FAILED" in run.stderr, run.stderr
+        write = _cli(
+            d,
+            "write",
+            "refusal/x",
+            "impostor",
+            "--endpoints",
+            f"{host.address}:7001",
+            "--token",
+            token,
+            "--ca",
+            ca,
+        )
+        assert write.returncode == 3, write.stderr
+        # A node reaches another with its own certificate and the cluster's CA.
+        n1 = d.bundles / "n1"
+        probe = (
+            "import grpc, sys\n"
+            "from pathlib import Path\n"
+            "from sevendb.proto import sevendb_pb2 as pb, sevendb_pb2_grpc as g\n"
+            f"b = Path({str(n1)!r})\n"
+            "creds = grpc.ssl_channel_credentials((b / 'ca.pem').read_bytes(), "
+            "(b / 'node-key.pem').read_bytes(), (b / 'node.pem').read_bytes())\n"
+            f"ch = grpc.secure_channel('{host.address}:7001', creds)\n"
+            "try:\n"
+            "    g.SevenDBStub(ch).Status(pb.StatusRequest(), timeout=5)\n"
+            "except grpc.RpcError as e:\n"
+            "    print(e.code().name, e.details()); sys.exit(0)\n"
+            "sys.exit('the impostor was trusted')\n"
+        )
+        out = d.node_hosts["n1"].run([sys.executable, "-c", probe], timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith("UNAVAILABLE") and "CERTIFICATE_VERIFY_FAILED" in out.stdout
+    finally:
+        host.kill9(proc)
+    d.start("n3")
+    d.wait_leaders()
+    wait_for(d.converged, 90, "replicas to converge after the impostor")
+    assert json.loads(d.sevendb("get", "refusal/x"))["value"] == "before"

@@ -77,7 +77,7 @@ def _node(cluster: LocalCluster) -> str:
 
 
 def _stub(cluster: LocalCluster) -> pb_grpc.SevenDBStub:
-    return pb_grpc.SevenDBStub(grpc.insecure_channel(_node(cluster)))  # type: ignore[no-untyped-call]
+    return cluster.stub(_node(cluster))
 
 
 def _auth(cluster: LocalCluster, principal: str) -> tuple[tuple[str, str], ...]:

@@ -188,6 +188,7 @@ def test_service_methods() -> None:
         "MetaRead": ("MetaReadRequest", "MetaReadResponse", False, False),
         "MetaWrite": ("MetaWriteRequest", "MetaWriteResponse", False, False),
         "JoinBundle": ("JoinBundleRequest", "JoinBundleResponse", False, False),
+        "MintToken": ("MintTokenRequest", "MintTokenResponse", False, False),
         "ListSubscriptions": (
             "ListSubscriptionsRequest",
             "ListSubscriptionsResponse",
@@ -310,6 +311,8 @@ MESSAGES: dict[str, Message] = {
     "MetaWriteResponse": pb.MetaWriteResponse(version=6),
     "JoinBundleRequest": pb.JoinBundleRequest(),
     "JoinBundleResponse": pb.JoinBundleResponse(genesis="{}", secrets="raft_password = 'x'"),
+    "MintTokenRequest": pb.MintTokenRequest(principal="alice", ttl_s=3600),
+    "MintTokenResponse": pb.MintTokenResponse(token="t", key_id="k0123456789", expires_ms=1),
     "ListSubscriptionsRequest": pb.ListSubscriptionsRequest(
         bucket=2, owner="alice", after_sub_id="s1", limit=50
     ),

@@ -24,7 +24,6 @@ from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.keys import bucket_of
 from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
-from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 from sevendb.sdk import SubscriptionBroken
 
 pytestmark = pytest.mark.slow
@@ -48,15 +47,11 @@ def _holder(cluster: LocalCluster, bucket: int = BUCKET) -> str:
     return cluster.spec.node(cluster.holder_node(bucket)).grpc_address
 
 
-def _stub(address: str) -> pb_grpc.SevenDBStub:
-    return pb_grpc.SevenDBStub(grpc.insecure_channel(address))  # type: ignore[no-untyped-call]
-
-
 def _subscribe(cluster: LocalCluster, sub_id: str, prefix: str) -> pb.EmitSeq:
     """A raw subscription on BUCKET; its start position (the stream is closed)."""
     query = pb.Query(kind=pb.Query.PREFIX, arg=prefix)
     request = pb.SubscribeRequest(bucket=BUCKET, query=query, sub_id=sub_id)
-    stream = _stub(_holder(cluster)).Subscribe(request, metadata=_auth(cluster))
+    stream = cluster.stub(_holder(cluster)).Subscribe(request, metadata=_auth(cluster))
     start = next(stream).sub_ack.start_emit_seq
     stream.cancel()
     return start
@@ -75,7 +70,9 @@ def _reconnect_answer(
     cluster: LocalCluster, request: pb.ReconnectRequest
 ) -> list[pb.StreamMessage]:
     """A Reconnect call's messages; it must end normally (raises otherwise)."""
-    return list(_stub(_holder(cluster)).Reconnect(request, metadata=_auth(cluster), timeout=30))
+    return list(
+        cluster.stub(_holder(cluster)).Reconnect(request, metadata=_auth(cluster), timeout=30)
+    )
 
 
 def _drain(call: Any, into: list[Any], ended: threading.Event) -> None:
@@ -116,7 +113,7 @@ class _Session:
     def __init__(self, cluster: LocalCluster) -> None:
         self.requests: queue.Queue[pb.SessionRequest | None] = queue.Queue()
         self.responses: list[pb.SessionResponse] = []
-        self.call = _stub(_holder(cluster)).Session(self._send(), metadata=_auth(cluster))
+        self.call = cluster.stub(_holder(cluster)).Session(self._send(), metadata=_auth(cluster))
         self.ended = threading.Event()
         threading.Thread(target=self._run, daemon=True).start()
 
@@ -164,7 +161,7 @@ def test_reconnect_from_beyond_the_log_is_invalid_sequence(cluster: LocalCluster
     finally:
         session.close()
     resumed = _Stream(
-        _stub(_holder(cluster)).Reconnect(
+        cluster.stub(_holder(cluster)).Reconnect(
             pb.ReconnectRequest(sub_id="far-1", last_processed_emit_seq=start),
             metadata=_auth(cluster),
         )
@@ -229,7 +226,7 @@ def test_a_holder_that_cannot_make_sure_it_is_current_does_not_say_invalid(
     holder = cluster.holder_node(BUCKET)
     others = [n.node_id for n in cluster.spec.nodes if n.node_id != holder]
     with cluster.paused(others), pytest.raises(grpc.RpcError) as retry:
-        list(_stub(address).Reconnect(far, metadata=_auth(cluster), timeout=30))
+        list(cluster.stub(address).Reconnect(far, metadata=_auth(cluster), timeout=30))
     assert retry.value.code() == grpc.StatusCode.UNAVAILABLE, retry.value
 
     def answer() -> int | None:
@@ -252,7 +249,7 @@ def test_a_newer_stream_of_a_subscription_fences_the_older(cluster: LocalCluster
     STREAM_SUPERSEDED error; only the newest receives the next event."""
     start = _subscribe(cluster, "fence-1", "fen/")
     request = pb.ReconnectRequest(sub_id="fence-1", last_processed_emit_seq=start)
-    s = _stub(_holder(cluster))
+    s = cluster.stub(_holder(cluster))
 
     def reconnect_call() -> _Stream:
         stream = _Stream(s.Reconnect(request, metadata=_auth(cluster)))
@@ -321,7 +318,7 @@ def test_malformed_requests_get_invalid_argument_after_the_token_and_no_tracebac
     one before anything is parsed (the methods that need one), and the node logs one
     WARNING line for all of them, no traceback. It goes on serving."""
     node = cluster.holder_node(BUCKET)
-    channel = grpc.insecure_channel(cluster.spec.node(node).grpc_address)
+    channel = cluster.channel(cluster.spec.node(node).grpc_address)
     md = _auth(cluster)
     for method in _SERVICE.methods:
         refused = _send_raw(channel, method, _TRUNCATED, md)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import BUCKET, Driver
 
+from sevendb.cluster.common.auth import Keyring
 from sevendb.cluster.common.bundle import ClusterSecrets
 from sevendb.cluster.common.topology import ClusterSpec, NodeSpec, new_cluster
 from sevendb.cluster.raft.replica import BucketReplica
@@ -74,14 +75,16 @@ class _Node:
     view: ClusterView = field(init=False)
     meta: MetaMember | None = None
     secrets: ClusterSecrets = field(default_factory=ClusterSecrets.new)
+    draining: bool = False
+    channel_credentials: None = None
 
     def __post_init__(self) -> None:
         self.me = self.spec.node(self.node_id)
         self.view = ClusterView(self.spec, Path(tempfile.mkdtemp()))
 
     @property
-    def token_secret(self) -> str:
-        return self.secrets.token_secret
+    def keyring(self) -> Keyring:
+        return self.secrets.keyring()
 
 
 def test_every_method_of_the_service_has_a_route_and_no_route_is_extra() -> None:

@@ -85,7 +85,7 @@ def old_node() -> Iterator[tuple[str, _OldNode]]:
 
 def test_status_is_a_dataclass_of_the_node_s_replicas(old_node: tuple[str, _OldNode]) -> None:
     address, _ = old_node
-    with Client([address]) as client:
+    with Client([address], tls=None) as client:
         status = client.status(address, digests=True)
     assert isinstance(status, NodeStatus)
     assert status.node_id == "n1"
@@ -107,7 +107,10 @@ def test_status_of_a_node_that_does_not_answer_is_unavailable() -> None:
         probe.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{probe.getsockname()[1]}"
     retry = RetryPolicy(call_timeout_s=2.0)
-    with Client([address], retry=retry) as client, pytest.raises(Unavailable, match=address):
+    with (
+        Client([address], tls=None, retry=retry) as client,
+        pytest.raises(Unavailable, match=address),
+    ):
         client.status(address)
 
 
@@ -118,7 +121,7 @@ def test_a_node_without_session_is_refused_not_served_a_call_per_stream(
     subscription came up; rolling upgrades are not supported, so it is refused."""
     address, servicer = old_node
     started = time.monotonic()
-    with Client([address]) as client, pytest.raises(SubscriptionBroken) as broken:
+    with Client([address], tls=None) as client, pytest.raises(SubscriptionBroken) as broken:
         client.subscribe("all")
     assert broken.value.reason is BrokenReason.UNIMPLEMENTED
     assert time.monotonic() - started < 10  # at once, not after the 30 s ready timeout
@@ -206,7 +209,7 @@ def _serve(servicer: pb_grpc.SevenDBServicer) -> Iterator[str]:
 def test_a_call_refused_with_a_retry_after_is_retried_after_that_long() -> None:
     """RESOURCE_EXHAUSTED was `InvalidArgument`, never retried."""
     node = _BusyNode(refusals=2, retry_after_ms=300)
-    with _serve(node) as address, Client([address]) as client:
+    with _serve(node) as address, Client([address], tls=None) as client:
         record = client.get("k")
     assert record is not None and record.value == b"v"
     assert len(node.get_times) == 3
@@ -216,7 +219,7 @@ def test_a_call_refused_with_a_retry_after_is_retried_after_that_long() -> None:
 
 def test_a_write_refused_with_a_retry_after_is_retried_after_that_long() -> None:
     node = _BusyNode(refusals=1, retry_after_ms=400)
-    with _serve(node) as address, Client([address]) as client:
+    with _serve(node) as address, Client([address], tls=None) as client:
         result = client.put("k", b"v")
     assert result.bucket == 0
     assert len(node.write_times) == 2
@@ -226,7 +229,7 @@ def test_a_write_refused_with_a_retry_after_is_retried_after_that_long() -> None
 
 def test_a_write_whose_own_outcome_is_resource_exhausted_is_retried() -> None:
     node = _BusyNode(refusals=2, per_write=True)
-    with _serve(node) as address, Client([address]) as client:
+    with _serve(node) as address, Client([address], tls=None) as client:
         client.put("k", b"v")
     assert len(node.write_times) == 3
     assert len(set(node.refs)) == 1
@@ -235,7 +238,7 @@ def test_a_write_whose_own_outcome_is_resource_exhausted_is_retried() -> None:
 def test_a_rate_limit_past_the_retry_budget_is_resource_exhausted() -> None:
     node = _BusyNode(refusals=1000, retry_after_ms=200)
     retry = RetryPolicy(deadline_s=1.0)
-    with _serve(node) as address, Client([address], retry=retry) as client:
+    with _serve(node) as address, Client([address], tls=None, retry=retry) as client:
         with pytest.raises(ResourceExhausted) as get:
             client.get("k")
         with pytest.raises(ResourceExhausted) as put:

@@ -74,6 +74,7 @@ PUBLIC = [
     "SubscriptionExists",
     "SubscriptionNotFound",
     "SubscriptionStats",
+    "TLS",
     "Unauthenticated",
     "Unavailable",
     "UnknownProducer",

@@ -131,7 +131,7 @@ def test_a_write_whose_answer_was_lost_applies_once_when_retried(cluster: LocalC
         leader = cluster.spec.node(cluster.leader_node(bucket)).grpc_address
         proxy = LossyProxy(leader)
         try:
-            with Client([proxy.address], token=cluster.token()) as client:
+            with Client([proxy.address], token=cluster.token(), tls=cluster.tls) as client:
                 client.put(warm, b"w")  # producer initialised; the stream is up
                 proxy.answers_lost = True
                 pending = client.write_async([set_op(key, b"once")])
@@ -305,7 +305,7 @@ def test_many_writes_in_flight_through_a_leader_kill_apply_once_each(tmp_path: P
 
 def queued(cluster: LocalCluster, queue: WriteQueue) -> Client:
     endpoints = [n.grpc_address for n in cluster.spec.nodes]
-    return Client(endpoints, token=cluster.token(), write_queue=queue)
+    return Client(endpoints, token=cluster.token(), tls=cluster.tls, write_queue=queue)
 
 
 def test_a_full_write_queue_blocks_then_refuses_and_sends_nothing(cluster: LocalCluster) -> None:

@@ -35,7 +35,7 @@ def test_a_thread_gets_its_python_name_or_the_given_one_cut_to_15_bytes() -> Non
 def test_a_client_names_its_loop_thread() -> None:
     from sevendb.sdk.engine import Engine
 
-    engine = Engine(["127.0.0.1:1"])  # no call is made: the loop thread alone
+    engine = Engine(["127.0.0.1:1"], None)  # no call is made: the loop thread alone
     try:
         native = engine.submit(_native_id()).result(5)
         assert _os_name(native) == "sevendb-sdk"

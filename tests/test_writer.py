@@ -62,7 +62,7 @@ def test_writes_to_a_node_that_never_answers_fail_by_their_deadline(mute_node: s
     """Each attempt is bounded by call_timeout_s even when the stream never opens,
     and the node's request slots are given back: later writes are sent, and fail
     the same way, instead of waiting forever."""
-    engine = Engine([mute_node])
+    engine = Engine([mute_node], None)
     try:
         writes = pipeline(engine)
         started = time.monotonic()
@@ -80,7 +80,7 @@ def test_writes_to_a_node_that_never_answers_fail_by_their_deadline(mute_node: s
 
 
 def test_a_write_too_large_for_a_request_is_refused_before_it_is_queued(mute_node: str) -> None:
-    engine = Engine([mute_node])
+    engine = Engine([mute_node], None)
     try:
         writes = pipeline(engine)
         with pytest.raises(InvalidArgument, match="the limit is"):
@@ -98,7 +98,7 @@ def test_closing_fails_every_write_not_answered_yet(
     refused connection: with minutes of deadline left, `close` fails them at once
     (the loop they wait on stops next), and a write submitted afterwards is refused."""
     endpoint = mute_node if where == "in flight" else dead_node
-    engine = Engine([endpoint])
+    engine = Engine([endpoint], None)
     try:
         writes = pipeline(engine, deadline_s=300, call_timeout_s=300, backoff_s=60)
         futures = [writes.submit(write(f"k{i}"), 0) for i in range(100)]  # 2+ requests
@@ -121,7 +121,7 @@ def test_closing_fails_every_write_not_answered_yet(
 def test_closing_fails_writes_whose_request_had_not_started(mute_node: str) -> None:
     """A request task created in the loop turn before `close` is cancelled before
     its first line runs, so it settles nothing itself: `close` fails its writes."""
-    engine = Engine([mute_node])
+    engine = Engine([mute_node], None)
     try:
         writes = pipeline(engine, deadline_s=300, call_timeout_s=300)
 

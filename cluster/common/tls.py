@@ -10,18 +10,31 @@ certificates SHA-256-signed, PEM-encoded.
 from __future__ import annotations
 
 import datetime
+import functools
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from sevendb.cluster.common.topology import ConfigError
 
-__all__ = ["CA_DAYS", "CERT_DAYS", "Issued", "issue", "load_ca", "new_ca", "principal_of"]
+__all__ = [
+    "CA_DAYS",
+    "CERT_DAYS",
+    "Issued",
+    "PeerIdentity",
+    "check_certificate",
+    "issue",
+    "load_ca",
+    "new_ca",
+    "peer_identity",
+    "principal_of",
+]
 
 CA_DAYS = 3650
 CERT_DAYS = 825
@@ -153,6 +166,28 @@ def issue(
     return Issued(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
 
+def check_certificate(ca_pem: bytes, cert_pem: bytes, key_pem: bytes) -> None:
+    """ConfigError unless `cert_pem` was issued by the CA `ca_pem`, is valid now and
+    belongs with `key_pem`."""
+    try:
+        ca = x509.load_pem_x509_certificate(ca_pem)
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except ValueError as exc:
+        raise ConfigError(f"not PEM: {exc}") from None
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        raise ConfigError("the certificate was not issued by the cluster's CA") from None
+    now = _now()
+    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+        raise ConfigError(f"the certificate is not valid now (until {cert.not_valid_after_utc})")
+    if not isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) or _spki(
+        cert.public_key()
+    ) != _spki(key.public_key()):
+        raise ConfigError("the key does not match the certificate")
+
+
 def principal_of(cert_pem: bytes) -> str:
     """The common name of a client certificate (the principal it authenticates)."""
     cert = x509.load_pem_x509_certificate(cert_pem)
@@ -160,3 +195,31 @@ def principal_of(cert_pem: bytes) -> str:
     if not names:
         raise ConfigError("the certificate has no common name")
     return str(names[0].value)
+
+
+@dataclass(frozen=True)
+class PeerIdentity:
+    """Who a verified client certificate names: a node (a certificate for serving,
+    which only nodes are issued) or a principal (its common name), and since when
+    the certificate is valid (a revocation refuses certificates issued before it)."""
+
+    principal: str
+    is_node: bool
+    not_before_ms: int
+
+
+@functools.lru_cache(maxsize=1024)
+def peer_identity(cert_pem: bytes) -> PeerIdentity:
+    """The identity of a certificate the TLS layer already verified against the
+    cluster's CA. ConfigError if it names no principal."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+    except ValueError as exc:
+        raise ConfigError(f"the peer's certificate is not PEM: {exc}") from None
+    try:
+        usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        is_node = ExtendedKeyUsageOID.SERVER_AUTH in usages
+    except x509.ExtensionNotFound:
+        is_node = False
+    not_before = int(cert.not_valid_before_utc.timestamp() * 1000)
+    return PeerIdentity(principal_of(cert_pem), is_node, not_before)

@@ -2,17 +2,23 @@
 metadata read from any node, changed by compare-and-set through the metadata group,
 and waits for the nodes to converge on a change.
 
-    admin = ClusterAdmin(["10.0.0.1:7001"], token)      # endpoints of any nodes
+    admin = ClusterAdmin(["10.0.0.1:7001"], token, tls=TLS.from_files(ca="ca.pem"))
+    admin = ClusterAdmin.from_config(ClientConfig.load(Path("bundles/client.toml")))
     meta = admin.read()                                  # spec + records + version
     admin.save(meta, meta.spec.with_node(node))          # refused if it changed meanwhile
 
 Two operators changing the cluster at once cannot both win: each write names the
 version of every record it changes, and the loser gets `MetadataConflict` (re-run
 the command: every operation here is derived from the cluster's state).
+
+Credentials are administered here too (docs/security.md): `mint_token` (through a
+node, which holds the keys), `rotate_token_key`, `retire_token_key` and `revoke`
+(records of the metadata group every node follows).
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,13 +26,22 @@ from typing import Final, TypeVar
 
 import grpc
 
-from sevendb.cluster.common.auth import auth_metadata
+from sevendb.cluster.common.auth import (
+    DEFAULT_PRINCIPAL,
+    KEY_PREFIX,
+    auth_metadata,
+    key_record,
+    retired_record,
+    revoked_record,
+)
+from sevendb.cluster.common.bundle import ClientConfig
 from sevendb.cluster.common.meta import changes, overlay
 from sevendb.cluster.common.topology import ClusterSpec, ConfigError
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
+from sevendb.sdk.tls import TLS, sync_channel
 
-__all__ = ["ClusterAdmin", "ClusterMeta", "MetadataConflict", "Unreachable"]
+__all__ = ["ClusterAdmin", "ClusterMeta", "MetadataConflict", "Unreachable", "client_tls"]
 
 T = TypeVar("T")
 CALL_TIMEOUT_S: Final = 10.0
@@ -51,24 +66,45 @@ class ClusterMeta:
     spec: ClusterSpec
 
 
+def client_tls(config: ClientConfig) -> TLS | None:
+    """The SDK's TLS settings of a client bundle (None: it says insecure = true)."""
+    if config.tls is None:
+        return None
+    ca, cert, key = config.tls.read()
+    return TLS(ca, cert, key)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
 class ClusterAdmin:
-    """See the module docstring."""
+    """See the module docstring. `tls` as for `sevendb.sdk.Client` (None: plaintext)."""
 
     def __init__(
         self,
         endpoints: Sequence[str],
         token: str | None,
         *,
+        tls: TLS | None,
         timeout_s: float = CALL_TIMEOUT_S,
         progress: Callable[[str], None] = lambda _: None,
     ) -> None:
         if not endpoints:
             raise ConfigError("no endpoints to reach the cluster")
         self.endpoints = list(endpoints)
+        self.tls = tls
         self.metadata = auth_metadata(token) if token else ()
         self.timeout_s = timeout_s
         self.progress = progress
         self._channels: dict[str, grpc.Channel] = {}
+
+    @classmethod
+    def from_config(
+        cls, config: ClientConfig, progress: Callable[[str], None] = lambda _: None
+    ) -> ClusterAdmin:
+        """An admin connection from a client bundle (its endpoints, token and TLS)."""
+        return cls(list(config.endpoints), config.token, tls=client_tls(config), progress=progress)
 
     def close(self) -> None:
         for channel in self._channels.values():
@@ -84,7 +120,7 @@ class ClusterAdmin:
     def stub(self, address: str) -> pb_grpc.SevenDBStub:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.insecure_channel(address)
+            channel = self._channels[address] = sync_channel(address, self.tls)
         return pb_grpc.SevenDBStub(channel)
 
     def any_node(self, call: Callable[[pb_grpc.SevenDBStub], T]) -> T:
@@ -214,3 +250,69 @@ class ClusterAdmin:
         except grpc.RpcError:
             return None
         return response
+
+    # ---- credentials (docs/security.md) ---------------------------------------------
+
+    def mint_token(self, principal: str, ttl_s: float) -> pb.MintTokenResponse:
+        """A token for `principal`, minted by a node with the keys in force."""
+        request = pb.MintTokenRequest(principal=principal, ttl_s=max(1, round(ttl_s)))
+        response: pb.MintTokenResponse = self.any_node(
+            lambda s: s.MintToken(request, metadata=self.metadata, timeout=self.timeout_s)
+        )
+        return response
+
+    def signing_key(self) -> str:
+        """The id of the key that signs new tokens (asked by minting a throwaway one)."""
+        return self.mint_token(DEFAULT_PRINCIPAL, 1).key_id
+
+    def token_keys(self) -> dict[str, str]:
+        """kid -> state of the keys the metadata knows ("added" or "retired"); the
+        secrets file's key shows only once retired."""
+        meta = self.read()
+        keys = {
+            k.removeprefix(KEY_PREFIX): "added" for k in meta.records if k.startswith(KEY_PREFIX)
+        }
+        for key in meta.records:
+            if key.startswith("auth/retired/"):
+                keys[key.removeprefix("auth/retired/")] = "retired"
+        return keys
+
+    def _set_record(self, record: tuple[str, bytes], expected_version: int | None) -> int:
+        key, value = record
+        op = pb.MetaOp(key=key, value=value)
+        if expected_version is not None:
+            op.expected_version = expected_version
+        request = pb.MetaWriteRequest(ops=[op])
+        response: pb.MetaWriteResponse = self.any_node(
+            lambda s: s.MetaWrite(request, metadata=self.metadata, timeout=self.timeout_s)
+        )
+        return response.version
+
+    def rotate_token_key(self, *, wait: bool = True) -> tuple[str, str]:
+        """Add a new token key, which signs from then on; every key before it is still
+        accepted until retired. (previous signer, new key id)."""
+        previous = self.signing_key()
+        key, value = key_record(secrets.token_urlsafe(32), _now_ms())
+        version = self._set_record((key, value), 0)
+        if wait:
+            self.wait_converged(version, self.read().spec)
+        return previous, key.removeprefix(KEY_PREFIX)
+
+    def retire_token_key(self, kid: str, *, wait: bool = True) -> None:
+        """Refuse the tokens `kid` signed, on every node. Not the key that signs now
+        (rotate first)."""
+        record = retired_record(kid, _now_ms())
+        if self.signing_key() == kid:
+            raise ConfigError(f"{kid} signs new tokens: `sevendb token rotate` first")
+        version = self._set_record(record, None)
+        if wait:
+            self.wait_converged(version, self.read().spec)
+
+    def revoke(self, principal: str, *, wait: bool = True) -> int:
+        """Refuse `principal`'s tokens (and client certificates) issued before now, on
+        every node; returns the time (ms) before which they are refused."""
+        now = _now_ms()
+        version = self._set_record(revoked_record(principal, now), None)
+        if wait:
+            self.wait_converged(version, self.read().spec)
+        return now

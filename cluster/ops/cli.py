@@ -1,9 +1,10 @@
 """The `sevendb` command line.
 
 Client and admin commands find the cluster through a client bundle (`--config
-FILE` or $SEVENDB_CONFIG: endpoints and a token, written by `sevendb cluster init`),
-or a local cluster's data dir (`--data DIR`, $SEVENDB_DATA, default ./.sevendb),
-or `--endpoints host:port,...` ($SEVENDB_ENDPOINTS) with `--token` ($SEVENDB_TOKEN).
+FILE` or $SEVENDB_CONFIG: endpoints, a token and TLS files, written by `sevendb
+cluster init`), or a local cluster's data dir (`--data DIR`, $SEVENDB_DATA, default
+./.sevendb), or `--endpoints host:port,...` ($SEVENDB_ENDPOINTS) with `--token`
+($SEVENDB_TOKEN) and `--ca FILE` (TLS; `--insecure` for a plaintext cluster).
 They give up after --timeout seconds (default 5) when no node answers.
 
 Exit codes: 0 done; 1 refused by the cluster (a failed precondition, not found,
@@ -26,10 +27,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from sevendb.cluster.common.bundle import ClientConfig
     from sevendb.cluster.common.topology import MigrationSpec
     from sevendb.cluster.ops.admin import ClusterAdmin
-    from sevendb.sdk import Client, Event
+    from sevendb.sdk import TLS, Client, Event
 
 DEFAULT_DATA = ".sevendb"
 DEFAULT_TIMEOUT_S = 5.0
@@ -99,16 +102,44 @@ def _token(args: argparse.Namespace) -> str | None:
         return None
 
 
+def _tls(args: argparse.Namespace) -> TLS | None:
+    """--insecure: plaintext; --ca FILE (with --cert/--key): TLS with those files;
+    else the client bundle's (or the local cluster's) TLS files; else TLS trusting
+    the system's CAs."""
+    from sevendb.cluster.ops.admin import client_tls
+    from sevendb.sdk.tls import SYSTEM_ROOTS, TLS
+
+    if getattr(args, "insecure", False):
+        return None
+    if getattr(args, "tls_ca", None) or getattr(args, "tls_cert", None):
+        return TLS.from_files(args.tls_ca, args.tls_cert, args.tls_key)
+    config = _client_config(args)
+    return SYSTEM_ROOTS if config is None else client_tls(config)
+
+
 def _admin(args: argparse.Namespace) -> ClusterAdmin:
-    """An admin connection: the bundle's (or the local cluster's) admin token unless
-    --token / $SEVENDB_TOKEN says otherwise."""
+    """An admin connection: the bundle's (or the local cluster's) admin token and
+    TLS files unless --token / $SEVENDB_TOKEN / --ca say otherwise."""
     from sevendb.cluster.ops.admin import ClusterAdmin
 
     token = getattr(args, "token", None) or os.environ.get("SEVENDB_TOKEN")
     config = _client_config(args)
     if not token and config is not None:
         token = config.token
-    return ClusterAdmin(_endpoints(args), token, progress=_progress)
+    return ClusterAdmin(_endpoints(args), token, tls=_tls(args), progress=_progress)
+
+
+@contextlib.contextmanager
+def _refusal() -> Iterator[None]:
+    """A gRPC error of an admin call as a one-line ConfigError."""
+    import grpc
+
+    from sevendb.cluster.common.topology import ConfigError
+
+    try:
+        yield
+    except grpc.RpcError as exc:
+        raise ConfigError(f"the cluster refused: {exc.code().name}: {exc.details()}") from None
 
 
 def _client(args: argparse.Namespace) -> Client:
@@ -116,7 +147,7 @@ def _client(args: argparse.Namespace) -> Client:
 
     timeout: float = getattr(args, "timeout", DEFAULT_TIMEOUT_S)
     retry = RetryPolicy(deadline_s=timeout, call_timeout_s=min(timeout, 10.0))
-    return Client(_endpoints(args), token=_token(args), retry=retry)
+    return Client(_endpoints(args), token=_token(args), tls=_tls(args), retry=retry)
 
 
 def _progress(line: str) -> None:
@@ -131,6 +162,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         nodes=args.nodes,
         buckets=args.buckets,
         replicas=args.replicas,
+        insecure=args.insecure,
         progress=_progress,
     )
     spec = result.spec
@@ -156,8 +188,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     rows: dict[int, list[tuple[str, pb.ReplicaStatus]]] = {}
     down = []
+    tls = _tls(args)
     for endpoint in _all_nodes(args):
-        status = node_status(endpoint, digests=args.json)
+        status = node_status(endpoint, tls, digests=args.json)
         if status is None:
             down.append(endpoint)
             continue
@@ -420,11 +453,76 @@ def cmd_get(args: argparse.Namespace) -> int:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
-    from sevendb.cluster.common.auth import check_principal
-    from sevendb.cluster.ops.local import local_token
+    """A token for NAME valid for --ttl: minted by the cluster (an admin call, so an
+    admin machine needs no secrets file), or offline from --secrets FILE."""
+    from sevendb.cluster.common.auth import check_principal, parse_duration
 
-    check_principal(args.name)  # before reading the data dir: bad input is refused first
-    print(local_token(_data_dir(args), args.name))
+    check_principal(args.name)  # before reading anything: bad input is refused first
+    ttl_s = parse_duration(args.ttl)
+    if args.secrets:
+        from sevendb.cluster.common.bundle import ClusterSecrets
+
+        keyring = ClusterSecrets.load(Path(args.secrets)).keyring()
+        print(keyring.mint(args.name, now_ms=time.time_ns() // 1_000_000, ttl_s=ttl_s))
+        return 0
+    with _admin(args) as admin, _refusal():
+        minted = admin.mint_token(args.name, ttl_s)
+    expires = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(minted.expires_ms / 1000))
+    _progress(f"token for {args.name}, key {minted.key_id}, expires {expires}")
+    print(minted.token)
+    return 0
+
+
+def cmd_auth(args: argparse.Namespace) -> int:
+    """`sevendb auth keys|rotate-key|retire-key KID|revoke NAME` (docs/security.md)."""
+    from sevendb.cluster.common.auth import check_principal
+
+    if args.action == "revoke":
+        check_principal(args.name)
+    with _admin(args) as admin, _refusal():
+        if args.action == "keys":
+            print(f"{admin.signing_key()} signs new tokens")
+            for kid, state in sorted(admin.token_keys().items()):
+                print(f"{kid} {state}")
+        elif args.action == "rotate-key":
+            previous, new = admin.rotate_token_key()
+            print(
+                f"{new} signs new tokens from now on; {previous} is still accepted: once "
+                f"its tokens are re-minted or expired, `sevendb auth retire-key {previous}`"
+            )
+        elif args.action == "retire-key":
+            admin.retire_token_key(args.kid)
+            print(f"{args.kid} is retired: every node refuses the tokens it signed")
+        else:
+            at = admin.revoke(args.name)
+            print(
+                f"the tokens and certificates of {args.name} issued before {at} ms are "
+                "refused by every node; new ones work"
+            )
+    return 0
+
+
+def _bundle_dir(args: argparse.Namespace) -> Path:
+    """Where the CA's files are by default: beside client.toml (or in the data dir)."""
+    config = args.config or os.environ.get("SEVENDB_CONFIG")
+    return Path(config).parent if config else _data_dir(args)
+
+
+def cmd_cert(args: argparse.Namespace) -> int:
+    """A client certificate naming principal NAME, from the cluster's CA (mTLS)."""
+    from sevendb.cluster.common.auth import check_principal
+    from sevendb.cluster.common.bundle import CA_FILE, CA_KEY_FILE, write_file
+    from sevendb.cluster.common.tls import issue
+    from sevendb.cluster.ops.deploy import load_ca_files
+
+    check_principal(args.name)
+    base = _bundle_dir(args)
+    ca = load_ca_files(args.ca_cert or base / CA_FILE, args.ca_key or base / CA_KEY_FILE)
+    issued = issue(ca, args.name, server=False)
+    out = Path(args.out)
+    cert = write_file(out / f"{args.name}.pem", issued.cert_pem)
+    key = write_file(out / f"{args.name}-key.pem", issued.key_pem, secret=True)
+    print(f"wrote {cert} and {key} (mode 0600): TLS.from_files(ca=..., cert=..., key=...)")
     return 0
 
 
@@ -482,8 +580,11 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster_init(args: argparse.Namespace) -> int:
-    from sevendb.cluster.ops.deploy import cluster_init, port_plan
+    from sevendb.cluster.common.topology import ConfigError
+    from sevendb.cluster.ops.deploy import cluster_init, load_ca_files, port_plan
 
+    if (args.ca_cert is None) != (args.ca_key is None):
+        raise ConfigError("--ca-cert and --ca-key go together (your own CA)")
     spec = cluster_init(
         Path(args.out),
         args.node,
@@ -492,8 +593,13 @@ def cmd_cluster_init(args: argparse.Namespace) -> int:
         meta_voters=args.meta_voters,
         ports=port_plan(args),
         listen_host=args.listen_host,
+        insecure=args.insecure,
+        ca=None if args.ca_cert is None else load_ca_files(args.ca_cert, args.ca_key),
+        sans=args.san,
         progress=_progress,
     )
+    if args.insecure:
+        _progress("INSECURE: plaintext gRPC, no certificates (--insecure)")
     print(
         f"cluster {spec.cluster_id}: {len(spec.nodes)} node bundles and client.toml in "
         f"{args.out}; copy each node's directory to its machine and run "
@@ -522,20 +628,32 @@ def _init_parser(cluster: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--replicas", type=int, default=3, help="replicas per bucket (default %(default)s)"
     )
     init.add_argument("--meta-voters", type=int, default=3, help="1, 3 or 5 (default %(default)s)")
+    init.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plaintext gRPC and no certificates (TLS is the default)",
+    )
     add_port_arguments(init)
     init.set_defaults(fn=cmd_cluster_init)
 
 
 def cmd_node_init(args: argparse.Namespace) -> int:
-    from sevendb.cluster.ops.deploy import node_init, port_plan
+    from sevendb.cluster.common.bundle import CA_FILE, CA_KEY_FILE
+    from sevendb.cluster.ops.deploy import load_ca_files, node_init, port_plan
 
     with _admin(args) as admin:
+        ca = None
+        if admin.tls is not None:
+            base = _bundle_dir(args)
+            ca = load_ca_files(args.ca_cert or base / CA_FILE, args.ca_key or base / CA_KEY_FILE)
         node = node_init(
             admin,
             Path(args.out),
             args.node,
             ports=port_plan(args),
             listen_host=args.listen_host,
+            ca=ca,
+            sans=args.san,
             progress=_progress,
         )
     print(
@@ -560,6 +678,24 @@ def _node_init_parser(
     init.set_defaults(fn=cmd_node_init)
 
 
+def _add_tls_arguments(common: argparse.ArgumentParser) -> None:
+    """--ca, --cert, --key and --insecure: how a command connects (`_tls`)."""
+    common.add_argument(
+        "--ca", dest="tls_ca", help="TLS: trust this CA certificate (default: the bundle's)"
+    )
+    common.add_argument(
+        "--cert", dest="tls_cert", help="TLS: present this client certificate (mTLS)"
+    )
+    common.add_argument(
+        "--key", dest="tls_key", help="TLS: the client certificate's key (mode 0600)"
+    )
+    common.add_argument(
+        "--insecure",
+        action="store_true",
+        help="plaintext gRPC (a cluster made with --insecure; `cluster up`: make one)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sevendb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -581,6 +717,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="default",
         help="with a local data dir and no token: act as this principal (default: default)",
     )
+    _add_tls_arguments(common)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the demo (starts and stops a local cluster)")
     demo.add_argument(
@@ -653,7 +790,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     from sevendb.cluster.ops.subscriptions import add_commands
 
-    add_commands(sub, common, _endpoints, _token)
+    add_commands(sub, common, _endpoints, _token, _tls)
     return parser
 
 
@@ -683,10 +820,19 @@ def _add_client_commands(
     get.add_argument("key")
     get.set_defaults(fn=cmd_get)
     token = sub.add_parser(
-        "token", parents=[common], help="print a token for principal NAME (local cluster)"
+        "token",
+        parents=[common],
+        help="print a token for principal NAME, minted by the cluster (admin) or --secrets",
     )
     token.add_argument("name")
+    token.add_argument(
+        "--ttl", default="24h", help="how long it is valid: 90s, 15m, 12h, 30d (default 24h)"
+    )
+    token.add_argument(
+        "--secrets", help="mint offline from this secrets.toml instead of through the cluster"
+    )
     token.set_defaults(fn=cmd_token)
+    _add_auth_commands(sub, common)
     subscribe = sub.add_parser(
         "subscribe",
         parents=[client_common],
@@ -710,6 +856,38 @@ def _add_client_commands(
         help="when a stream cannot be resumed (default: start afresh and say so on stderr)",
     )
     subscribe.set_defaults(fn=cmd_subscribe)
+
+
+def _add_auth_commands(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """`sevendb auth ...` (token keys, revocation) and `sevendb cert NAME`."""
+    auth = sub.add_parser(
+        "auth", help="token keys and revocation (admin; docs/security.md)"
+    ).add_subparsers(dest="action", required=True)
+    auth.add_parser("keys", parents=[common], help="the key that signs, and the others")
+    auth.add_parser("rotate-key", parents=[common], help="add a token key that signs from now on")
+    retire = auth.add_parser(
+        "retire-key", parents=[common], help="refuse every token key KID signed"
+    )
+    retire.add_argument("kid")
+    revoke = auth.add_parser(
+        "revoke", parents=[common], help="refuse NAME's tokens and certificates issued before now"
+    )
+    revoke.add_argument("name")
+    auth.choices["keys"].set_defaults(fn=cmd_auth)
+    for parser in (auth.choices["rotate-key"], retire, revoke):
+        parser.set_defaults(fn=cmd_auth)
+    cert = sub.add_parser(
+        "cert",
+        parents=[common],
+        help="issue a client certificate for principal NAME from the cluster's CA (mTLS)",
+    )
+    cert.add_argument("name")
+    cert.add_argument("--out", default=".", help="where to write NAME.pem and NAME-key.pem")
+    cert.add_argument("--ca-cert", type=Path, help="default: ca.pem beside client.toml")
+    cert.add_argument("--ca-key", type=Path, help="default: ca-key.pem beside client.toml")
+    cert.set_defaults(fn=cmd_cert)
 
 
 def cmd_spark(argv: list[str]) -> int:

@@ -174,10 +174,11 @@ def run_cluster_demo(data_dir: Path, out: Callable[[str], None] = print) -> int:
     from sevendb.cluster.ops.local import (
         cluster_down,
         local_spec,
+        local_tls,
         local_token,
-        node_status,
         running_pid,
     )
+    from sevendb.cluster.ops.local import node_status as status_of
     from sevendb.sdk import Client
 
     def run(*args: str) -> int:
@@ -195,10 +196,16 @@ def run_cluster_demo(data_dir: Path, out: Callable[[str], None] = print) -> int:
         if run("cluster", "up", "--nodes", "3", "--buckets", "4") != 0:
             return 1
         spec = local_spec(data_dir)
+        tls = local_tls(data_dir)
+
+        def node_status(address: str, *, digests: bool = False) -> Any:
+            return status_of(address, tls, digests=digests)
+
         out("\n== a subscriber tails prefix:orders/ in its own process (every bucket)")
         out(f"$ sevendb subscribe prefix:orders/ --cursor {data_dir / 'demo-subscriber.cursor'} &")
         subscriber = _Subscriber(data_dir, "prefix:orders/", out)
-        with Client([n.grpc_address for n in spec.nodes], token=local_token(data_dir)) as client:
+        endpoints = [n.grpc_address for n in spec.nodes]
+        with Client(endpoints, token=local_token(data_dir), tls=tls) as client:
             # subscribe() returns once every bucket's stream is up; so does the CLI,
             # which saves its cursor file once subscribed.
             cursor_file = subscriber.cursor
@@ -254,7 +261,7 @@ def run_cluster_demo(data_dir: Path, out: Callable[[str], None] = print) -> int:
                 return 1
             out(f"\n== restart {holder}: it catches up from its journal and the leader")
             run("cluster", "up")
-            _wait_converged(spec, out)
+            _wait_converged(spec, node_status, out)
 
             out(f"\n== add a node, and migrate bucket {bucket} to it under the write load")
             run("node", "add")
@@ -341,9 +348,9 @@ def _write_load(client: Any, numbers: range, written: set[str]) -> None:
         time.sleep(0.01)
 
 
-def _wait_converged(spec: object, out: Callable[[str], None], timeout_s: float = 60) -> None:
-    from sevendb.cluster.ops.local import node_status
-
+def _wait_converged(
+    spec: object, node_status: Callable[..., Any], out: Callable[[str], None], timeout_s: float = 60
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         views: dict[int, set[tuple[int, str]]] = {}

@@ -14,15 +14,23 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
+from sevendb.cluster.common.auth import ADMIN_PRINCIPAL
 from sevendb.cluster.common.bundle import (
+    CA_FILE,
+    CA_KEY_FILE,
     CLIENT_FILE,
     ClusterSecrets,
+    NodeTLS,
+    read_public,
+    read_secret_bytes,
     write_client_config,
+    write_file,
     write_node_bundle,
 )
 from sevendb.cluster.common.topology import (
@@ -35,7 +43,19 @@ from sevendb.cluster.common.topology import (
 )
 from sevendb.cluster.ops.admin import ClusterAdmin
 
-__all__ = ["PortPlan", "cluster_init", "node_init", "node_run", "parse_node"]
+if TYPE_CHECKING:
+    from sevendb.cluster.common.tls import Issued
+
+__all__ = [
+    "PortPlan",
+    "cluster_init",
+    "load_ca_files",
+    "node_init",
+    "node_run",
+    "node_tls",
+    "parse_node",
+    "write_client_bundle",
+]
 
 NODE_MODULE: Final = "sevendb.cluster.server.node"
 
@@ -78,6 +98,24 @@ def _fresh(out: Path) -> None:
         raise ConfigError(f"{out} is not empty: bundles are written once, into a new directory")
 
 
+def load_ca_files(cert: Path, key: Path) -> Issued:
+    """An operator's CA (or the one `cluster init` made): its certificate and key,
+    the key refused unless mode 0600, the two checked to belong together."""
+    from sevendb.cluster.common.tls import Issued, load_ca
+
+    ca = Issued(read_public(cert, "CA certificate"), read_secret_bytes(key, "a CA key"))
+    load_ca(ca)
+    return ca
+
+
+def node_tls(ca: Issued, node: NodeSpec, sans: Sequence[str] = ()) -> NodeTLS:
+    """A node's certificate from `ca`: valid for its advertised host and `sans`."""
+    from sevendb.cluster.common.tls import issue
+
+    issued = issue(ca, node.node_id, hosts=[node.host, *sans])
+    return NodeTLS(ca.cert_pem, issued.cert_pem, issued.key_pem)
+
+
 def cluster_init(
     out: Path,
     nodes: Sequence[str],
@@ -87,10 +125,19 @@ def cluster_init(
     meta_voters: int = META_VOTERS_DEFAULT,
     ports: PortPlan = PortPlan(),
     listen_host: str | None = None,
+    insecure: bool = False,
+    ca: Issued | None = None,
+    sans: Sequence[str] = (),
     progress: Callable[[str], None] = lambda _: None,
 ) -> ClusterSpec:
     """Mint a cluster and write a bundle per node (out/<id>/) and a client bundle
-    (out/client.toml)."""
+    (out/client.toml): with TLS, a CA of the cluster's own (out/ca-key.pem) unless
+    `ca` is the operator's, a certificate per node for its host and `sans`, and an
+    admin client certificate; with `insecure`, none (plaintext)."""
+    from sevendb.cluster.common.tls import new_ca
+
+    if insecure and (ca is not None or sans):
+        raise ConfigError("--insecure makes no certificate: drop --ca-cert/--ca-key/--san")
     if not nodes:
         raise ConfigError("name the cluster's nodes: --node ID=HOST (at least one)")
     if not 1 <= buckets <= BUCKETS_MAX:
@@ -108,11 +155,35 @@ def cluster_init(
     ]
     spec = new_cluster(nodes=specs, buckets=buckets, replicas=replicas, meta_voters=voters)
     secrets = ClusterSecrets.new()
+    if not insecure and ca is None:
+        ca = new_ca(spec.cluster_id)
+        progress(f"wrote {write_file(out / CA_KEY_FILE, ca.key_pem, secret=True)} (keep it safe)")
     for node in spec.nodes:
-        path = write_node_bundle(out / node.node_id, spec, node, secrets, listen_host=listen_host)
+        tls = None if ca is None else node_tls(ca, node, sans)
+        path = write_node_bundle(
+            out / node.node_id, spec, node, secrets, tls, listen_host=listen_host
+        )
         progress(f"wrote {path}")
-    progress(f"wrote {write_client_config(out / CLIENT_FILE, spec, secrets)}")
+    progress(f"wrote {write_client_bundle(out / CLIENT_FILE, spec, secrets, ca)}")
     return spec
+
+
+def write_client_bundle(
+    path: Path, spec: ClusterSpec, secrets: ClusterSecrets, ca: Issued | None
+) -> Path:
+    """client.toml at `path`: an admin token and, with `ca`, the CA and an admin
+    client certificate beside it (without: a plaintext bundle)."""
+    from sevendb.cluster.common.tls import issue
+
+    admin = None if ca is None else issue(ca, ADMIN_PRINCIPAL, server=False)
+    return write_client_config(
+        path,
+        spec,
+        secrets,
+        now_ms=time.time_ns() // 1_000_000,
+        ca_pem=None if ca is None else ca.cert_pem,
+        admin_cert=None if admin is None else (admin.cert_pem, admin.key_pem),
+    )
 
 
 def node_init(
@@ -122,10 +193,20 @@ def node_init(
     *,
     ports: PortPlan = PortPlan(),
     listen_host: str | None = None,
+    ca: Issued | None,
+    sans: Sequence[str] = (),
     progress: Callable[[str], None] = lambda _: None,
 ) -> NodeSpec:
     """Register a new node in the running cluster's metadata and write its bundle
-    (out/<id>/): start it on its machine with `sevendb node run`."""
+    (out/<id>/): start it on its machine with `sevendb node run`. Its certificate is
+    issued by `ca` (None: the cluster is plaintext, the admin connection too)."""
+    if (ca is None) != (admin.tls is None):
+        raise ConfigError(
+            "the new node needs a certificate from the cluster's CA (--ca-cert/--ca-key, "
+            f"default {CA_FILE} and {CA_KEY_FILE} beside client.toml)"
+            if ca is None
+            else "the cluster is plaintext (insecure = true): its nodes have no certificate"
+        )
     import grpc
 
     from sevendb.proto import sevendb_pb2 as pb
@@ -153,8 +234,9 @@ def node_init(
         secrets_path.unlink()
     admin.save(meta, meta.spec.with_node(spec), wait=False)
     seeds = [n.grpc_address for n in meta.spec.nodes]
+    tls = None if ca is None else node_tls(ca, spec, sans)
     path = write_node_bundle(
-        out / node_id, genesis, spec, secrets, seeds=seeds, listen_host=listen_host
+        out / node_id, genesis, spec, secrets, tls, seeds=seeds, listen_host=listen_host
     )
     progress(f"registered node {node_id} ({spec.grpc_address}) and wrote {path}")
     return spec
@@ -179,6 +261,18 @@ def add_port_arguments(parser: argparse.ArgumentParser) -> None:
         "--listen-host",
         help="the address nodes bind (default: each node's advertised host; 0.0.0.0: all)",
     )
+    parser.add_argument(
+        "--san",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="another host name or address every node certificate is valid for (a load "
+        "balancer's, a Service's; repeat)",
+    )
+    parser.add_argument(
+        "--ca-cert", type=Path, help="the CA certificate to issue node certificates with"
+    )
+    parser.add_argument("--ca-key", type=Path, help="its private key (mode 0600)")
 
 
 def port_plan(args: argparse.Namespace) -> PortPlan:

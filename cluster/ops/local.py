@@ -1,8 +1,10 @@
 """The embedded default: a local cluster of node processes on 127.0.0.1 under one
 data dir, built from the same pieces as a cluster across machines (docs/deploy.md):
-`sevendb cluster up` writes a bundle per node (nodes/<id>/node.toml, its genesis and
-secrets) and a client.toml, then runs each node as `python -m
-sevendb.cluster.server.node --config nodes/<id>/node.toml`."""
+`sevendb cluster up` writes a bundle per node (nodes/<id>/node.toml, its genesis,
+secrets and certificate) and a client.toml, then runs each node as `python -m
+sevendb.cluster.server.node --config nodes/<id>/node.toml`. TLS like any cluster,
+with a CA of its own in the data dir (ca.pem, ca-key.pem); plaintext only with
+`cluster up --insecure`, which says so."""
 
 from __future__ import annotations
 
@@ -18,14 +20,15 @@ from pathlib import Path
 
 import grpc
 
-from sevendb.cluster.common.auth import DEFAULT_PRINCIPAL, mint_token
+from sevendb.cluster.common.auth import DEFAULT_PRINCIPAL, TOKEN_TTL_DEFAULT_S
 from sevendb.cluster.common.bundle import (
+    CA_FILE,
+    CA_KEY_FILE,
     CLIENT_FILE,
     NODE_FILE,
     SECRETS_FILE,
     ClientConfig,
     ClusterSecrets,
-    write_client_config,
     write_file,
     write_node_bundle,
 )
@@ -38,9 +41,11 @@ from sevendb.cluster.common.topology import (
     NodeSpec,
     new_cluster,
 )
-from sevendb.cluster.ops.admin import ClusterAdmin, Unreachable
+from sevendb.cluster.ops.admin import ClusterAdmin, Unreachable, client_tls
+from sevendb.cluster.ops.deploy import load_ca_files, node_tls, write_client_bundle
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
+from sevendb.sdk.tls import TLS, sync_channel
 
 HOST = "127.0.0.1"
 NODE_MODULE = "sevendb.cluster.server.node"
@@ -140,15 +145,23 @@ def local_secrets(data_dir: Path) -> ClusterSecrets:
     return ClusterSecrets.load(path)
 
 
-def local_token(data_dir: Path, principal: str = DEFAULT_PRINCIPAL) -> str:
-    """A token for `principal`, minted with the secret of the cluster in `data_dir`."""
-    return mint_token(local_secrets(data_dir).token_secret, principal)
+def local_token(
+    data_dir: Path, principal: str = DEFAULT_PRINCIPAL, ttl_s: float = TOKEN_TTL_DEFAULT_S
+) -> str:
+    """A token for `principal`, minted with the secrets file of the cluster in
+    `data_dir` (its first token key; the admin key for admin)."""
+    keyring = local_secrets(data_dir).keyring()
+    return keyring.mint(principal, now_ms=time.time_ns() // 1_000_000, ttl_s=ttl_s)
+
+
+def local_tls(data_dir: Path) -> TLS | None:
+    """The TLS settings of the local cluster's client.toml (None: --insecure)."""
+    return client_tls(ClientConfig.load(data_dir / CLIENT_FILE))
 
 
 def local_admin(data_dir: Path, progress: Callable[[str], None] = lambda _: None) -> ClusterAdmin:
     """An admin connection to the local cluster in `data_dir` (its client.toml)."""
-    config = ClientConfig.load(data_dir / CLIENT_FILE)
-    return ClusterAdmin(list(config.endpoints), config.token, progress=progress)
+    return ClusterAdmin.from_config(ClientConfig.load(data_dir / CLIENT_FILE), progress)
 
 
 def local_nodes(data_dir: Path) -> list[str]:
@@ -211,22 +224,32 @@ class UpResult:
 def _write_node(
     data_dir: Path, genesis: ClusterSpec, node: NodeSpec, secrets: ClusterSecrets
 ) -> None:
-    """A local node's bundle: its data dir is its bundle's dir, and every node archives
-    under the cluster's one archive root."""
+    """A local node's bundle: its data dir is its bundle's dir, every node archives
+    under the cluster's one archive root, and its certificate comes from the data
+    dir's CA (none if the cluster is --insecure)."""
+    ca = None
+    if (data_dir / CA_KEY_FILE).exists():
+        ca = load_ca_files(data_dir / CA_FILE, data_dir / CA_KEY_FILE)
     write_node_bundle(
         node_dir(data_dir, node.node_id),
         genesis,
         node,
         secrets,
+        None if ca is None else node_tls(ca, node),
         seeds=[n.grpc_address for n in genesis.nodes if n.node_id != node.node_id],
         data_dir=".",
         extra=f'\n[archive]\nroot = "{data_dir / "archive"}"\n',
     )
 
 
-def create_local_cluster(data_dir: Path, *, nodes: int, buckets: int, replicas: int) -> ClusterSpec:
+def create_local_cluster(
+    data_dir: Path, *, nodes: int, buckets: int, replicas: int, insecure: bool = False
+) -> ClusterSpec:
     """Mint a cluster on 127.0.0.1 and write its bundles under `data_dir`: one per
-    node in nodes/<id>/, the secrets and a client.toml with an admin token."""
+    node in nodes/<id>/, the secrets, the CA (unless `insecure`) and a client.toml
+    with an admin token and certificate."""
+    from sevendb.cluster.common.tls import new_ca
+
     if replicas > nodes:
         raise ConfigError(f"--replicas {replicas} needs at least as many --nodes (got {nodes})")
     ports = allocate_ports(nodes, buckets)
@@ -243,10 +266,15 @@ def create_local_cluster(data_dir: Path, *, nodes: int, buckets: int, replicas: 
     ]
     spec = new_cluster(nodes=specs, buckets=buckets, replicas=replicas)
     secrets = ClusterSecrets.new()
+    ca = None
+    if not insecure:
+        ca = new_ca(spec.cluster_id)
+        write_file(data_dir / CA_KEY_FILE, ca.key_pem, secret=True)
+        write_file(data_dir / CA_FILE, ca.cert_pem)
     for node in spec.nodes:
         _write_node(data_dir, spec, node, secrets)
     write_file(data_dir / SECRETS_FILE, secrets.to_toml(), secret=True)
-    write_client_config(data_dir / CLIENT_FILE, spec, secrets)
+    write_client_bundle(data_dir / CLIENT_FILE, spec, secrets, ca)
     return spec
 
 
@@ -257,20 +285,30 @@ def cluster_up(
     buckets: int = 8,
     replicas: int = 3,
     timeout_s: float = START_TIMEOUT_S,
+    insecure: bool = False,
     progress: Callable[[str], None] = lambda _: None,
 ) -> UpResult:
-    """Create (or restart) the cluster in `data_dir`; returns once every bucket has a
-    leader on every node's view."""
+    """Create (or restart) the cluster in `data_dir` (plaintext if made `insecure`);
+    returns once every bucket has a leader on every node's view."""
     data_dir = data_dir.resolve()
     created = not (data_dir / CLIENT_FILE).exists()
     if created:
-        spec = create_local_cluster(data_dir, nodes=nodes, buckets=buckets, replicas=replicas)
+        spec = create_local_cluster(
+            data_dir, nodes=nodes, buckets=buckets, replicas=replicas, insecure=insecure
+        )
         progress(
             f"created cluster {spec.cluster_id}: {nodes} nodes, {buckets} buckets, "
             f"{replicas} replicas each, in {data_dir}"
         )
     else:
         progress(f"restarting the cluster in {data_dir}")
+    if local_tls(data_dir) is None:
+        progress(
+            "INSECURE: this cluster's client port is plaintext (made with --insecure): "
+            "tokens and data cross the network unencrypted"
+        )
+    else:
+        progress(f"TLS: clients trust {data_dir / CA_FILE} (client.toml says so)")
     started = []
     for node_id in local_nodes(data_dir):
         if running_pid(data_dir, node_id) is None:
@@ -282,11 +320,11 @@ def cluster_up(
 
 
 def node_status(
-    address: str, timeout_s: float = 2.0, *, digests: bool = False
+    address: str, tls: TLS | None, timeout_s: float = 2.0, *, digests: bool = False
 ) -> pb.StatusResponse | None:
     """A node's Status (None if it does not answer); `digests` also computes each
     replica's state digest (a snapshot of the bucket: not for tight loops)."""
-    with grpc.insecure_channel(address) as channel:
+    with sync_channel(address, tls) as channel:
         try:
             response: pb.StatusResponse = pb_grpc.SevenDBStub(channel).Status(
                 pb.StatusRequest(with_digests=digests), timeout=timeout_s
@@ -318,6 +356,7 @@ def wait_for_leaders(
     the cluster's spec."""
     deadline = time.monotonic() + timeout_s
     last = ""
+    tls = local_tls(data_dir)
     while True:
         missing = []
         try:
@@ -331,7 +370,7 @@ def wait_for_leaders(
                     f"{node.node_id}: not running (see {log_file(data_dir, node.node_id)})"
                 )
                 continue
-            status = node_status(node.grpc_address)
+            status = node_status(node.grpc_address, tls)
             if status is None:
                 missing.append(f"{node.node_id}: not answering yet")
                 continue
@@ -356,10 +395,11 @@ def cluster_down(
     timeout_s: float = STOP_TIMEOUT_S,
     progress: Callable[[str], None] = lambda _: None,
 ) -> list[str]:
-    """SIGTERM every node (clean shutdown), SIGKILL what is still alive at the timeout."""
+    """Stop every node at once: SIGINT (a clean stop without a drain: there is no
+    other node to hand anything to), SIGKILL what is still alive at the timeout."""
     data_dir = data_dir.resolve()
     local_secrets(data_dir)  # a clear error if there is no cluster here
-    return stop_nodes(data_dir, local_nodes(data_dir), timeout_s, progress)
+    return stop_nodes(data_dir, local_nodes(data_dir), timeout_s, progress, drain=False)
 
 
 def stop_nodes(
@@ -367,14 +407,17 @@ def stop_nodes(
     node_ids: list[str],
     timeout_s: float = STOP_TIMEOUT_S,
     progress: Callable[[str], None] = lambda _: None,
+    *,
+    drain: bool = True,
 ) -> list[str]:
-    """Stop these node processes cleanly (SIGKILL at the timeout); returns the ids that
-    were running."""
+    """Stop these node processes cleanly (SIGKILL at the timeout): SIGTERM, each
+    handing its leaderships and leases to the others first, or SIGINT without
+    (`drain` False); returns the ids that were running."""
     pids = {n: running_pid(data_dir, n) for n in node_ids}
     alive = {node_id: pid for node_id, pid in pids.items() if pid is not None}
     for node_id, pid in alive.items():
         progress(f"stopping node {node_id} (pid {pid})")
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGTERM if drain else signal.SIGINT)
     deadline = time.monotonic() + timeout_s
     while alive and time.monotonic() < deadline:
         alive = {n: p for n, p in alive.items() if running_pid(data_dir, n) is not None}
@@ -431,7 +474,8 @@ def add_node(
     pid = start_node(data_dir, node_id)
     progress(f"started node {node_id} (pid {pid}) gRPC {node.grpc_address}")
     started = time.monotonic()
-    while node_status(node.grpc_address) is None:
+    tls = local_tls(data_dir)
+    while node_status(node.grpc_address, tls) is None:
         elapsed = time.monotonic() - started
         # (Right after the fork the child's command line is still ours: wait a little
         # before reading a missing pid as a dead node.)

@@ -30,13 +30,12 @@ Token = Callable[[argparse.Namespace], "str | None"]
 class _Nodes:
     """Calls to whichever node answers first (UNAVAILABLE: the next one)."""
 
-    def __init__(self, endpoints: list[str], token: str | None) -> None:
-        import grpc
-
+    def __init__(self, endpoints: list[str], token: str | None, tls: Any) -> None:
         from sevendb.cluster.common.auth import auth_metadata
+        from sevendb.sdk.tls import sync_channel
 
         self._endpoints = endpoints
-        self._channels = [grpc.insecure_channel(e) for e in endpoints]
+        self._channels = [sync_channel(e, tls) for e in endpoints]
         self.metadata = auth_metadata(token) if token else ()
 
     def close(self) -> None:
@@ -142,7 +141,7 @@ def _run(
 ) -> int:
     import grpc
 
-    nodes = _Nodes(endpoints(args), token(args))
+    nodes = _Nodes(endpoints(args), token(args), args.tls_of(args))
     try:
         return fn(nodes)
     except grpc.RpcError as exc:
@@ -232,8 +231,10 @@ def add_commands(
     common: argparse.ArgumentParser,
     endpoints: Endpoints,
     token: Token,
+    tls: Callable[[argparse.Namespace], Any],
 ) -> None:
-    """Add `subscriptions list|show|delete` to the `sevendb` parser (cluster/ops/cli.py)."""
+    """Add `subscriptions list|show|delete` to the `sevendb` parser (cluster/ops/cli.py);
+    `tls` gives a command's TLS settings (`sevendb.sdk.TLS`, None: plaintext)."""
     group = sub.add_parser(
         "subscriptions", help="list, show or delete subscriptions (as admin by default)"
     ).add_subparsers(dest="action", required=True)
@@ -241,7 +242,9 @@ def add_commands(
     def command(name: str, help_: str, fn: Callable[..., int]) -> argparse.ArgumentParser:
         parser = group.add_parser(name, parents=[common], help=help_)
         parser.add_argument("--bucket", type=int, help="only this bucket (default: every one)")
-        parser.set_defaults(fn=lambda args: fn(args, endpoints, token), principal="admin")
+        parser.set_defaults(
+            fn=lambda args: fn(args, endpoints, token), principal="admin", tls_of=tls
+        )
         return parser
 
     listing = command(

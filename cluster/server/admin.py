@@ -113,9 +113,7 @@ class Admin:
         result, commit_index = await self._edge.commit(bucket, entry, EpochResult)
         return pb.EpochResponse(epoch_id=codec.epoch_to_pb(result.epoch), commit_index=commit_index)
 
-    async def recover_bucket(
-        self, request: pb.RecoverRequest, call: Call
-    ) -> pb.RecoverResponse:
+    async def recover_bucket(self, request: pb.RecoverRequest, call: Call) -> pb.RecoverResponse:
         self._admin(call)
         self._edge.check_bucket(request.bucket)
         replica = self._edge.replicas.get(request.bucket)

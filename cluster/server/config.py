@@ -46,10 +46,31 @@ class NodeSettings:
     """The cluster as `sevendb cluster init` created it (the same file on every node)."""
     secrets: Path = Path("secrets.toml")
     """The cluster's secrets (mode 0600)."""
+    tls_ca: Path = Path("ca.pem")
+    """The cluster's CA certificate: what this node trusts (clients' certificates,
+    other nodes)."""
+    tls_cert: Path = Path("node.pem")
+    """This node's certificate (served on the client port, presented to other nodes)."""
+    tls_key: Path = Path("node-key.pem")
+    """Its private key (mode 0600)."""
+    insecure: bool = False
+    """Plaintext gRPC, no certificate (a cluster made with `--insecure`)."""
+    client_certs: bool = False
+    """Require a certificate from the cluster's CA of every client (mTLS for all:
+    a call's principal is its certificate's name unless it sends a token). Without
+    it, clients authenticate with tokens over TLS."""
+    drain_s: float = 5.0
+    """On SIGTERM: how long the node may take to hand its leaderships and notifier
+    leases to other replicas before it exits anyway (usually well under a second;
+    with the 2 s the last calls get, within Docker's default 10 s stop timeout)."""
 
     def __post_init__(self) -> None:
         if not self.id:
             raise ValueError("id is required (this node's id in the cluster)")
+        if self.insecure and self.client_certs:
+            raise ValueError("client_certs needs TLS: it cannot be set with insecure = true")
+        if not 0 <= self.drain_s <= 3600:
+            raise ValueError(f"drain_s must be 0..3600, got {self.drain_s}")
 
 
 SECTIONS: Mapping[str, type[Any]] = {
@@ -90,6 +111,9 @@ def load_node_config(
         data_dir=base / node.data_dir,
         genesis=base / node.genesis,
         secrets=base / node.secrets,
+        tls_ca=base / node.tls_ca,
+        tls_cert=base / node.tls_cert,
+        tls_key=base / node.tls_key,
     )
     raft = settings.section("raft", RaftTuning)
     notifier = settings.section("notifier", NotifierSettings)

@@ -20,9 +20,17 @@ import grpc
 from google.protobuf.message import Message
 from grpc import aio
 
-from sevendb.cluster.common.auth import AUTH_METADATA_KEY, AuthError, principal_from_metadata
+from sevendb.cluster.common.auth import (
+    AUTH_METADATA_KEY,
+    NODE_PRINCIPAL,
+    AuthError,
+    Keyring,
+    check_principal,
+    token_from_metadata,
+)
 from sevendb.cluster.common.bundle import ClusterSecrets
-from sevendb.cluster.common.topology import ClusterSpec, NodeSpec
+from sevendb.cluster.common.tls import PeerIdentity, peer_identity
+from sevendb.cluster.common.topology import ClusterSpec, ConfigError, NodeSpec
 from sevendb.cluster.raft.replica import ApplyOutcome, BucketReplica, ReplicaUnavailable
 from sevendb.cluster.server.errors import Ctx, Failure, status_of_unavailable
 from sevendb.cluster.server.meta import ClusterView, MetaMember
@@ -35,6 +43,9 @@ from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 
 FORWARD_KEY: Final = "sevendb-forwarded"
 """Metadata of a request one node forwarded to another (forwarded once at most)."""
+ON_BEHALF_KEY: Final = "sevendb-principal"
+"""Metadata of a forwarded request whose caller authenticated by its certificate:
+the principal it was, believed only from a node (its own certificate says so)."""
 PROPOSE_TIMEOUT_S: Final = 5.0
 FORWARD_TIMEOUT_S: Final = 10.0
 
@@ -79,9 +90,18 @@ class NodeHost(Protocol):
     view: ClusterView
     meta: MetaMember | None
     secrets: ClusterSecrets
+    draining: bool
+    """Stopping (SIGTERM): new writes and streams are refused (`rpc`)."""
 
     @property
-    def token_secret(self) -> str: ...
+    def keyring(self) -> Keyring:
+        """The token keys and revocations in force (they follow the metadata)."""
+        ...
+
+    @property
+    def channel_credentials(self) -> grpc.ChannelCredentials | None:
+        """How this node reaches another node's client port (None: plaintext)."""
+        ...
 
 
 class Edge:
@@ -121,10 +141,35 @@ class Edge:
         for channel in self._channels.values():
             await channel.close()
 
-    def principal(self, metadata: Sequence[tuple[str, Any]]) -> str:
+    def principal(self, metadata: Sequence[tuple[str, Any]], context: Ctx | None) -> str:
+        """Who the call is from: its bearer token's principal if it sends one, else
+        its client certificate's (verified by TLS against the cluster's CA, when the
+        node requires client certificates); a node's certificate may speak for the
+        caller of a request it forwards. UNAUTHENTICATED when neither says."""
+        keyring, now = self.node.keyring, now_ms()
         try:
-            return principal_from_metadata(self.node.token_secret, metadata)
-        except AuthError as exc:
+            token = token_from_metadata(metadata)
+            if token is not None:
+                return keyring.verify(token, now_ms=now)
+            identity = _peer(context)
+            if identity is None:
+                raise AuthError(
+                    "no token: send 'authorization: Bearer <token>' (see `sevendb token`) "
+                    "or a client certificate from the cluster's CA"
+                )
+            if identity.is_node:
+                behalf = dict(metadata).get(ON_BEHALF_KEY)
+                if behalf is None or FORWARD_KEY not in dict(metadata):
+                    return NODE_PRINCIPAL
+                return check_principal(str(behalf))
+            principal = check_principal(identity.principal)
+            not_before = keyring.revoked.get(principal)
+            if not_before is not None and identity.not_before_ms < not_before:
+                raise AuthError(
+                    f"the certificates of {principal!r} issued before {not_before} ms were revoked"
+                )
+            return principal
+        except (AuthError, ConfigError) as exc:
             raise Failure(grpc.StatusCode.UNAUTHENTICATED, str(exc)) from None
 
     # ---- where a bucket is served ------------------------------------------------------
@@ -144,6 +189,11 @@ class Edge:
     def some_host(self, bucket: int) -> str:
         """A node holding a replica of `bucket` (for requests this node cannot serve)."""
         return self.spec.node(self.spec.buckets[bucket].nodes[0]).grpc_address
+
+    def another_node(self) -> str | None:
+        """Some other node's client address (where a draining node sends callers)."""
+        others = [n.grpc_address for n in self.spec.nodes if n.node_id != self.node_id]
+        return others[int(time.monotonic()) % len(others)] if others else None
 
     def leader_address(self, bucket: int) -> str | None:
         replica = self.replicas.get(bucket)
@@ -165,13 +215,22 @@ class Edge:
     def stub(self, address: str) -> pb_grpc.SevenDBStub:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = aio.insecure_channel(address)
+            creds = self.node.channel_credentials
+            channel = self._channels[address] = (
+                aio.insecure_channel(address)
+                if creds is None
+                else aio.secure_channel(address, creds)
+            )
         return pb_grpc.SevenDBStub(channel)
 
     @staticmethod
     def auth_of(call: Call) -> list[tuple[str, str]]:
-        """The call's credentials, to forward with it."""
-        return [(k, str(v)) for k, v in call.metadata if k == AUTH_METADATA_KEY]
+        """The call's credentials, to forward with it: its token, or (a caller known
+        by its certificate) the principal this node vouches for."""
+        token = [(k, str(v)) for k, v in call.metadata if k == AUTH_METADATA_KEY]
+        if token or not call.principal:
+            return token
+        return [(ON_BEHALF_KEY, call.principal)]
 
     async def forward(
         self,
@@ -276,8 +335,17 @@ class Edge:
         return outcome.commit_index
 
 
+def _peer(context: Ctx | None) -> PeerIdentity | None:
+    """The identity of the call's verified client certificate, or None."""
+    if context is None:
+        return None
+    pem = (context.auth_context() or {}).get("x509_pem_cert")
+    return peer_identity(pem[0]) if pem else None
+
+
 __all__ = [
     "FORWARD_KEY",
+    "ON_BEHALF_KEY",
     "FORWARD_TIMEOUT_S",
     "PROPOSE_TIMEOUT_S",
     "Call",

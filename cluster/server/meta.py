@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -132,6 +133,7 @@ class ClusterView:
         tmp = self._cache.with_suffix(".tmp")
         self._cache.parent.mkdir(parents=True, exist_ok=True)
         write_synced(tmp, json.dumps(body).encode())
+        os.chmod(tmp, 0o600)  # the metadata holds token keys (auth/key/...)
         tmp.replace(self._cache)
         fsync_dir(self._cache.parent)
 
@@ -184,6 +186,9 @@ class MetaMember:
         spec = view.spec
         me = spec.node(node_id)
         self._view = view
+        # Its journal holds the token keys (auth/key/...): for this node's user only.
+        (data_dir / "meta").mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(data_dir / "meta", 0o700)
         self.replica = BucketReplica(
             bucket=META_BUCKET,
             bucket_uuid=spec.meta_uuid,
@@ -245,10 +250,17 @@ class MetaFollower:
     """Keeps a non-voter's view current by long-polling the voters' `MetaRead`."""
 
     def __init__(
-        self, view: ClusterView, metadata: Sequence[tuple[str, str]], seeds: Sequence[str]
+        self,
+        view: ClusterView,
+        metadata: Callable[[], Sequence[tuple[str, str]]],
+        seeds: Sequence[str],
+        credentials: grpc.ChannelCredentials | None,
     ) -> None:
+        """`metadata` gives the credentials of each request (a fresh node token);
+        `credentials` are the TLS channel's (None: plaintext)."""
         self._view = view
-        self._metadata = tuple(metadata)
+        self._metadata = metadata
+        self._credentials = credentials
         self._seeds = tuple(seeds)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="meta-follow", daemon=True)
@@ -270,15 +282,15 @@ class MetaFollower:
             endpoint = endpoints[i % len(endpoints)]
             i += 1
             try:
-                with grpc.insecure_channel(endpoint) as channel:
+                with self._channel(endpoint) as channel:
                     response = pb_grpc.SevenDBStub(channel).MetaRead(
-                        pb.MetaReadRequest(), metadata=self._metadata, timeout=5
+                        pb.MetaReadRequest(), metadata=self._metadata(), timeout=5
                     )
                 self._view.offer(
                     response.version, {r.key: (r.value, r.version) for r in response.records}
                 )
             except grpc.RpcError as exc:
-                log.info("metadata from %s: %s", endpoint, exc.code().name)
+                log.info("metadata from %s: %s: %s", endpoint, exc.code().name, exc.details())
             if time.monotonic() > deadline:
                 raise ConfigError(
                     f"could not learn this node's place in the cluster from {endpoints} "
@@ -286,6 +298,11 @@ class MetaFollower:
                 )
             if not until(self._view.spec):
                 time.sleep(0.2)
+
+    def _channel(self, endpoint: str) -> grpc.Channel:
+        if self._credentials is None:
+            return grpc.insecure_channel(endpoint)
+        return grpc.secure_channel(endpoint, self._credentials)
 
     def _endpoints(self) -> list[str]:
         voters = [n.grpc_address for n in self._view.spec.meta_voters]
@@ -300,18 +317,20 @@ class MetaFollower:
                 self._poll(endpoint)
             except grpc.RpcError as exc:
                 log.debug("metadata from %s: %s", endpoint, exc)
+                if exc.code() is grpc.StatusCode.UNAUTHENTICATED:
+                    log.warning("metadata from %s refused: %s", endpoint, exc.details())
                 i += 1
                 self._stop.wait(RETRY_S)
 
     def _poll(self, endpoint: str) -> None:
-        with grpc.insecure_channel(endpoint) as channel:
+        with self._channel(endpoint) as channel:
             stub = pb_grpc.SevenDBStub(channel)
             while not self._stop.is_set():
                 request = pb.MetaReadRequest(
                     after_version=self._view.state.version, wait_ms=POLL_WAIT_MS
                 )
                 response = stub.MetaRead(
-                    request, metadata=self._metadata, timeout=POLL_WAIT_MS / 1000 + 5
+                    request, metadata=self._metadata(), timeout=POLL_WAIT_MS / 1000 + 5
                 )
                 records = {r.key: (r.value, r.version) for r in response.records}
                 self._view.offer(response.version, records)

@@ -1,7 +1,8 @@
 """The metadata RPCs: `MetaRead` (any principal; a voter answers from its replica of
-the metadata group, any other node from its cache), `MetaWrite` (admin: a
-compare-and-set write, forwarded to a voter by a node that is not one) and
-`JoinBundle` (admin: what `sevendb node init` gives a new node)."""
+the metadata group, any other node from its cache; the token keys only to admin and
+nodes), `MetaWrite` (admin: a compare-and-set write, forwarded to a voter by a node
+that is not one), `JoinBundle` (admin: what `sevendb node init` gives a new node)
+and `MintToken` (admin: a token minted with the keys in force)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ from typing import Final
 import grpc
 from grpc import aio
 
-from sevendb.cluster.common.auth import ADMIN_PRINCIPAL
+from sevendb.cluster.common.auth import (
+    ADMIN_PRINCIPAL,
+    KEY_PREFIX,
+    NODE_PRINCIPAL,
+    PRIVILEGED,
+    AuthError,
+    Token,
+)
 from sevendb.cluster.server.edge import FORWARD_KEY, FORWARD_TIMEOUT_S, Call, Edge, now_ms
 from sevendb.cluster.server.errors import Failure
 from sevendb.cluster.server.meta import MetaMember, cas_op
@@ -42,11 +50,13 @@ class Metadata:
         state = view.state
         if request.after_version and state.version <= request.after_version and wait_s > 0:
             state = await asyncio.to_thread(view.wait_newer, request.after_version, wait_s)
+        keys_too = call.principal in PRIVILEGED
         return pb.MetaReadResponse(
             version=state.version,
             records=[
                 pb.MetaRecord(key=k, value=v, version=ver)
                 for k, (v, ver) in sorted(state.records.items())
+                if keys_too or not k.startswith(KEY_PREFIX)
             ],
             genesis=view.genesis.to_json(),
         )
@@ -105,3 +115,18 @@ class Metadata:
         return pb.JoinBundleResponse(
             genesis=node.view.genesis.to_json(), secrets=node.secrets.to_toml()
         )
+
+    async def mint_token(self, request: pb.MintTokenRequest, call: Call) -> pb.MintTokenResponse:
+        require_admin(call)
+        if request.principal == NODE_PRINCIPAL:
+            raise Failure.invalid("the node principal's tokens are minted by nodes only")
+        if request.ttl_s <= 0:
+            raise Failure.invalid("ttl_s must be > 0")
+        try:
+            token = self._edge.node.keyring.mint(
+                request.principal, now_ms=now_ms(), ttl_s=request.ttl_s
+            )
+        except AuthError as exc:
+            raise Failure.invalid(str(exc)) from None
+        parsed = Token.parse(token)
+        return pb.MintTokenResponse(token=token, key_id=parsed.kid, expires_ms=parsed.expires_ms)

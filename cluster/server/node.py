@@ -21,17 +21,21 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import grpc
 from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
 
 from sevendb.cluster.archive.writer import ArchiveWriter
-from sevendb.cluster.common.auth import NODE_PRINCIPAL, auth_metadata, mint_token
-from sevendb.cluster.common.bundle import ClusterSecrets
+from sevendb.cluster.common.auth import NODE_PRINCIPAL, Keyring, auth_metadata
+from sevendb.cluster.common.bundle import ClusterSecrets, NodeTLS, load_node_tls
 from sevendb.cluster.common.settings import flags_from_args, section_flags
 from sevendb.cluster.common.topology import ClusterSpec, ConfigError
 from sevendb.cluster.raft.replica import BucketReplica, RaftLoop
 from sevendb.cluster.server.config import SECTIONS, NodeConfig, load_node_config
+from sevendb.cluster.server.edge import now_ms
 from sevendb.cluster.server.faults import KILL_BEFORE_SEND, FaultPoints
-from sevendb.cluster.server.meta import ClusterView, MetaFollower, MetaMember
+from sevendb.cluster.server.meta import ClusterView, MetaFollower, MetaMember, MetaState
 from sevendb.cluster.server.metrics import DiskState, NodeMetrics
 from sevendb.cluster.server.service import NodeService
 from sevendb.notifier.host import BucketNotifier
@@ -50,6 +54,12 @@ thread of the node stopped (late heartbeats). With 20,000: one full collection i
 the same run instead of 12, no pause over 70 ms, and more events per CPU-second
 (docs/performance.md, stop 19)."""
 STOP_GRACE_S = 2.0
+"""How long calls still running when the node stops (after the drain) may finish."""
+NODE_TOKEN_TTL_S = 600.0
+"""The token a node sends other nodes (following the metadata) is minted per request."""
+HEALTH_EVERY_S = 0.5
+HEALTH_SERVICES = ("", "sevendb.v1.SevenDB")
+"""What `grpc.health.v1` answers for: the server as a whole, and the API."""
 JOIN_TIMEOUT_S = 60.0
 """How long a node that is not in the genesis waits to learn its place from the
 metadata voters before giving up."""
@@ -121,12 +131,21 @@ class Node:
         self.home = settings.data_dir
         self.home.mkdir(parents=True, exist_ok=True)
         self.secrets = ClusterSecrets.load(settings.secrets)
-        self.view = ClusterView(ClusterSpec.load(settings.genesis), self.home)
-        self._follower: MetaFollower | None = MetaFollower(
-            self.view,
-            auth_metadata(mint_token(self.token_secret, NODE_PRINCIPAL)),
-            settings.seeds,
+        self.tls: NodeTLS | None = (
+            None
+            if settings.insecure
+            else load_node_tls(settings.tls_ca, settings.tls_cert, settings.tls_key)
         )
+        self.channel_credentials: grpc.ChannelCredentials | None = (
+            None
+            if self.tls is None
+            else grpc.ssl_channel_credentials(self.tls.ca_pem, self.tls.key_pem, self.tls.cert_pem)
+        )
+        """How this node reaches others' client ports: TLS presenting its certificate."""
+        self.view = ClusterView(ClusterSpec.load(settings.genesis), self.home)
+        self._keyring = (self.view.state.version, self._keyring_of(self.view.state))
+        self.draining = False
+        self._follower: MetaFollower | None = self._new_follower()
         if self.node_id not in self.view.spec.node_ids:  # joined after the genesis
             self._follower.fetch(lambda spec: self.node_id in spec.node_ids, JOIN_TIMEOUT_S)
         self.spec = self.view.spec
@@ -167,9 +186,31 @@ class Node:
         self.view.listen(lambda _: self._reload_logged())
         self.service = NodeService(self, self.metrics, self._limits)
 
+    # ---- credentials ------------------------------------------------------------------
+
     @property
-    def token_secret(self) -> str:
-        return self.secrets.token_secret
+    def keyring(self) -> Keyring:
+        """The token keys and revocations in force: the secrets file's keys and the
+        metadata's ``auth/`` records, as of the view's version."""
+        state = self.view.state
+        version, keyring = self._keyring
+        if version != state.version:
+            keyring = self._keyring_of(state)
+            self._keyring = (state.version, keyring)
+        return keyring
+
+    def _keyring_of(self, state: MetaState) -> Keyring:
+        return self.secrets.keyring({k: v for k, (v, _) in state.records.items()})
+
+    def _node_metadata(self) -> tuple[tuple[str, str], ...]:
+        """A fresh node token, for this node's own calls to other nodes."""
+        token = self.keyring.mint(NODE_PRINCIPAL, now_ms=now_ms(), ttl_s=NODE_TOKEN_TTL_S)
+        return auth_metadata(token)
+
+    def _new_follower(self) -> MetaFollower:
+        return MetaFollower(
+            self.view, self._node_metadata, self.config.node.seeds, self.channel_credentials
+        )
 
     # ---- replicas follow the spec ------------------------------------------------------
 
@@ -275,11 +316,7 @@ class Node:
         for notifier in self.notifiers.values():
             notifier.start()
         if self.meta is None:
-            self._follower = MetaFollower(
-                self.view,
-                auth_metadata(mint_token(self.token_secret, NODE_PRINCIPAL)),
-                self.config.node.seeds,
-            )
+            self._follower = self._new_follower()
             self._follower.start()
         if self.tuning.leader_balance_s > 0:
             balancer = threading.Thread(target=self._balance_leaders, name="balance", daemon=True)
@@ -327,7 +364,77 @@ class Node:
         self.raft_loop.close()
         self.archive.close()  # publishes what is buffered
 
-    async def serve(self, stop: threading.Event) -> int:
+    # ---- health and drain ------------------------------------------------------------
+
+    def serving(self) -> bool:
+        """What `grpc.health.v1` says: SERVING once every local replica knows a leader
+        and serves (not quarantined, repairing or lost), and not while draining."""
+        if self.draining:
+            return False
+        return all(r.leader and not r.quarantined for r in self.replicas.values())
+
+    async def _report_health(self, health: health_aio.HealthServicer) -> None:
+        serving = health_pb2.HealthCheckResponse.SERVING
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+        while True:
+            status = serving if self.serving() else not_serving
+            for service in HEALTH_SERVICES:
+                await health.set(service, status)
+            await asyncio.sleep(HEALTH_EVERY_S)
+
+    def _led_here(self) -> list[tuple[int, BucketReplica]]:
+        """The replicas of this node that lead their group or whose bucket's notifier
+        lease names them (the metadata group's as bucket -1)."""
+        found = []
+        replicas = list(self.replicas.items())
+        if self.meta is not None:
+            replicas.append((self.meta.replica.bucket, self.meta.replica))
+        for bucket, replica in replicas:
+            notifier = self.notifiers.get(bucket)
+            holds = notifier is not None and notifier.holder() == replica.self_addr
+            if replica.is_leader or holds:
+                found.append((bucket, replica))
+        return found
+
+    def drain(self, timeout_s: float) -> bool:
+        """Hand every leadership and notifier lease of this node to another replica
+        (the lease follows leadership), for up to `timeout_s`: the node can then exit
+        without its buckets waiting out an election. Whether everything moved."""
+        deadline = time.monotonic() + timeout_s
+        asked: dict[int, float] = {}
+        while True:
+            left = self._led_here()
+            if not left:
+                log.info("drain: this node leads no bucket and holds no lease")
+                return True
+            now = time.monotonic()
+            if now > deadline:
+                log.warning(
+                    "drain: after %.1f s this node still leads or holds the lease of "
+                    "buckets %s; exiting anyway",
+                    timeout_s,
+                    [b for b, _ in left],
+                )
+                return False
+            if not any(r.connectivity().connected for _, r in left):
+                log.warning(
+                    "drain: no other replica of buckets %s is reachable; exiting",
+                    [b for b, _ in left],
+                )
+                return False
+            for bucket, replica in left:
+                if not replica.is_leader or now < asked.get(bucket, 0.0):
+                    continue  # a lease still moving, or a transfer asked a moment ago
+                targets = replica.connectivity().connected
+                if not targets:
+                    continue
+                target = targets[int(now) % len(targets)]
+                log.info("drain: bucket %d: handing leadership to %s", bucket, target)
+                replica.transfer_leadership(target, timeout_s=1.0)
+                asked[bucket] = now + 1.0
+            time.sleep(0.05)
+
+    async def serve(self, stop: StopRequest) -> int:
         server = aio.server(
             options=[
                 ("grpc.max_receive_message_length", GRPC_MESSAGE_BYTES_MAX),
@@ -337,8 +444,12 @@ class Node:
             ]
         )
         self.service.serve_on(server)
+        health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        for service in HEALTH_SERVICES:
+            await health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         listen = f"{self.config.node.listen_host}:{self.me.grpc_port}"
-        if server.add_insecure_port(listen) == 0:
+        if self._bind(server, listen) == 0:
             log.critical("cannot bind gRPC on %s", listen)
             return 1
         await server.start()
@@ -349,23 +460,71 @@ class Node:
         # objects is never freed, which they do not make).
         gc.freeze()
         gc.set_threshold(*GC_THRESHOLDS)
+        reporter = asyncio.create_task(self._report_health(health))
         log.info(
-            "node %s serving gRPC on %s, metrics on %s, with %d replicas",
+            "node %s serving gRPC on %s (%s), metrics on %s, with %d replicas",
             self.node_id,
             self.me.grpc_address,
+            self._transport(),
             f"http://{self.me.host}:{self.me.metrics_port}/metrics"
             if self.me.metrics_port
             else "(off)",
             len(self.replicas),
         )
-        await asyncio.get_running_loop().run_in_executor(None, stop.wait)
-        log.info("node %s stopping", self.node_id)
+        await asyncio.get_running_loop().run_in_executor(None, stop.event.wait)
+        self.draining = True  # new writes and streams are refused, with another node's address
+        reporter.cancel()
+        await health.enter_graceful_shutdown()
+        if stop.drain:
+            drain_s = self.config.node.drain_s
+            log.info("node %s stopping: draining (for up to %.1f s)", self.node_id, drain_s)
+            started = time.monotonic()
+            moved = await asyncio.get_running_loop().run_in_executor(None, self.drain, drain_s)
+            log.info(
+                "node %s drained in %.2f s (%s); closing the client port",
+                self.node_id,
+                time.monotonic() - started,
+                "every leadership and lease handed over" if moved else "not everything moved",
+            )
+        else:
+            log.info("node %s stopping without a drain (SIGINT)", self.node_id)
         await server.stop(STOP_GRACE_S)
         await self.service.close()
         return 0
 
+    def _bind(self, server: aio.Server, listen: str) -> int:
+        settings, tls = self.config.node, self.tls
+        if tls is None:
+            return server.add_insecure_port(listen)
+        credentials = grpc.ssl_server_credentials(
+            [(tls.key_pem, tls.cert_pem)],
+            root_certificates=tls.ca_pem if settings.client_certs else None,
+            require_client_auth=settings.client_certs,
+        )
+        return server.add_secure_port(listen, credentials)
 
-def serve(config: NodeConfig, stop: threading.Event) -> int:
+    def _transport(self) -> str:
+        if self.tls is None:
+            return "PLAINTEXT: insecure = true"
+        if self.config.node.client_certs:
+            return "TLS, client certificates required"
+        return "TLS"
+
+
+class StopRequest:
+    """How the process was asked to stop: SIGTERM drains first (`Node.drain`), SIGINT
+    (Ctrl-C; `sevendb cluster down`, which stops every node at once) does not."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.drain = False
+
+    def on_signal(self, signum: int, _frame: object = None) -> None:
+        self.drain = self.drain or signum == signal.SIGTERM
+        self.event.set()
+
+
+def serve(config: NodeConfig, stop: StopRequest) -> int:
     node = Node(config)
     try:
         return asyncio.run(node.serve(stop))
@@ -407,9 +566,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.print_config:
             print(config.settings.explain(), end="")
             return 0
-        stop = threading.Event()
+        stop = StopRequest()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+            signal.signal(sig, stop.on_signal)
         return serve(config, stop)
     except ConfigError as exc:
         log.critical("%s", exc)

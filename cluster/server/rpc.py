@@ -32,6 +32,11 @@ SERVICE: Final = "sevendb.v1.SevenDB"
 MALFORMED_LOG_EVERY_S: Final = 10.0
 """At most one WARNING line about malformed requests per this many seconds."""
 _LOG_DETAIL_CHARS: Final = 160
+REFUSED_WHILE_DRAINING: Final = frozenset(
+    {"Write", "WriteMany", "WriteStream", "InitProducer", "Subscribe", "Reconnect", "Session"}
+)
+"""What a draining node (SIGTERM) no longer takes: new writes and new streams. The
+caller is told UNAVAILABLE with another node's address, and retries there."""
 
 Handler: TypeAlias = Callable[[Any, Call], Any]
 """`(request, call)` -> a response (awaitable), or the messages of a stream (an
@@ -100,8 +105,16 @@ class _Guard:
         self._malformed = malformed
 
     def _call(self, context: Ctx) -> Call:
+        if self._name in REFUSED_WHILE_DRAINING and self._edge.node.draining:
+            raise Failure(
+                grpc.StatusCode.UNAVAILABLE,
+                f"node {self._edge.node_id} is shutting down; retry on another node",
+                leader=self._edge.another_node(),
+            )
         metadata = context.invocation_metadata() or ()
-        principal = self._edge.principal(metadata) if self._route.auth is Auth.TOKEN else ""
+        principal = (
+            self._edge.principal(metadata, context) if self._route.auth is Auth.TOKEN else ""
+        )
         return Call(context, principal, metadata, self._name)
 
     def _parse(self, raw: bytes, context: Ctx) -> Any:
@@ -190,4 +203,12 @@ def register(server: aio.Server, handlers: dict[str, grpc.RpcMethodHandler]) -> 
     server.add_registered_method_handlers(SERVICE, handlers)
 
 
-__all__ = ["MALFORMED_LOG_EVERY_S", "Auth", "MalformedLog", "Route", "method_handlers", "register"]
+__all__ = [
+    "MALFORMED_LOG_EVERY_S",
+    "REFUSED_WHILE_DRAINING",
+    "Auth",
+    "MalformedLog",
+    "Route",
+    "method_handlers",
+    "register",
+]

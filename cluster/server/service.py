@@ -78,6 +78,7 @@ class NodeService:
             "MetaRead": Route(self.metadata.meta_read),
             "MetaWrite": Route(self.metadata.meta_write),
             "JoinBundle": Route(self.metadata.join_bundle),
+            "MintToken": Route(self.metadata.mint_token),
             "ListSubscriptions": Route(self.subscriptions.list_subscriptions),
             "ShowSubscription": Route(self.subscriptions.show_subscription),
             "DeleteSubscription": Route(self.subscriptions.delete_subscription),

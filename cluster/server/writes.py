@@ -240,7 +240,9 @@ class Writes:
         INTERNAL to the client instead (seen in CI). A malformed request ends the
         stream INVALID_ARGUMENT (its id cannot be read to answer it)."""
         try:
-            call = dataclasses.replace(call, principal=self._edge.principal(call.metadata))
+            call = dataclasses.replace(
+                call, principal=self._edge.principal(call.metadata, call.context)
+            )
             refused = None
         except Failure as failure:
             refused = failure

@@ -30,13 +30,17 @@ from typing import Any
 from bench_writes import machine, pct, write_load
 
 from sevendb.cluster.common.topology import ClusterSpec
-from sevendb.cluster.ops.local import cluster_down, cluster_up, local_token, node_status
+from sevendb.cluster.ops.local import cluster_down, cluster_up, local_tls, local_token, node_status
+from sevendb.sdk import TLS
 
 HERE = Path(__file__).resolve().parent
 
 
 class Subscribers:
-    def __init__(self, spec: ClusterSpec, token: str, query: str, subs: int) -> None:
+    def __init__(
+        self, spec: ClusterSpec, token: str, query: str, subs: int, ca: Path | None
+    ) -> None:
+        """`ca`: the cluster's CA file (None: plaintext)."""
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -49,6 +53,7 @@ class Subscribers:
                 query,
                 "--subs",
                 str(subs),
+                *(["--insecure"] if ca is None else ["--ca", str(ca)]),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -79,10 +84,26 @@ class Subscribers:
         return result
 
 
-def outbox_rows(spec: ClusterSpec) -> int:
+def delivery_latencies(
+    load: dict[str, Any], result: dict[str, Any]
+) -> tuple[list[float], list[float]]:
+    """(write acknowledged -> event in the application, write sent -> event in the
+    application), ms, sorted: the writes of `load` joined on (bucket, commit index)
+    with the subscriber's trace."""
+    received = {(b, i): ns for b, i, ns in result["trace"]}
+    commit_to_app, send_to_app = [], []
+    for bucket, index, sent, acked in load["acks"]:
+        got = received.get((bucket, index))
+        if got is not None:
+            commit_to_app.append((got - acked) / 1e6)
+            send_to_app.append((got - sent) / 1e6)
+    return sorted(commit_to_app), sorted(send_to_app)
+
+
+def outbox_rows(spec: ClusterSpec, tls: TLS | None) -> int:
     total = 0
     for node in spec.nodes:
-        status = node_status(node.grpc_address)
+        status = node_status(node.grpc_address, tls)
         if status is not None:
             total += sum(r.outbox_rows for r in status.replicas if r.emitting)
     return total
@@ -92,20 +113,26 @@ def run(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
     rows: list[tuple[str, dict[str, Any]]] = []
     with tempfile.TemporaryDirectory(prefix="sevendb-bench-emit-") as tmp:
         data = Path(tmp) / "data"
-        spec = cluster_up(data, nodes=3, buckets=args.buckets, replicas=3).spec
+        spec = cluster_up(
+            data, nodes=3, buckets=args.buckets, replicas=3, insecure=args.insecure
+        ).spec
         token = local_token(data)
+        tls = local_tls(data)
+        ca = None if tls is None else data / "ca.pem"
         try:
-            base = write_load(spec, token, "w/", args.seconds)
+            base = write_load(spec, token, "w/", args.seconds, tls=tls)
             rows.append(("durable writes, no subscriber (64 in flight)", base))
             print(f"  writes: {base['writes_per_s']:,.0f}/s", file=sys.stderr, flush=True)
             for n in args.subs:
                 prefix = f"e{n}/"
-                sub = Subscribers(spec, token, f"prefix:{prefix}", n)
-                load = write_load(spec, token, prefix, args.seconds, inflight=args.inflight)
+                sub = Subscribers(spec, token, f"prefix:{prefix}", n, ca)
+                load = write_load(
+                    spec, token, prefix, args.seconds, inflight=args.inflight, tls=tls
+                )
                 expected = load["writes"] * n
                 drained_s = sub.wait_count(expected, 120)
                 t0 = time.monotonic()
-                while outbox_rows(spec) and time.monotonic() - t0 < 30:
+                while outbox_rows(spec, tls) and time.monotonic() - t0 < 30:
                     time.sleep(0.05)  # every event acknowledged and purged
                 result = sub.finish()
                 delivered = sum(result["counts"])
@@ -117,7 +144,7 @@ def run(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
                     "expected_events": expected,
                     "events_per_s": delivered / span_s,
                     "drain_after_load_s": drained_s,
-                    "outbox_left": outbox_rows(spec),
+                    "outbox_left": outbox_rows(spec, tls),
                     "ratio_vs_writes": (delivered / span_s) / base["writes_per_s"],
                 }
                 rows.append((f"{n} subscription(s) on one prefix", row))
@@ -128,19 +155,10 @@ def run(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
                     flush=True,
                 )
             # latency at a fixed rate
-            sub = Subscribers(spec, token, "prefix:l/", 1)
-            load = write_load(spec, token, "l/", args.seconds, rate=args.rate)
+            sub = Subscribers(spec, token, "prefix:l/", 1, ca)
+            load = write_load(spec, token, "l/", args.seconds, rate=args.rate, tls=tls)
             sub.wait_count(load["writes"], 60)
-            result = sub.finish()
-            received = {(b, i): ns for b, i, ns in result["trace"]}
-            commit_to_app, e2e = [], []
-            for bucket, index, sent, acked in load["acks"]:
-                got = received.get((bucket, index))
-                if got is not None:
-                    commit_to_app.append((got - acked) / 1e6)
-                    e2e.append((got - sent) / 1e6)
-            commit_to_app.sort()
-            e2e.sort()
+            commit_to_app, e2e = delivery_latencies(load, sub.finish())
             rows.append(
                 (
                     f"1 subscription, writes at {args.rate:.0f}/s",
@@ -177,6 +195,9 @@ def main() -> int:
     )
     p.add_argument("--inflight", type=int, default=64)
     p.add_argument("--rate", type=float, default=500)
+    p.add_argument(
+        "--insecure", action="store_true", help="the client port plaintext (default TLS)"
+    )
     args = p.parse_args()
     args.subs = [int(x) for x in args.subs.split(",")]
     print(f"machine: {machine()}", flush=True)

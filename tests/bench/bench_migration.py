@@ -29,6 +29,7 @@ from sevendb.cluster.ops.local import (
     cluster_up,
     local_admin,
     local_spec,
+    local_tls,
     local_token,
     node_status,
 )
@@ -113,7 +114,9 @@ def main() -> int:
         cluster_up(data, nodes=3, buckets=1, replicas=3)
         try:
             with Client(
-                [n.grpc_address for n in local_spec(data).nodes], token=local_token(data)
+                [n.grpc_address for n in local_spec(data).nodes],
+                token=local_token(data),
+                tls=local_tls(data),
             ) as client:
                 filled_s = fill(client, args.keys)
                 print(f"filled {args.keys:,} keys in {filled_s:.1f} s", flush=True)
@@ -122,7 +125,10 @@ def main() -> int:
                 leader = next(
                     n.node_id
                     for n in spec.nodes
-                    if any(r.is_leader for r in (node_status(n.grpc_address) or _empty()).replicas)
+                    if any(
+                        r.is_leader
+                        for r in (node_status(n.grpc_address, local_tls(data)) or _empty()).replicas
+                    )
                 )
                 target = (new, *[n for n in spec.buckets[0].nodes if n != leader][:2])
                 writer = PacedWriter(client, args.rate)

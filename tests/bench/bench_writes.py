@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from sevendb.cluster.common.topology import ClusterSpec
-from sevendb.cluster.ops.local import cluster_down, cluster_up, local_token, node_status
+from sevendb.cluster.ops.local import cluster_down, cluster_up, local_tls, local_token, node_status
 from sevendb.cluster.raft.replica import RaftTuning
-from sevendb.sdk import Client, set_op
+from sevendb.sdk import TLS, Client, set_op
 
 HERE = Path(__file__).resolve().parent
 VALUE = b"x" * 100
@@ -134,6 +134,7 @@ def write_load(
     *,
     inflight: int = 64,
     rate: float = 0.0,
+    tls: TLS | None,
 ) -> dict[str, Any]:
     """Through the SDK (concurrent writes share WriteMany calls): `inflight` writes
     kept in flight (closed loop: each answer starts the next write, from the SDK's
@@ -144,7 +145,7 @@ def write_load(
     issued = [0]
     lock = threading.Lock()
     finished = threading.Condition(lock)
-    with Client([n.grpc_address for n in spec.nodes], token=token) as client:
+    with Client([n.grpc_address for n in spec.nodes], token=token, tls=tls) as client:
         client.layout()
         t0 = time.monotonic()
         end = t0 + seconds
@@ -211,30 +212,34 @@ def pct(sorted_values: list[float], p: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, int(len(sorted_values) * p / 100))]
 
 
-def run_sevendb(buckets: int, inflights: list[int], seconds: float) -> dict[int, dict[str, Any]]:
+def run_sevendb(
+    buckets: int, inflights: list[int], seconds: float, *, insecure: bool = False
+) -> dict[int, dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="sevendb-bench-") as tmp:
         data = Path(tmp) / "data"
-        spec = cluster_up(data, nodes=3, buckets=buckets, replicas=3).spec
+        spec = cluster_up(data, nodes=3, buckets=buckets, replicas=3, insecure=insecure).spec
+        tls = local_tls(data)
         try:
             out = {}
             for inflight in inflights:
-                before = fsyncs(spec)
+                before = fsyncs(spec, tls)
                 result = write_load(
-                    spec, local_token(data), f"w{inflight}/", seconds, inflight=inflight
+                    spec, local_token(data), f"w{inflight}/", seconds, inflight=inflight, tls=tls
                 )
                 result.pop("acks")
                 result["ops_per_s"] = result["writes_per_s"]
-                result["fsyncs_per_write"] = (fsyncs(spec) - before) / max(1, result["writes"])
+                after = fsyncs(spec, tls)
+                result["fsyncs_per_write"] = (after - before) / max(1, result["writes"])
                 out[inflight] = result
             return out
         finally:
             cluster_down(data)
 
 
-def fsyncs(spec: object) -> int:
+def fsyncs(spec: object, tls: TLS | None) -> int:
     total = 0
     for node in spec.nodes:  # type: ignore[attr-defined]
-        status = node_status(node.grpc_address)
+        status = node_status(node.grpc_address, tls)
         if status is not None:
             total += sum(r.fsyncs for r in status.replicas)
     return total
@@ -259,6 +264,9 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=10)
     p.add_argument("--inflight", default="1,32,64,128,256")
     p.add_argument("--buckets", default="1,4")
+    p.add_argument(
+        "--insecure", action="store_true", help="sevendb's client port plaintext (default TLS)"
+    )
     args = p.parse_args()
     inflights = [int(x) for x in args.inflight.split(",")]
     print(f"machine: {machine()}", flush=True)
@@ -282,7 +290,7 @@ def main() -> int:
     sevendb: dict[int, dict[int, dict[str, Any]]] = {}
     for buckets in bucket_counts:
         print(f"sevendb, {buckets} bucket(s) ...", file=sys.stderr, flush=True)
-        sevendb[buckets] = run_sevendb(buckets, inflights, args.seconds)
+        sevendb[buckets] = run_sevendb(buckets, inflights, args.seconds, insecure=args.insecure)
         for inflight, r in sevendb[buckets].items():
             for patched in (False, True):
                 base = raw.get((patched, buckets, inflight), {}).get("ops_per_s", 0.0)

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-from sevendb.sdk import Client, SubscribeOptions, Subscription
+from sevendb.sdk import TLS, Client, SubscribeOptions, Subscription
 
 
 def main() -> int:
@@ -24,8 +24,11 @@ def main() -> int:
     p.add_argument("--token", required=True)
     p.add_argument("--query", required=True)
     p.add_argument("--subs", type=int, default=1)
+    p.add_argument("--ca", help="the cluster's CA file (TLS)")
+    p.add_argument("--insecure", action="store_true", help="plaintext")
     args = p.parse_args()
-    client = Client(args.endpoints.split(","), token=args.token)
+    tls = None if args.insecure else TLS.from_files(ca=args.ca)
+    client = Client(args.endpoints.split(","), token=args.token, tls=tls)
     options = SubscribeOptions(ack_every_events=512, ack_interval_s=0.01)
     subs: list[Subscription] = [
         client.subscribe(args.query, name=f"bench-{i}", options=options) for i in range(args.subs)

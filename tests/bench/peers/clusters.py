@@ -223,7 +223,8 @@ class SevendbCluster:
         from sevendb.cluster.ops.local import cluster_up, local_token
 
         self._started = True
-        spec = cluster_up(self.dir, nodes=3, buckets=self.buckets, replicas=3).spec
+        # Plaintext, like the etcd and NATS it is measured against.
+        spec = cluster_up(self.dir, nodes=3, buckets=self.buckets, replicas=3, insecure=True).spec
         self._conf = {
             "endpoints": [n.grpc_address for n in spec.nodes],
             "token": local_token(self.dir),

@@ -187,7 +187,7 @@ class SevendbWriter:
     async def open(self) -> JsonDict:
         from sevendb.sdk import Client
 
-        self.client = Client(self.conf["endpoints"], token=self.conf["token"])
+        self.client = Client(self.conf["endpoints"], token=self.conf["token"], tls=None)
         layout = await asyncio.to_thread(self.client.layout)
         return {"buckets": layout.buckets}
 
@@ -507,7 +507,7 @@ class SevendbSubscriber:
     async def open(self, spec: JsonDict, on_event: OnEvent) -> JsonDict:
         from sevendb.sdk import Client
 
-        self.client = Client(self.conf["endpoints"], token=self.conf["token"])
+        self.client = Client(self.conf["endpoints"], token=self.conf["token"], tls=None)
         prefix: str = spec["prefix"]
         tag: str = spec.get("tag", "s")
         queries = [
