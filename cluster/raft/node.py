@@ -65,6 +65,13 @@ class RaftCounters:
     rewinds_prevented: int = 0
     matching_entries_kept: int = 0
     late_leader_ticks: int = 0
+    leader_changes: int = 0
+    """Times this replica saw a new leader (itself elected, or another's first
+    AppendEntries), like etcd's leader_changes_seen."""
+    proposals_failed: int = 0
+    """Proposals made here that pysyncobj failed (no leader, leader changed, ...)."""
+    compactions: int = 0
+    """Times the log was cut after a snapshot."""
 
 
 def _last(journal: FailStopJournal) -> Position:
@@ -120,6 +127,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     _SyncObj__raftCurrentTerm: int
     _SyncObj__newAppendEntriesTime: float
     _SyncObj__recvTransmission: bytes | str
+    _SyncObj__leaderCommitIndex: int | None
 
     def __init__(
         self,
@@ -190,6 +198,22 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             with contextlib.suppress(RuntimeError):
                 return sorted([me, *(str(n.id) for n in self.otherNodes)])
         return [me]
+
+    def leader_known(self) -> bool:
+        """This replica leads, or heard from a leader within the longest election
+        timeout (pysyncobj keeps a follower's last leader for as long as it reaches
+        no one to campaign with, so `_getLeader()` alone can name a dead one)."""
+        return bool(self._isLeader()) or (
+            self._getLeader() is not None
+            and _monotonic() - self._leader_contact_s < self._election_max_s
+        )
+
+    @property
+    def leader_commit_index(self) -> int:
+        """The commit index the leader last told this replica (its own: a leader)."""
+        if self._isLeader():
+            return int(self._SyncObj__raftCommitIndex)
+        return int(self._SyncObj__leaderCommitIndex or 0)
 
     def ready_for_clients(self) -> bool:
         """A leader is known and this replica applied what the leader had committed
@@ -437,6 +461,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     def _SyncObj__onBecomeLeader(self) -> None:
         # The new term's NO_OP (syncobj.py:1227) is durable before anyone counts it.
         self._recovery.leader_seen()
+        self._counters.leader_changes += 1
         SyncObj._SyncObj__onBecomeLeader(self)
         self._journal.sync()
 
@@ -569,6 +594,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             )
         if self._SyncObj__raftLeader != node:
             self._SyncObj__onLeaderChanged()
+            self._counters.leader_changes += 1
         self._SyncObj__raftLeader = node
         self._leader_contact_s = _monotonic()
         if self._recovery.data_loss is not None:
@@ -710,6 +736,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         if point < toIDx:
             self._counters.compactions_deferred += 1
             toIDx = point
+        self._counters.compactions += 1
         SyncObj._SyncObj__deleteEntriesTo(self, toIDx)
 
     def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:

@@ -270,6 +270,7 @@ class BucketReplica:
 
         def settle(result: object, error: int | str) -> None:
             if error != FAIL_REASON.SUCCESS:
+                self._counters.proposals_failed += 1
                 reason = error if isinstance(error, str) else FAIL_NAMES.get(error, str(error))
                 future.set_exception(
                     ReplicaUnavailable(
@@ -431,7 +432,18 @@ class BucketReplica:
             "votes_refused": self._recovery.votes_refused,
             "transfer_pauses": node.transfer.pauses,
             "late_leader_ticks": counters.late_leader_ticks,
+            "has_leader": node.leader_known(),
+            "leader_commit_index": node.leader_commit_index,
+            "leader_changes": counters.leader_changes,
+            "proposals_failed": counters.proposals_failed,
+            "compactions": counters.compactions,
+            "journal_bytes_written": journal.bytes_written,
         }
+
+    def fsync_durations(self) -> tuple[tuple[float, ...], tuple[int, ...], float]:
+        """How long this replica's journal fsyncs took: (bucket bounds in seconds,
+        count per bucket with one more for longer ones, sum of seconds)."""
+        return self._journal.fsync_durations.snapshot()
 
     def wait_ready(self, timeout_s: float) -> bool:
         """True once a leader is known and this replica has applied what the leader

@@ -46,10 +46,15 @@ class NodeSettings:
     """The cluster as `sevendb cluster init` created it (the same file on every node)."""
     secrets: Path = Path("secrets.toml")
     """The cluster's secrets (mode 0600)."""
+    ready_lag_max: int = 1000
+    """``/readyz`` answers 503 while a local replica has applied fewer than its
+    leader's commit index minus this many entries (docs/operations.md)."""
 
     def __post_init__(self) -> None:
         if not self.id:
             raise ValueError("id is required (this node's id in the cluster)")
+        if self.ready_lag_max < 0:
+            raise ValueError(f"ready_lag_max must be >= 0, got {self.ready_lag_max}")
 
 
 SECTIONS: Mapping[str, type[Any]] = {

@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from grpc import aio
@@ -31,8 +31,9 @@ from sevendb.cluster.common.topology import ClusterSpec, ConfigError
 from sevendb.cluster.raft.replica import BucketReplica, RaftLoop
 from sevendb.cluster.server.config import SECTIONS, NodeConfig, load_node_config
 from sevendb.cluster.server.faults import KILL_BEFORE_SEND, FaultPoints
+from sevendb.cluster.server.health import HealthServer, readiness
 from sevendb.cluster.server.meta import ClusterView, MetaFollower, MetaMember
-from sevendb.cluster.server.metrics import DiskState, NodeMetrics
+from sevendb.cluster.server.metrics import NodeMetrics
 from sevendb.cluster.server.service import NodeService
 from sevendb.notifier.host import BucketNotifier
 from sevendb.outbox.model import Applied
@@ -53,18 +54,6 @@ STOP_GRACE_S = 2.0
 JOIN_TIMEOUT_S = 60.0
 """How long a node that is not in the genesis waits to learn its place from the
 metadata voters before giving up."""
-
-
-def _disk_state(replica: BucketReplica) -> DiskState:
-    """What `/metrics` shows of a replica's disk-fault recovery."""
-    status = replica.status()
-    repairs = status.get("disk_repairs")
-    return (
-        replica.bucket,
-        repairs if isinstance(repairs, int) else 0,
-        bool(status.get("repairing")),
-        status.get("data_loss") is not None,
-    )
 
 
 class HandoverPacer:
@@ -144,10 +133,9 @@ class Node:
         self._started = False
         root = config.archive.root or self.home / "archive"
         self.archive = ArchiveWriter(root, self.node_id, config.archive)
-        self.metrics = NodeMetrics(
-            plan_mismatches=lambda: sum(r.plan_mismatches for r in self.replicas.values()),
-            disk=lambda: [_disk_state(r) for r in self.replicas.values()],
-        )
+        self.metrics = NodeMetrics(self.node_id)
+        self.metrics.watch(self.local_replicas, self.archive, self.tuning.stall_window_ms)
+        self.http: HealthServer | None = None
         self.meta: MetaMember | None = None
         try:
             if self.me.meta_port:
@@ -170,6 +158,18 @@ class Node:
     @property
     def token_secret(self) -> str:
         return self.secrets.token_secret
+
+    def local_replicas(self) -> Iterator[tuple[str, BucketReplica]]:
+        """Every replica this node runs now, by its ``bucket`` label in `/metrics`:
+        the buckets' by number, the metadata group's member as ``meta``."""
+        for bucket, replica in sorted(self.replicas.items()):
+            yield str(bucket), replica
+        if self.meta is not None:
+            yield "meta", self.meta.replica
+
+    def not_ready(self) -> list[str]:
+        """Why this node is not ready for traffic (`/readyz`; empty: ready)."""
+        return readiness(self.local_replicas, self.config.node.ready_lag_max)
 
     # ---- replicas follow the spec ------------------------------------------------------
 
@@ -285,7 +285,9 @@ class Node:
             balancer = threading.Thread(target=self._balance_leaders, name="balance", daemon=True)
             balancer.start()
         if self.me.metrics_port:
-            self.metrics.serve(self.config.node.listen_host, self.me.metrics_port)
+            self.http = HealthServer(
+                self.metrics, self.not_ready, self.config.node.listen_host, self.me.metrics_port
+            )
 
     def _balance_leaders(self) -> None:
         """Hand each bucket this node leads to its preferred replica when that one is
@@ -326,6 +328,8 @@ class Node:
             self.meta.close()
         self.raft_loop.close()
         self.archive.close()  # publishes what is buffered
+        if self.http is not None:
+            self.http.close()
 
     async def serve(self, stop: threading.Event) -> int:
         server = aio.server(

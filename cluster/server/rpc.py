@@ -10,6 +10,7 @@ registered with raw bytes (`register`), and parsed here.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -24,9 +25,13 @@ from grpc import aio
 
 from sevendb.cluster.server.edge import Call, Edge
 from sevendb.cluster.server.errors import Ctx, Failure
+from sevendb.cluster.server.metrics import MethodMetrics
 from sevendb.proto import sevendb_pb2 as pb
 
 log = logging.getLogger(__name__)
+request_log = logging.getLogger("sevendb.request")
+"""One DEBUG line per finished call: method, principal, status code, duration, peer
+(docs/operations.md, "Logs")."""
 
 SERVICE: Final = "sevendb.v1.SevenDB"
 MALFORMED_LOG_EVERY_S: Final = 10.0
@@ -98,6 +103,33 @@ class _Guard:
         self.reply: type[Message] = getattr(pb, method.output_type.name)
         self._route = route
         self._malformed = malformed
+        streaming = method.client_streaming or method.server_streaming
+        self._stats = MethodMetrics(edge.metrics, self._name, streaming)
+
+    def _finished(
+        self, call: Call | None, code: grpc.StatusCode, started: float, context: Ctx
+    ) -> None:
+        """Count a finished call (`/metrics`) and log it at DEBUG."""
+        elapsed = time.perf_counter() - started
+        self._stats.finished(code, elapsed)
+        if request_log.isEnabledFor(logging.DEBUG):
+            principal = call.principal if call is not None and call.principal else "-"
+            request_log.debug(
+                "%s by %s from %s: %s in %.1f ms",
+                self._name,
+                principal,
+                context.peer(),
+                code.name,
+                elapsed * 1000,
+                extra={
+                    "event": "request",
+                    "method": self._name,
+                    "principal": principal,
+                    "code": code.name,
+                    "duration_ms": round(elapsed * 1000, 3),
+                    "peer": context.peer(),
+                },
+            )
 
     def _call(self, context: Ctx) -> Call:
         metadata = context.invocation_metadata() or ()
@@ -112,6 +144,7 @@ class _Guard:
             raise Failure.invalid(f"malformed {self._request.__name__}: {exc}") from None
 
     async def unary(self, raw: bytes, context: Ctx) -> Message:
+        started, call, code = time.perf_counter(), None, grpc.StatusCode.OK
         try:
             call = self._call(context)
             request = self._parse(raw, context)
@@ -123,20 +156,37 @@ class _Guard:
             result: Awaitable[Message] = self._route.handler(request, call)
             return await result
         except Failure as failure:
+            code = failure.code
             await failure.abort(context)
+        except BaseException as exc:
+            code = _code_of(exc, context)
+            raise
+        finally:
+            self._finished(call, code, started, context)
 
     async def server_stream(self, raw: bytes, context: Ctx) -> AsyncIterator[Message]:
+        started, call, code = time.perf_counter(), None, grpc.StatusCode.OK
+        self._stats.opened()
         try:
             call = self._call(context)
             messages: AsyncIterator[Message] = self._route.handler(self._parse(raw, context), call)
             async for message in messages:
                 yield message
         except Failure as failure:
+            code = failure.code
             await failure.abort(context)
+        except BaseException as exc:
+            code = _code_of(exc, context)
+            raise
+        finally:
+            self._stats.closed()
+            self._finished(call, code, started, context)
 
     async def bidi_stream(
         self, requests: AsyncIterator[bytes], context: Ctx
     ) -> AsyncIterator[Message]:
+        started, call, code = time.perf_counter(), None, grpc.StatusCode.OK
+        self._stats.opened()
         try:
             call = self._call(context)
             parsed = self._parsed(requests, context)
@@ -144,13 +194,28 @@ class _Guard:
             async for message in messages:
                 yield message
         except Failure as failure:
+            code = failure.code
             await failure.abort(context)
+        except BaseException as exc:
+            code = _code_of(exc, context)
+            raise
+        finally:
+            self._stats.closed()
+            self._finished(call, code, started, context)
 
     async def _parsed(self, requests: AsyncIterator[bytes], context: Ctx) -> AsyncIterator[Any]:
         """The stream's requests; a malformed one raises its Failure (the handler ends
         the call with it)."""
         async for raw in requests:
             yield self._parse(raw, context)
+
+
+def _code_of(exc: BaseException, context: Ctx) -> grpc.StatusCode:
+    """The status a call that raised `exc` ends with (for `/metrics` and the log)."""
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        return grpc.StatusCode.CANCELLED
+    code = context.code()
+    return code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
 
 
 def method_handlers(
