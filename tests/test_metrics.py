@@ -4,6 +4,7 @@ labels, the Raft, gRPC, archive and process families moving with the traffic, an
 
 from __future__ import annotations
 
+import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from cluster_harness import LocalCluster, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from sevendb.cluster.common.auth import auth_metadata
+from sevendb.cluster.ops.local import log_file
 from sevendb.cluster.server.metrics import FAMILIES
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
@@ -27,7 +29,9 @@ Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster.start(tmp_path_factory.mktemp("metrics") / "data", buckets=2)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SEVENDB_LOG_REQUESTS", "true")  # the nodes log each call (at DEBUG)
+        c = LocalCluster.start(tmp_path_factory.mktemp("metrics") / "data", buckets=2)
     try:
         c.wait_settled()
         yield c
@@ -138,6 +142,20 @@ def test_a_refused_call_is_counted_under_its_code(cluster: LocalCluster) -> None
         samples, "sevendb_grpc_server_handled_total", method="CreateEpoch", code="PERMISSION_DENIED"
     )
     assert counted == 1
+    # ... and logged, with its principal and status, as a JSON line of the node's log.
+    lines = [json.loads(line) for line in log_file(cluster.data_dir, node.node_id).open()]
+    refused_lines = [
+        line
+        for line in lines
+        if line.get("method") == "CreateEpoch" and line.get("code") == "PERMISSION_DENIED"
+    ]
+    assert len(refused_lines) == 1, refused_lines
+    (line,) = refused_lines
+    assert line["principal"] == "nobody" and line["level"] == "DEBUG"
+    assert line["node"] == node.node_id and line["logger"] == "sevendb.request"
+    assert line["time"].endswith("Z") and line["duration_ms"] >= 0
+    started = [x for x in lines if x["message"].startswith("bucket 0: replica")]
+    assert started and all(x["bucket"] == 0 for x in started)
 
 
 def test_health_endpoints(cluster: LocalCluster) -> None:
@@ -157,12 +175,13 @@ def test_readyz_says_which_replica_has_no_leader(cluster: LocalCluster) -> None:
         cluster.kill9(node_id)
     try:
 
-        def not_ready() -> str | None:
-            status, body = get(cluster, first, "/readyz")
-            return body if status == 503 and "bucket 0: no leader" in body else None
+        expected = ("bucket 0: no leader", "bucket 1: no leader", "the metadata group: no leader")
 
-        body = wait_for(not_ready, 30, "/readyz to answer 503")
-        assert "bucket 1: no leader" in body and "the metadata group: no leader" in body
+        def not_ready() -> bool:
+            status, body = get(cluster, first, "/readyz")
+            return status == 503 and all(reason in body for reason in expected)
+
+        wait_for(not_ready, 30, "/readyz to answer 503 for every replica of the node")
         assert get(cluster, first, "/healthz")[0] == 200
     finally:
         cluster.restart()

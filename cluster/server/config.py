@@ -5,9 +5,10 @@
 
 Sections: ``[node]`` (`NodeSettings`: identity, addresses, files), ``[raft]``
 (`RaftTuning`), ``[notifier]`` (`NotifierSettings`), ``[archive]``
-(`ArchiveSettings`) and ``[server]`` (`ServerLimits`). Precedence, highest first:
-flag, environment, file, default (`sevendb.cluster.common.settings`). Relative paths
-in the file are relative to the file's directory. docs/deploy.md lists every key.
+(`ArchiveSettings`), ``[server]`` (`ServerLimits`) and ``[log]`` (`LogSettings`).
+Precedence, highest first: flag, environment, file, default
+(`sevendb.cluster.common.settings`). Relative paths in the file are relative to the
+file's directory. docs/deploy.md lists every key.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sevendb.cluster.archive.writer import ArchiveSettings
 from sevendb.cluster.common.settings import Layers, Settings
 from sevendb.cluster.common.topology import ConfigError
 from sevendb.cluster.raft.replica import RaftTuning
+from sevendb.cluster.server.logs import LogSettings
 from sevendb.cluster.server.overload import ServerLimits
 from sevendb.notifier.host import NotifierSettings
 
@@ -63,6 +65,7 @@ SECTIONS: Mapping[str, type[Any]] = {
     "notifier": NotifierSettings,
     "archive": ArchiveSettings,
     "server": ServerLimits,
+    "log": LogSettings,
 }
 
 
@@ -73,6 +76,7 @@ class NodeConfig:
     notifier: NotifierSettings
     archive: ArchiveSettings
     server: ServerLimits
+    log: LogSettings
     settings: Settings
     """Where each value came from (`Settings.explain` for ``--print-config``)."""
 
@@ -103,4 +107,7 @@ def load_node_config(
     notifier = dataclasses.replace(notifier, stall_window_ms=raft.stall_window_ms)
     archive = settings.section("archive", ArchiveSettings)
     server = settings.section("server", ServerLimits)
-    return NodeConfig(node, raft, notifier, archive, server, settings)
+    log = settings.section("log", LogSettings)
+    if log.file not in ("stderr", "stdout"):
+        log = dataclasses.replace(log, file=str(base / log.file))
+    return NodeConfig(node, raft, notifier, archive, server, log, settings)

@@ -32,6 +32,7 @@ from sevendb.cluster.raft.replica import BucketReplica, RaftLoop
 from sevendb.cluster.server.config import SECTIONS, NodeConfig, load_node_config
 from sevendb.cluster.server.faults import KILL_BEFORE_SEND, FaultPoints
 from sevendb.cluster.server.health import HealthServer, readiness
+from sevendb.cluster.server.logs import configure_logging, early_logging
 from sevendb.cluster.server.meta import ClusterView, MetaFollower, MetaMember
 from sevendb.cluster.server.metrics import NodeMetrics
 from sevendb.cluster.server.service import NodeService
@@ -403,14 +404,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    early_logging()
     try:
         config = load_node_config(args.config, os.environ, flags_from_args(SECTIONS, vars(args)))
         if args.print_config:
             print(config.settings.explain(), end="")
             return 0
+        configure_logging(config.log, config.node.id)
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())

@@ -25,11 +25,12 @@ from grpc import aio
 
 from sevendb.cluster.server.edge import Call, Edge
 from sevendb.cluster.server.errors import Ctx, Failure
+from sevendb.cluster.server.logs import REQUEST_LOGGER
 from sevendb.cluster.server.metrics import MethodMetrics
 from sevendb.proto import sevendb_pb2 as pb
 
 log = logging.getLogger(__name__)
-request_log = logging.getLogger("sevendb.request")
+request_log = logging.getLogger(REQUEST_LOGGER)
 """One DEBUG line per finished call: method, principal, status code, duration, peer
 (docs/operations.md, "Logs")."""
 
