@@ -502,6 +502,99 @@ def cmd_cluster_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_backup_create(args: argparse.Namespace) -> int:
+    from sevendb.cluster.ops.backup import create_backup
+
+    with _admin(args) as admin:
+        manifest = create_backup(admin, Path(args.out), _progress)
+    size = sum(b.size for b in manifest.buckets)
+    print(
+        f"backup of cluster {manifest.cluster_id} in {args.out}: {len(manifest.buckets)} "
+        f"buckets, {size} bytes"
+    )
+    return 0
+
+
+def cmd_backup_restore(args: argparse.Namespace) -> int:
+    from sevendb.cluster.common.topology import ConfigError
+    from sevendb.cluster.ops.backup import restore_bundles, restore_local
+    from sevendb.cluster.ops.deploy import port_plan
+
+    if (args.out is None) == (args.local is None):
+        raise ConfigError("give --out BUNDLES (with --node ...) or --local DIR")
+    if args.local is not None:
+        spec = restore_local(
+            Path(args.backup),
+            Path(args.local),
+            nodes=args.nodes,
+            replicas=args.replicas,
+            progress=_progress,
+        )
+        start = f"`sevendb --data {args.local} cluster up` starts it"
+    else:
+        spec = restore_bundles(
+            Path(args.backup),
+            Path(args.out),
+            args.node,
+            replicas=args.replicas,
+            meta_voters=args.meta_voters,
+            ports=port_plan(args),
+            listen_host=args.listen_host,
+            progress=_progress,
+        )
+        start = "copy each node's directory to its machine and run `sevendb node run` there"
+    print(f"cluster {spec.cluster_id} restored from {args.backup}: {start}")
+    return 0
+
+
+def _backup_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    from sevendb.cluster.ops.deploy import add_port_arguments
+
+    backup = sub.add_parser(
+        "backup", help="back a cluster up, or build a new cluster from a backup"
+    ).add_subparsers(dest="action", required=True)
+    create = backup.add_parser(
+        "create",
+        parents=[common],
+        help="a consistent snapshot of every bucket and the metadata, while writes go on",
+    )
+    create.add_argument("--out", required=True, help="a new directory for the backup")
+    create.set_defaults(fn=cmd_backup_create)
+    restore = backup.add_parser(
+        "restore",
+        help="a NEW cluster (new id and secrets, epochs advanced) from a backup: bundles "
+        "for machines (--out, --node) or a local cluster (--local)",
+    )
+    restore.add_argument("backup", help="the backup's directory (`backup create --out`)")
+    restore.add_argument("--out", help="a new directory for the bundles (as `cluster init`)")
+    restore.add_argument(
+        "--node",
+        action="append",
+        default=[],
+        metavar="ID=HOST[:PORT]",
+        help="with --out: a node of the new cluster (repeat)",
+    )
+    restore.add_argument(
+        "--local", help="a new data dir for a local cluster on 127.0.0.1 (instead of --out)"
+    )
+    restore.add_argument(
+        "--nodes", type=int, default=3, help="with --local: nodes (default %(default)s)"
+    )
+    restore.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="replicas per bucket (default: the backed-up cluster's)",
+    )
+    restore.add_argument(
+        "--meta-voters", type=int, default=3, help="with --out: 1, 3 or 5 (default %(default)s)"
+    )
+    add_port_arguments(restore)
+    restore.set_defaults(fn=cmd_backup_restore)
+
+
 def _init_parser(cluster: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from sevendb.cluster.ops.deploy import add_port_arguments
 
@@ -606,6 +699,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true")
     status.set_defaults(fn=cmd_status)
     _add_client_commands(sub, common)
+    _backup_parser(sub, common)
     bucket = sub.add_parser("bucket", help="bucket operations").add_subparsers(
         dest="action", required=True
     )

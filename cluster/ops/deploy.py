@@ -12,6 +12,7 @@ bundles of a cluster across machines, and running a node from one (docs/deploy.m
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -28,14 +29,23 @@ from sevendb.cluster.common.bundle import (
 from sevendb.cluster.common.topology import (
     BUCKETS_MAX,
     META_VOTERS_DEFAULT,
+    BucketSpec,
     ClusterSpec,
     ConfigError,
     NodeSpec,
     new_cluster,
+    rendezvous,
 )
 from sevendb.cluster.ops.admin import ClusterAdmin
 
-__all__ = ["PortPlan", "cluster_init", "node_init", "node_run", "parse_node"]
+__all__ = [
+    "PortPlan",
+    "cluster_init",
+    "node_init",
+    "node_run",
+    "parse_node",
+    "with_bucket_uuids",
+]
 
 NODE_MODULE: Final = "sevendb.cluster.server.node"
 
@@ -73,6 +83,19 @@ def parse_node(text: str) -> tuple[str, str, int | None]:
     return node_id, host, int(port)
 
 
+def with_bucket_uuids(spec: ClusterSpec, bucket_uuids: Sequence[str]) -> ClusterSpec:
+    """`spec` with these buckets (a restored cluster keeps its buckets' identities),
+    each placed by rendezvous hashing as a new cluster's are."""
+    node_ids = spec.node_ids
+    buckets = tuple(
+        BucketSpec(b, u, tuple(rendezvous(u, node_ids, spec.replicas)))
+        for b, u in enumerate(bucket_uuids)
+    )
+    new = dataclasses.replace(spec, buckets=buckets)
+    new.validate()
+    return new
+
+
 def _fresh(out: Path) -> None:
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} is not empty: bundles are written once, into a new directory")
@@ -88,9 +111,12 @@ def cluster_init(
     ports: PortPlan = PortPlan(),
     listen_host: str | None = None,
     progress: Callable[[str], None] = lambda _: None,
+    bucket_uuids: Sequence[str] = (),
+    node_extra: str = "",
 ) -> ClusterSpec:
     """Mint a cluster and write a bundle per node (out/<id>/) and a client bundle
-    (out/client.toml)."""
+    (out/client.toml). `bucket_uuids`: the buckets' identities (a restore; default
+    new ones); `node_extra`: lines added to each node.toml's [node] section."""
     if not nodes:
         raise ConfigError("name the cluster's nodes: --node ID=HOST (at least one)")
     if not 1 <= buckets <= BUCKETS_MAX:
@@ -107,9 +133,13 @@ def cluster_init(
         for i, (node_id, host, port) in enumerate(parsed)
     ]
     spec = new_cluster(nodes=specs, buckets=buckets, replicas=replicas, meta_voters=voters)
+    if bucket_uuids:
+        spec = with_bucket_uuids(spec, bucket_uuids)
     secrets = ClusterSecrets.new()
     for node in spec.nodes:
-        path = write_node_bundle(out / node.node_id, spec, node, secrets, listen_host=listen_host)
+        path = write_node_bundle(
+            out / node.node_id, spec, node, secrets, listen_host=listen_host, extra=node_extra
+        )
         progress(f"wrote {path}")
     progress(f"wrote {write_client_config(out / CLIENT_FILE, spec, secrets)}")
     return spec

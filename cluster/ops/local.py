@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +39,7 @@ from sevendb.cluster.common.topology import (
     new_cluster,
 )
 from sevendb.cluster.ops.admin import ClusterAdmin, Unreachable
+from sevendb.cluster.ops.deploy import with_bucket_uuids
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 
@@ -209,7 +210,11 @@ class UpResult:
 
 
 def _write_node(
-    data_dir: Path, genesis: ClusterSpec, node: NodeSpec, secrets: ClusterSecrets
+    data_dir: Path,
+    genesis: ClusterSpec,
+    node: NodeSpec,
+    secrets: ClusterSecrets,
+    node_extra: str = "",
 ) -> None:
     """A local node's bundle: its data dir is its bundle's dir, and every node archives
     under the cluster's one archive root."""
@@ -220,13 +225,22 @@ def _write_node(
         secrets,
         seeds=[n.grpc_address for n in genesis.nodes if n.node_id != node.node_id],
         data_dir=".",
-        extra=f'\n[archive]\nroot = "{data_dir / "archive"}"\n',
+        extra=node_extra + f'\n[archive]\nroot = "{data_dir / "archive"}"\n',
     )
 
 
-def create_local_cluster(data_dir: Path, *, nodes: int, buckets: int, replicas: int) -> ClusterSpec:
+def create_local_cluster(
+    data_dir: Path,
+    *,
+    nodes: int,
+    buckets: int,
+    replicas: int,
+    bucket_uuids: Sequence[str] = (),
+    node_extra: str = "",
+) -> ClusterSpec:
     """Mint a cluster on 127.0.0.1 and write its bundles under `data_dir`: one per
-    node in nodes/<id>/, the secrets and a client.toml with an admin token."""
+    node in nodes/<id>/, the secrets and a client.toml with an admin token.
+    `bucket_uuids` and `node_extra` as for `deploy.cluster_init` (a restore)."""
     if replicas > nodes:
         raise ConfigError(f"--replicas {replicas} needs at least as many --nodes (got {nodes})")
     ports = allocate_ports(nodes, buckets)
@@ -242,9 +256,11 @@ def create_local_cluster(data_dir: Path, *, nodes: int, buckets: int, replicas: 
         for i in range(nodes)
     ]
     spec = new_cluster(nodes=specs, buckets=buckets, replicas=replicas)
+    if bucket_uuids:
+        spec = with_bucket_uuids(spec, bucket_uuids)
     secrets = ClusterSecrets.new()
     for node in spec.nodes:
-        _write_node(data_dir, spec, node, secrets)
+        _write_node(data_dir, spec, node, secrets, node_extra)
     write_file(data_dir / SECRETS_FILE, secrets.to_toml(), secret=True)
     write_client_config(data_dir / CLIENT_FILE, spec, secrets)
     return spec

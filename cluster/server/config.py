@@ -48,6 +48,9 @@ class NodeSettings:
     """The cluster as `sevendb cluster init` created it (the same file on every node)."""
     secrets: Path = Path("secrets.toml")
     """The cluster's secrets (mode 0600)."""
+    restore: Path | None = None
+    """Restore seeds from `sevendb backup restore`: a bucket placed here whose data
+    does not exist yet starts from its seed (docs/operations.md)."""
     ready_lag_max: int = 1000
     """``/readyz`` answers 503 while a local replica has applied fewer than its
     leader's commit index minus this many entries (docs/operations.md)."""
@@ -99,6 +102,7 @@ def load_node_config(
         data_dir=base / node.data_dir,
         genesis=base / node.genesis,
         secrets=base / node.secrets,
+        restore=None if node.restore is None else base / node.restore,
     )
     raft = settings.section("raft", RaftTuning)
     notifier = settings.section("notifier", NotifierSettings)

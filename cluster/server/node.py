@@ -25,10 +25,12 @@ from grpc import aio
 
 from sevendb.cluster.archive.writer import ArchiveWriter
 from sevendb.cluster.common.auth import NODE_PRINCIPAL, auth_metadata, mint_token
+from sevendb.cluster.common.backup import read_image, read_manifest
 from sevendb.cluster.common.bundle import ClusterSecrets
 from sevendb.cluster.common.settings import flags_from_args, section_flags
 from sevendb.cluster.common.topology import ClusterSpec, ConfigError
 from sevendb.cluster.raft.replica import BucketReplica, RaftLoop
+from sevendb.cluster.raft.snapshots import seed_replica
 from sevendb.cluster.server.config import SECTIONS, NodeConfig, load_node_config
 from sevendb.cluster.server.faults import KILL_BEFORE_SEND, FaultPoints
 from sevendb.cluster.server.health import HealthServer, readiness
@@ -191,9 +193,31 @@ class Node:
             self._delete_stray_data(wanted)
             return sorted(self.replicas)
 
+    def _seed(self, bucket: int, data_dir: Path) -> None:
+        """A bucket that has no data here yet starts from its restore seed, if
+        `[node] restore` has one (`sevendb backup restore`)."""
+        seeds = self.config.node.restore
+        if seeds is None or data_dir.exists():
+            return
+        image = read_manifest(seeds, complete=False).image(bucket)
+        if image is None:
+            return
+        expected = self.spec.buckets[bucket].bucket_uuid
+        if image.bucket_uuid != expected:
+            raise ConfigError(
+                f"{seeds}: bucket {bucket}'s seed is of bucket {image.bucket_uuid}, "
+                f"not {expected}: seeds of another cluster"
+            )
+        core = read_image(seeds, image)
+        seed_replica(
+            data_dir, image.bucket_uuid, core, image.index, self.spec.replica_addresses(bucket)
+        )
+        log.info("bucket %d: starting from the restored backup (log index %d)", bucket, image.index)
+
     def _start_replica(self, bucket: int) -> None:
         spec = self.spec
         me = self.me.raft_address(bucket)
+        self._seed(bucket, self.home / f"bucket-{bucket}")
         # The hook is in place before the replica replays its log: the archive must
         # see every purge (the notifier is attached once it exists).
         notifier_slot: list[BucketNotifier] = []
