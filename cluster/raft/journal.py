@@ -57,6 +57,7 @@ __all__ = [
     "MAGIC",
     "STATE_FORMAT_VERSION",
     "STATE_MAGIC",
+    "DiskStats",
     "DurableJournal",
     "Durations",
     "Entry",
@@ -144,20 +145,27 @@ class Durations:
         return self.bounds, tuple(self.counts), self.sum_s
 
 
+class DiskStats:
+    """What a journal did to its disk, for `/metrics`: how long its fsyncs took and
+    how many bytes it wrote (records, rewrites, sidecars) since it was opened."""
+
+    def __init__(self) -> None:
+        self.fsync_durations = Durations()
+        self.bytes_written = 0
+
+
 class _Disk:
-    """The journal's fsyncs, counted and timed, and the bytes it wrote
-    (`FailStopJournal` uses a stricter one)."""
+    """The journal's fsyncs, counted and timed (`FailStopJournal` uses a stricter one)."""
 
     def __init__(self) -> None:
         self.fsyncs = 0
         self.failure: str | None = None
-        self.durations = Durations()
-        self.bytes_written = 0
+        self.stats = DiskStats()
 
     def fsync(self, fd: int) -> None:
         started = time.perf_counter()
         _fdatasync(fd)
-        self.durations.observe(time.perf_counter() - started)
+        self.stats.fsync_durations.observe(time.perf_counter() - started)
         self.fsyncs += 1
 
     def fsync_dir(self, directory: Path) -> None:
@@ -170,7 +178,7 @@ class _Disk:
         tmp = Path(str(target) + _TMP_SUFFIX)
         write_synced(tmp, payload)
         self.fsyncs += 1
-        self.bytes_written += len(payload)
+        self.stats.bytes_written += len(payload)
         os.replace(tmp, target)
         self.fsync_dir(target.parent)
 
@@ -190,6 +198,8 @@ class DurableJournal:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._disk = self._disk_class()
+        self.disk_stats = self._disk.stats
+        """Its fsync durations and bytes written (`DiskStats`)."""
         self._meta = JournalMeta(self.path, self._disk.atomic_write)
         self._entries: list[Entry] = []
         # File offset at which each entry's record starts, so deleteEntriesFrom can
@@ -228,16 +238,6 @@ class DurableJournal:
     def fsync_count(self) -> int:
         """Every fsync/fdatasync this journal issued (log, sidecars and directories)."""
         return self._disk.fsyncs
-
-    @property
-    def bytes_written(self) -> int:
-        """Bytes this journal wrote since it was opened (records, rewrites, sidecars)."""
-        return self._disk.bytes_written
-
-    @property
-    def fsync_durations(self) -> Durations:
-        """How long its fsyncs of the log took (`Durations`)."""
-        return self._disk.durations
 
     @property
     def closed(self) -> bool:
@@ -307,7 +307,7 @@ class DurableJournal:
         self._entries.append((data, idx, term))
         self._offsets.append(self._end)
         self._end += len(record)
-        self._disk.bytes_written += len(record)
+        self.disk_stats.bytes_written += len(record)
         self.pending = True
 
     def clear(self) -> None:

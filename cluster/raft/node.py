@@ -35,6 +35,7 @@ __all__ = [
     "LateTickWatch",
     "RaftCounters",
     "RaftNode",
+    "leader_view",
 ]
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,18 @@ class RaftCounters:
     """Proposals made here that pysyncobj failed (no leader, leader changed, ...)."""
     compactions: int = 0
     """Times the log was cut after a snapshot."""
+
+
+def leader_view(node: RaftNode) -> tuple[bool, int]:
+    """(whether `node` leads or heard from a leader within the longest election
+    timeout, the commit index its leader last told it - its own on a leader).
+    pysyncobj keeps a follower's last leader for as long as it reaches no one to
+    campaign with, so `_getLeader()` alone can name a dead one. Any thread."""
+    if node._isLeader():
+        return True, int(node._SyncObj__raftCommitIndex)
+    heard = _monotonic() - node._leader_contact_s < node._election_max_s
+    known = node._getLeader() is not None and heard
+    return known, int(node._SyncObj__leaderCommitIndex or 0)
 
 
 def _last(journal: FailStopJournal) -> Position:
@@ -198,22 +211,6 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             with contextlib.suppress(RuntimeError):
                 return sorted([me, *(str(n.id) for n in self.otherNodes)])
         return [me]
-
-    def leader_known(self) -> bool:
-        """This replica leads, or heard from a leader within the longest election
-        timeout (pysyncobj keeps a follower's last leader for as long as it reaches
-        no one to campaign with, so `_getLeader()` alone can name a dead one)."""
-        return bool(self._isLeader()) or (
-            self._getLeader() is not None
-            and _monotonic() - self._leader_contact_s < self._election_max_s
-        )
-
-    @property
-    def leader_commit_index(self) -> int:
-        """The commit index the leader last told this replica (its own: a leader)."""
-        if self._isLeader():
-            return int(self._SyncObj__raftCommitIndex)
-        return int(self._SyncObj__leaderCommitIndex or 0)
 
     def ready_for_clients(self) -> bool:
         """A leader is known and this replica applied what the leader had committed

@@ -40,7 +40,7 @@ from sevendb.outbox.state import BucketStateMachine
 
 from .journal import FailStopJournal
 from .loop import RaftLoop
-from .node import FAIL_NAMES, RaftCounters, RaftNode
+from .node import FAIL_NAMES, RaftCounters, RaftNode, leader_view
 from .recovery import ACCEPT_LOSS, UNKNOWN_INDEX, Recovery, write_decision
 from .sidecars import NOTHING
 from .snapshots import SNAPSHOT_FILE, SnapshotFiles
@@ -393,6 +393,7 @@ class BucketReplica:
         except IndexError:
             first_idx = last_idx = 0
         counters = self._counters
+        has_leader, leader_commit = leader_view(node)
         return {
             "bucket": self.bucket,
             "bucket_uuid": self.bucket_uuid,
@@ -432,18 +433,15 @@ class BucketReplica:
             "votes_refused": self._recovery.votes_refused,
             "transfer_pauses": node.transfer.pauses,
             "late_leader_ticks": counters.late_leader_ticks,
-            "has_leader": node.leader_known(),
-            "leader_commit_index": node.leader_commit_index,
+            "has_leader": has_leader,
+            "leader_commit_index": leader_commit,
             "leader_changes": counters.leader_changes,
             "proposals_failed": counters.proposals_failed,
             "compactions": counters.compactions,
-            "journal_bytes_written": journal.bytes_written,
+            "journal_bytes_written": journal.disk_stats.bytes_written,
+            # (bounds in seconds, count per bucket and one for longer, sum of seconds)
+            "fsync_durations": journal.disk_stats.fsync_durations.snapshot(),
         }
-
-    def fsync_durations(self) -> tuple[tuple[float, ...], tuple[int, ...], float]:
-        """How long this replica's journal fsyncs took: (bucket bounds in seconds,
-        count per bucket with one more for longer ones, sum of seconds)."""
-        return self._journal.fsync_durations.snapshot()
 
     def wait_ready(self, timeout_s: float) -> bool:
         """True once a leader is known and this replica has applied what the leader

@@ -234,12 +234,14 @@ class _RaftCollector(Collector):
             behind = _int(status.get("leader_commit_index")) - _int(status.get("applied_index"))
             lag.add_metric([label], max(0, behind))
             quarantined.add_metric([label], int(replica.quarantined is not None))
-            bounds, counts, total_s = replica.fsync_durations()
-            cumulative, buckets = 0, []
-            for bound, count in zip((*map(str, bounds), "+Inf"), counts, strict=True):
-                cumulative += count
-                buckets.append((bound, cumulative))
-            fsync.add_metric([label], buckets, total_s)
+            durations = status.get("fsync_durations")
+            if isinstance(durations, tuple):
+                bounds, counts, total_s = durations
+                cumulative, buckets = 0, []
+                for bound, count in zip((*map(str, bounds), "+Inf"), counts, strict=True):
+                    cumulative += count
+                    buckets.append((bound, cumulative))
+                fsync.add_metric([label], buckets, total_s)
         yield from gauges.values()
         yield from counters.values()
         yield from (lag, quarantined, fsync)
@@ -482,6 +484,12 @@ class NodeMetrics:
         self.events = Counter(
             "events_sent", "Events handed to client streams", ["bucket"], namespace=ns, registry=r
         )
+        self._add_grpc_and_process(node_id)
+        self._buckets: dict[int, _BucketSeries] = {}
+        self._lock = threading.Lock()
+
+    def _add_grpc_and_process(self, node_id: str) -> None:
+        r, ns = self.registry, NAMESPACE
         self.grpc_handled = Counter(
             "grpc_server_handled",
             "gRPC calls finished, by method and status code",
@@ -513,8 +521,6 @@ class NodeMetrics:
         ProcessCollector(registry=r)
         r.register(GC_COLLECTOR)
         r.register(PLATFORM_COLLECTOR)
-        self._buckets: dict[int, _BucketSeries] = {}
-        self._lock = threading.Lock()
 
     def watch(
         self,
