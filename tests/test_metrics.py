@@ -174,7 +174,6 @@ def test_readyz_says_which_replica_has_no_leader(cluster: LocalCluster) -> None:
     for node_id in others:
         cluster.kill9(node_id)
     try:
-
         expected = ("bucket 0: no leader", "bucket 1: no leader", "the metadata group: no leader")
 
         def not_ready() -> bool:
