@@ -15,13 +15,11 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Final
 
-import grpc
 import xxhash
 
-from sevendb.cluster.common.auth import ADMIN_PRINCIPAL
 from sevendb.cluster.raft.replica import ReplicaUnavailable
+from sevendb.cluster.server.admin import local_replica, require_admin
 from sevendb.cluster.server.edge import Call, Edge
-from sevendb.cluster.server.errors import Failure
 from sevendb.outbox.state import BucketStateMachine
 from sevendb.proto import sevendb_pb2 as pb
 
@@ -44,20 +42,9 @@ class Backups:
     async def backup_bucket(
         self, request: pb.BackupRequest, call: Call
     ) -> AsyncIterator[pb.BackupChunk]:
-        if call.principal != ADMIN_PRINCIPAL:
-            raise Failure(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"a backup needs the {ADMIN_PRINCIPAL!r} principal",
-            )
+        require_admin(call)
         edge, bucket = self._edge, request.bucket
-        edge.check_bucket(bucket)
-        replica = edge.replicas.get(bucket)
-        if replica is None:
-            raise Failure(
-                grpc.StatusCode.UNAVAILABLE,
-                f"bucket {bucket}: no replica on this node",
-                leader=edge.some_host(bucket),
-            )
+        replica = local_replica(edge, bucket)
         await edge.read_barrier(bucket)
         try:
             index, epoch, make = await asyncio.to_thread(replica.read, _take)

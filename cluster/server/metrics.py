@@ -173,6 +173,13 @@ def _name(short: str) -> str:
     return f"{NAMESPACE}_{short}"
 
 
+def _per_bucket(
+    kind: type[GaugeMetricFamily] | type[CounterMetricFamily], short: str, text: str
+) -> GaugeMetricFamily | CounterMetricFamily:
+    """A family of this scrape with a ``bucket`` label."""
+    return kind(_name(short), text, labels=["bucket"])
+
+
 class _RaftCollector(Collector):
     """Every local replica's Raft state and counters, read at scrape time from
     `BucketReplica.status()` (nothing is counted here per entry)."""
@@ -210,15 +217,15 @@ class _RaftCollector(Collector):
             key: CounterMetricFamily(_name(f"raft_{name}"), text, labels=["bucket"])
             for name, key, text in self._COUNTERS
         }
-        lag = GaugeMetricFamily(
-            _name("raft_apply_lag_entries"),
+        lag = _per_bucket(
+            GaugeMetricFamily,
+            "raft_apply_lag_entries",
             "Entries the leader committed that this replica has not applied yet",
-            labels=["bucket"],
         )
-        quarantined = GaugeMetricFamily(
-            _name("raft_quarantined"),
+        quarantined = _per_bucket(
+            GaugeMetricFamily,
+            "raft_quarantined",
             "1 while this replica does not serve: quarantined, repairing or DATA_LOSS",
-            labels=["bucket"],
         )
         fsync = HistogramMetricFamily(
             _name("raft_journal_fsync_duration_seconds"),
@@ -260,20 +267,20 @@ class _DiskCollector(Collector):
             "Replicas of this node whose own plan hash or outbox digest disagreed with "
             "a committed entry (each quarantined itself)",
         )
-        repairs = CounterMetricFamily(
-            _name("replica_disk_repairs"),
+        repairs = _per_bucket(
+            CounterMetricFamily,
+            "replica_disk_repairs",
             "Times this node's replica found its files damaged (each repaired)",
-            labels=["bucket"],
         )
-        repairing = GaugeMetricFamily(
-            _name("replica_repairing"),
+        repairing = _per_bucket(
+            GaugeMetricFamily,
+            "replica_repairing",
             "1 while this node's replica waits for its leader to resend lost entries",
-            labels=["bucket"],
         )
-        data_loss = GaugeMetricFamily(
-            _name("bucket_data_loss"),
+        data_loss = _per_bucket(
+            GaugeMetricFamily,
+            "bucket_data_loss",
             "1 while no reachable replica of the bucket holds every acknowledged entry",
-            labels=["bucket"],
         )
         total = 0
         for label, replica in self._replicas():
@@ -301,11 +308,11 @@ class _SubscriptionCollector(Collector):
         live = GaugeMetricFamily(
             _name("subscriptions"), "Live subscriptions (from the leader)", labels=["bucket"]
         )
-        stalled = GaugeMetricFamily(
-            _name("subscriptions_stalled"),
+        stalled = _per_bucket(
+            GaugeMetricFamily,
+            "subscriptions_stalled",
             "Subscriptions with rows to acknowledge and no ack within the stall window "
             "(from the leader)",
-            labels=["bucket"],
         )
         now_ms = time.time_ns() // 1_000_000
         window = self._window_ms
@@ -362,11 +369,11 @@ class _ArchiveCollector(Collector):
             "Purged rows waiting to be published",
             stats.rows_buffered,
         )
-        lag = GaugeMetricFamily(
-            _name("archive_lag_entries"),
+        lag = _per_bucket(
+            GaugeMetricFamily,
+            "archive_lag_entries",
             "Log entries this replica applied past the archive's published point "
             "(the log keeps them until it catches up)",
-            labels=["bucket"],
         )
         for label, replica in self._replicas():
             if label == "meta":

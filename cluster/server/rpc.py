@@ -91,6 +91,62 @@ class MalformedLog:
         self._last, self._count = now, 0
 
 
+class _Outcome:
+    """How one call ends, around its handler (`async with`): a `Failure` raised
+    inside becomes the call's status (`Failure.abort`); the call is counted in
+    `/metrics` (a stream is in flight meanwhile) and logged at DEBUG with its
+    principal and status (`request_log`)."""
+
+    __slots__ = ("_context", "_method", "_started", "_stats", "_stream", "call")
+
+    def __init__(self, stats: MethodMetrics, method: str, context: Ctx, *, stream: bool) -> None:
+        self._stats, self._method, self._context, self._stream = stats, method, context, stream
+        self._started = time.perf_counter()
+        self.call: Call | None = None
+        """The authenticated call, once the token was checked."""
+
+    async def __aenter__(self) -> _Outcome:
+        if self._stream:
+            self._stats.opened()
+        return self
+
+    async def __aexit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        code = grpc.StatusCode.OK
+        try:
+            if isinstance(exc, Failure):
+                code = exc.code
+                await exc.abort(self._context)
+            elif exc is not None:
+                code = _code_of(exc, self._context)
+        finally:
+            if self._stream:
+                self._stats.closed()
+            self._finished(code)
+
+    def _finished(self, code: grpc.StatusCode) -> None:
+        elapsed = time.perf_counter() - self._started
+        self._stats.finished(code, elapsed)
+        if request_log.isEnabledFor(logging.DEBUG):
+            call, peer = self.call, self._context.peer()
+            principal = call.principal if call is not None and call.principal else "-"
+            request_log.debug(
+                "%s by %s from %s: %s in %.1f ms",
+                self._method,
+                principal,
+                peer,
+                code.name,
+                elapsed * 1000,
+                extra={
+                    "event": "request",
+                    "method": self._method,
+                    "principal": principal,
+                    "code": code.name,
+                    "duration_ms": round(elapsed * 1000, 3),
+                    "peer": peer,
+                },
+            )
+
+
 class _Guard:
     """One method: authenticate, parse, call the handler, turn a Failure into the
     call's status."""
@@ -107,31 +163,6 @@ class _Guard:
         streaming = method.client_streaming or method.server_streaming
         self._stats = MethodMetrics(edge.metrics, self._name, streaming)
 
-    def _finished(
-        self, call: Call | None, code: grpc.StatusCode, started: float, context: Ctx
-    ) -> None:
-        """Count a finished call (`/metrics`) and log it at DEBUG."""
-        elapsed = time.perf_counter() - started
-        self._stats.finished(code, elapsed)
-        if request_log.isEnabledFor(logging.DEBUG):
-            principal = call.principal if call is not None and call.principal else "-"
-            request_log.debug(
-                "%s by %s from %s: %s in %.1f ms",
-                self._name,
-                principal,
-                context.peer(),
-                code.name,
-                elapsed * 1000,
-                extra={
-                    "event": "request",
-                    "method": self._name,
-                    "principal": principal,
-                    "code": code.name,
-                    "duration_ms": round(elapsed * 1000, 3),
-                    "peer": context.peer(),
-                },
-            )
-
     def _call(self, context: Ctx) -> Call:
         metadata = context.invocation_metadata() or ()
         principal = self._edge.principal(metadata) if self._route.auth is Auth.TOKEN else ""
@@ -145,9 +176,8 @@ class _Guard:
             raise Failure.invalid(f"malformed {self._request.__name__}: {exc}") from None
 
     async def unary(self, raw: bytes, context: Ctx) -> Message:
-        started, call, code = time.perf_counter(), None, grpc.StatusCode.OK
-        try:
-            call = self._call(context)
+        async with _Outcome(self._stats, self._name, context, stream=False) as outcome:
+            call = outcome.call = self._call(context)
             request = self._parse(raw, context)
             if self._route.replica_of is not None:
                 bucket = self._route.replica_of(request)
@@ -156,53 +186,23 @@ class _Guard:
                     return forwarded
             result: Awaitable[Message] = self._route.handler(request, call)
             return await result
-        except Failure as failure:
-            code = failure.code
-            await failure.abort(context)
-        except BaseException as exc:
-            code = _code_of(exc, context)
-            raise
-        finally:
-            self._finished(call, code, started, context)
 
     async def server_stream(self, raw: bytes, context: Ctx) -> AsyncIterator[Message]:
-        started, call, code = time.perf_counter(), None, grpc.StatusCode.OK
-        self._stats.opened()
-        try:
-            call = self._call(context)
+        async with _Outcome(self._stats, self._name, context, stream=True) as outcome:
+            call = outcome.call = self._call(context)
             messages: AsyncIterator[Message] = self._route.handler(self._parse(raw, context), call)
             async for message in messages:
                 yield message
-        except Failure as failure:
-            code = failure.code
-            await failure.abort(context)
-        except BaseException as exc:
-            code = _code_of(exc, context)
-            raise
-        finally:
-            self._stats.closed()
-            self._finished(call, code, started, context)
 
     async def bidi_stream(
         self, requests: AsyncIterator[bytes], context: Ctx
     ) -> AsyncIterator[Message]:
-        started, call, code = time.perf_counter(), None, grpc.StatusCode.OK
-        self._stats.opened()
-        try:
-            call = self._call(context)
+        async with _Outcome(self._stats, self._name, context, stream=True) as outcome:
+            call = outcome.call = self._call(context)
             parsed = self._parsed(requests, context)
             messages: AsyncIterator[Message] = self._route.handler(parsed, call)
             async for message in messages:
                 yield message
-        except Failure as failure:
-            code = failure.code
-            await failure.abort(context)
-        except BaseException as exc:
-            code = _code_of(exc, context)
-            raise
-        finally:
-            self._stats.closed()
-            self._finished(call, code, started, context)
 
     async def _parsed(self, requests: AsyncIterator[bytes], context: Ctx) -> AsyncIterator[Any]:
         """The stream's requests; a malformed one raises its Failure (the handler ends
