@@ -13,18 +13,23 @@ import pytest
 import xxhash
 from cluster_harness import LocalCluster, wait_for
 from helpers import Driver
+from test_replica import BUCKET_UUID, Cluster, state, wait_until, write
 
 from sevendb.cluster.common.backup import (
     METADATA_FILE,
     BackupManifest,
     BucketImage,
+    read_image,
     read_manifest,
     write_image,
     write_manifest,
 )
-from sevendb.cluster.common.topology import ConfigError, NodeSpec, new_cluster
+from sevendb.cluster.common.topology import ClusterSpec, ConfigError, NodeSpec, new_cluster
 from sevendb.cluster.ops import cli
 from sevendb.cluster.ops.backup import restore_local, restored_images
+from sevendb.cluster.raft.snapshots import seed_replica
+from sevendb.cluster.server.config import load_node_config
+from sevendb.outbox.entries import EpochCreate
 from sevendb.outbox.state import BucketStateMachine
 from sevendb.sdk import Recovery, StreamReset, StreamResetReason, SubscribeOptions, Subscription
 
@@ -96,6 +101,33 @@ def test_a_damaged_backup_is_refused_and_nothing_is_written(tmp_path: Path) -> N
         read_manifest(backup)
     with pytest.raises(ConfigError, match="not a backup"):
         read_manifest(tmp_path)
+
+
+def test_restore_bundles_for_machines(tmp_path: Path) -> None:
+    """`backup restore --out`: cluster init's bundles with the backup's buckets, a new
+    cluster id, and each node's seeds of the buckets placed on it."""
+    backup = tmp_path / "backup"
+    backup.mkdir()
+    manifest, _ = _offline_backup(backup)
+    out = tmp_path / "bundles"
+    nodes = ["n1=10.0.0.1", "n2=10.0.0.2", "n3=10.0.0.3"]
+    args = ["backup", "restore", str(backup), "--out", str(out), "--replicas", "2"]
+    assert cli.main([*args, *(f"--node={n}" for n in nodes)]) == 0
+    genesis = ClusterSpec.load(out / "n1" / "genesis.json")
+    assert genesis.cluster_id != manifest.cluster_id and genesis.replicas == 2
+    assert [b.bucket_uuid for b in genesis.buckets] == [b.bucket_uuid for b in manifest.buckets]
+    placed = 0
+    for node in genesis.nodes:
+        config = load_node_config(out / node.node_id / "node.toml", {})
+        assert config.node.restore == out / node.node_id / "restore"
+        seeds = read_manifest(config.node.restore, complete=False)
+        mine = {b.bucket for b in genesis.buckets if node.node_id in b.nodes}
+        assert {image.bucket for image in seeds.buckets} == mine
+        for image in seeds.buckets:
+            assert image.epoch_counter == manifest.buckets[image.bucket].epoch_counter + 1
+            read_image(config.node.restore, image)  # there, and whole
+        placed += len(mine)
+    assert placed == 2 * len(manifest.buckets)
 
 
 # ---- a real cluster ------------------------------------------------------------------
@@ -194,3 +226,39 @@ def test_backup_under_writes_then_restore_a_new_cluster(tmp_path: Path) -> None:
             assert {r.reason for r in resets} == {StreamResetReason.INVALID_SEQUENCE}
     finally:
         new.stop()
+
+
+def test_seeded_replicas_start_from_the_backup_and_go_on(tmp_path: Path) -> None:
+    """Three replicas seeded with one restored state (`seed_replica`) elect a leader,
+    hold that state at its index, and commit after it; a seeded data dir is used as
+    it is the next time."""
+    d = Driver(BucketStateMachine(BUCKET_UUID))
+    d.lease()
+    for i in range(5):
+        d.set(f"k/{i}", b"v%d" % i)
+    index = d.index + 1
+    d.apply(EpochCreate(2, d.tick()))
+    core, digest = d.sm.snapshot(), d.sm.digest()
+    group = Cluster(tmp_path)
+    for i in range(3):
+        seed_replica(group.data_dir(i), BUCKET_UUID, core, index, group.addrs)
+    with pytest.raises(ValueError, match="log index 2 or later"):
+        seed_replica(tmp_path / "other", BUCKET_UUID, core, 1, group.addrs)
+    try:
+        group.start_all()
+        for replica in group.live:  # loaded in its first tick
+            wait_until(lambda r=replica: state(r) == (index, digest), 10, "the seeded state")
+        wait_until(lambda: any(r.is_leader for r in group.live), 10, "a leader")
+        leader = next(r for r in group.live if r.is_leader)
+        outcome = leader.propose(write("k/after"))
+        assert outcome.commit_index > index + 1  # after the new leader's NO_OP
+        wait_until(lambda: len({state(r) for r in group.live}) == 1, 10, "convergence")
+        record, epoch = leader.read(lambda sm: (sm.get("k/0"), sm.epoch.epoch_counter))
+        assert record is not None and record.value == b"v0" and epoch == 2
+        follower = next(i for i, r in enumerate(group.replicas) if r is not leader)
+        group.stop(follower)
+        leader.propose(write("k/while-down"))
+        replica = group.start(follower)  # the data dir exists: no seed, its own state
+        wait_until(lambda: state(replica) == state(leader), 10, "the restarted replica")
+    finally:
+        group.close()
