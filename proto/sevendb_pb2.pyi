@@ -574,6 +574,30 @@ class RecoverResponse(_message.Message):
     state: str
     def __init__(self, has_replica: _Optional[bool] = ..., state: _Optional[str] = ...) -> None: ...
 
+class BackupRequest(_message.Message):
+    __slots__ = ("bucket",)
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    bucket: int
+    def __init__(self, bucket: _Optional[int] = ...) -> None: ...
+
+class BackupChunk(_message.Message):
+    __slots__ = ("bucket", "bucket_uuid", "applied_index", "epoch_counter", "total_bytes", "digest", "data")
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_UUID_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_INDEX_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_COUNTER_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    bucket: int
+    bucket_uuid: str
+    applied_index: int
+    epoch_counter: int
+    total_bytes: int
+    digest: str
+    data: bytes
+    def __init__(self, bucket: _Optional[int] = ..., bucket_uuid: _Optional[str] = ..., applied_index: _Optional[int] = ..., epoch_counter: _Optional[int] = ..., total_bytes: _Optional[int] = ..., digest: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class MetaRecord(_message.Message):
     __slots__ = ("key", "value", "version")
     KEY_FIELD_NUMBER: _ClassVar[int]

@@ -125,6 +125,11 @@ class SevenDBStub:
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.RecoverRequest.SerializeToString,
                 response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.RecoverResponse.FromString,
                 _registered_method=True)
+        self.BackupBucket = channel.unary_stream(
+                '/sevendb.v1.SevenDB/BackupBucket',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.BackupRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.BackupChunk.FromString,
+                _registered_method=True)
         self.MetaRead = channel.unary_unary(
                 '/sevendb.v1.SevenDB/MetaRead',
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.MetaReadRequest.SerializeToString,
@@ -294,6 +299,13 @@ class SevenDBServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BackupBucket(self, request, context):
+        """A bucket's snapshot at a recorded index, in chunks (admin; the leader).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def MetaRead(self, request, context):
         """The cluster's metadata, optionally waiting for a newer version.
         """
@@ -434,6 +446,11 @@ def add_SevenDBServicer_to_server(servicer, server):
                     servicer.RecoverBucket,
                     request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.RecoverRequest.FromString,
                     response_serializer=sevendb_dot_proto_dot_sevendb__pb2.RecoverResponse.SerializeToString,
+            ),
+            'BackupBucket': grpc.unary_stream_rpc_method_handler(
+                    servicer.BackupBucket,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.BackupRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.BackupChunk.SerializeToString,
             ),
             'MetaRead': grpc.unary_unary_rpc_method_handler(
                     servicer.MetaRead,
@@ -958,6 +975,33 @@ class SevenDB:
             '/sevendb.v1.SevenDB/RecoverBucket',
             sevendb_dot_proto_dot_sevendb__pb2.RecoverRequest.SerializeToString,
             sevendb_dot_proto_dot_sevendb__pb2.RecoverResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BackupBucket(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sevendb.v1.SevenDB/BackupBucket',
+            sevendb_dot_proto_dot_sevendb__pb2.BackupRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.BackupChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -297,7 +297,7 @@ def _repairs_metric(c: LocalCluster, node_id: str, bucket: int) -> float:
     node = c.spec.node(node_id)
     with urllib.request.urlopen(f"http://{node.host}:{node.metrics_port}/metrics") as page:
         text = page.read().decode()
-    line = f'replica_disk_repairs_total{{bucket="{bucket}"}} '
+    line = f'sevendb_replica_disk_repairs_total{{bucket="{bucket}"}} '
     return float(next(x for x in text.splitlines() if x.startswith(line)).split()[-1])
 
 

@@ -197,6 +197,7 @@ def test_service_methods() -> None:
         ),
         "ShowSubscription": ("SubscriptionRequest", "SubscriptionInfo", False, False),
         "DeleteSubscription": ("SubscriptionRequest", "DeleteSubscriptionResponse", False, False),
+        "BackupBucket": ("BackupRequest", "BackupChunk", False, True),
     }
 
 
@@ -380,6 +381,16 @@ MESSAGES: dict[str, Message] = {
         next_since_commit_index=44,
         next_since_key="user:1",
         applied_index=45,
+    ),
+    "BackupRequest": pb.BackupRequest(bucket=3),
+    "BackupChunk": pb.BackupChunk(
+        bucket=3,
+        bucket_uuid="u-3",
+        applied_index=120,
+        epoch_counter=2,
+        total_bytes=5,
+        digest="0123456789abcdef",
+        data=b"snap!",
     ),
 }
 

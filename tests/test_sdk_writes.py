@@ -163,7 +163,7 @@ def lose_answers_then_cut(
     leader = cluster.spec.node(cluster.leader_node(0)).grpc_address
     proxy = LossyProxy(leader)
     try:
-        with Client([proxy.address], token=cluster.token()) as client:
+        with Client([proxy.address], token=cluster.token(), tls=cluster.tls) as client:
             client.put(warm, b"w")  # the producer is initialised, the stream is up
             if window:
                 client._pipeline()._window = window

@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from sevendb.sdk import TLS, Client, Event
 
 DEFAULT_DATA = ".sevendb"
+DEFAULT_PRINCIPAL = "default"
+DEMO_DATA = ".sevendb-demo"
 DEFAULT_TIMEOUT_S = 5.0
 """How long a client command waits for the cluster (a dead endpoint fails in this)."""
 EXIT_REFUSED = 1
@@ -97,7 +99,7 @@ def _token(args: argparse.Namespace) -> str | None:
         config = _client_config(args)
         return None if config is None else config.token
     try:
-        return local_token(_data_dir(args), args.principal)
+        return local_token(_data_dir(args), args.principal or DEFAULT_PRINCIPAL)
     except ConfigError:
         return None
 
@@ -335,7 +337,7 @@ def _add_recover(bucket: argparse._SubParsersAction[Any], common: argparse.Argum
         help="after disk damage: show BUCKET's replicas; --accept-loss to go on without "
         "the entries no reachable replica holds (docs/raft.md)",
     )
-    recover.add_argument("bucket", type=_bucket_number)
+    recover.add_argument("bucket", type=_bucket_number, help="the bucket's number")
     recover.add_argument(
         "--accept-loss",
         action="store_true",
@@ -413,10 +415,11 @@ def cmd_node_remove(args: argparse.Namespace) -> int:
 
 
 def cmd_write(args: argparse.Namespace) -> int:
+    value = read_value(args.value)
     with _client(args) as client:
         result = client.put(
             args.key,
-            args.value.encode(),
+            value,
             expected_version=args.expect_version,
             must_not_exist=args.if_absent,
         )
@@ -608,6 +611,106 @@ def cmd_cluster_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_backup_create(args: argparse.Namespace) -> int:
+    from sevendb.cluster.ops.backup import create_backup
+
+    with _admin(args) as admin:
+        manifest = create_backup(admin, Path(args.out), _progress)
+    size = sum(b.size for b in manifest.buckets)
+    print(
+        f"backup of cluster {manifest.cluster_id} in {args.out}: {len(manifest.buckets)} "
+        f"buckets, {size} bytes"
+    )
+    return 0
+
+
+def cmd_backup_restore(args: argparse.Namespace) -> int:
+    from sevendb.cluster.common.topology import ConfigError
+    from sevendb.cluster.ops.backup import restore_bundles, restore_local
+    from sevendb.cluster.ops.deploy import port_plan
+
+    if (args.out is None) == (args.local is None):
+        raise ConfigError("give --out BUNDLES (with --node ...) or --local DIR")
+    if args.local is not None:
+        spec = restore_local(
+            Path(args.backup),
+            Path(args.local),
+            nodes=args.nodes,
+            replicas=args.replicas,
+            progress=_progress,
+        )
+        start = f"`sevendb --data {args.local} cluster up` starts it"
+    else:
+        spec = restore_bundles(
+            Path(args.backup),
+            Path(args.out),
+            args.node,
+            replicas=args.replicas,
+            meta_voters=args.meta_voters,
+            ports=port_plan(args),
+            listen_host=args.listen_host,
+            progress=_progress,
+        )
+        start = "copy each node's directory to its machine and run `sevendb node run` there"
+    print(f"cluster {spec.cluster_id} restored from {args.backup}: {start}")
+    return 0
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    import shtab
+
+    print(shtab.complete(build_parser(), shell=args.shell), end="")
+    return 0
+
+
+def _backup_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    from sevendb.cluster.ops.deploy import add_port_arguments
+
+    backup = sub.add_parser(
+        "backup", help="back a cluster up, or build a new cluster from a backup"
+    ).add_subparsers(dest="action", required=True)
+    create = backup.add_parser(
+        "create",
+        parents=[common],
+        help="a consistent snapshot of every bucket and the metadata, while writes go on",
+    )
+    create.add_argument("--out", required=True, help="a new directory for the backup")
+    create.set_defaults(fn=cmd_backup_create)
+    restore = backup.add_parser(
+        "restore",
+        help="a NEW cluster (new id and secrets, epochs advanced) from a backup: bundles "
+        "for machines (--out, --node) or a local cluster (--local)",
+    )
+    restore.add_argument("backup", help="the backup's directory (`backup create --out`)")
+    restore.add_argument("--out", help="a new directory for the bundles (as `cluster init`)")
+    restore.add_argument(
+        "--node",
+        action="append",
+        default=[],
+        metavar="ID=HOST[:PORT]",
+        help="with --out: a node of the new cluster (repeat)",
+    )
+    restore.add_argument(
+        "--local", help="a new data dir for a local cluster on 127.0.0.1 (instead of --out)"
+    )
+    restore.add_argument(
+        "--nodes", type=int, default=3, help="with --local: nodes (default %(default)s)"
+    )
+    restore.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="replicas per bucket (default: the backed-up cluster's)",
+    )
+    restore.add_argument(
+        "--meta-voters", type=int, default=3, help="with --out: 1, 3 or 5 (default %(default)s)"
+    )
+    add_port_arguments(restore)
+    restore.set_defaults(fn=cmd_backup_restore)
+
+
 def _init_parser(cluster: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from sevendb.cluster.ops.deploy import add_port_arguments
 
@@ -672,77 +775,132 @@ def _node_init_parser(
     init = node.add_parser(
         "init", parents=[common], help="register a new machine's node and write its bundle"
     )
-    init.add_argument("--node", required=True, metavar="ID=HOST[:PORT]")
+    init.add_argument(
+        "--node", required=True, metavar="ID=HOST[:PORT]", help="the new node's id and address"
+    )
     init.add_argument("--out", required=True, help="where to write the bundle (OUT/ID/)")
     add_port_arguments(init)
     init.set_defaults(fn=cmd_node_init)
 
 
-def _add_tls_arguments(common: argparse.ArgumentParser) -> None:
-    """--ca, --cert, --key and --insecure: how a command connects (`_tls`)."""
-    common.add_argument(
-        "--ca", dest="tls_ca", help="TLS: trust this CA certificate (default: the bundle's)"
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every argument's help ends with its default, unless it names one already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default is None or default is False or default == []:
+            return text
+        if default == argparse.SUPPRESS or isinstance(default, bool):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose help shows defaults (subcommands inherit the class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sevendb")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+GLOBAL_OPTIONS = (
+    "--data",
+    "--config",
+    "--endpoints",
+    "--token",
+    "--principal",
+    "--timeout",
+    "--ca",
+    "--cert",
+    "--key",
+    "--insecure",
+)
+"""Options that may come before the command (`sevendb --data DIR status`) or after it."""
+GLOBAL_FLAGS = ("--insecure",)
+"""Those of GLOBAL_OPTIONS that take no value."""
+
+
+def _add_common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    """How a command finds the cluster (GLOBAL_OPTIONS). On the top parser they hold
+    the defaults; on each command's (`suppress`) they only override what was given
+    before the command."""
+
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if suppress else value
+
+    parser.add_argument(
+        "--data",
+        default=default(None),
+        help=f"a local cluster's data dir (default ${{SEVENDB_DATA}} or ./{DEFAULT_DATA})",
     )
-    common.add_argument(
-        "--cert", dest="tls_cert", help="TLS: present this client certificate (mTLS)"
+    parser.add_argument(
+        "--config",
+        default=default(None),
+        help="a client bundle: client.toml from `sevendb cluster init` (default $SEVENDB_CONFIG)",
     )
-    common.add_argument(
-        "--key", dest="tls_key", help="TLS: the client certificate's key (mode 0600)"
+    parser.add_argument(
+        "--endpoints",
+        default=default(None),
+        help="client endpoints host:port,... (default $SEVENDB_ENDPOINTS; instead of --data)",
     )
-    common.add_argument(
+    parser.add_argument(
+        "--token",
+        default=default(None),
+        help="bearer token (default $SEVENDB_TOKEN, the bundle's, or minted from the data dir)",
+    )
+    parser.add_argument(
+        "--principal",
+        default=default(None),
+        help=f"with a local data dir and no token: act as this principal (default: "
+        f"{DEFAULT_PRINCIPAL}; admin for `subscriptions`)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=default(DEFAULT_TIMEOUT_S),
+        help=f"client commands give up after this many seconds without an answer "
+        f"(default {DEFAULT_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--ca",
+        dest="tls_ca",
+        default=default(None),
+        help="TLS: trust this CA certificate (default: the bundle's)",
+    )
+    parser.add_argument(
+        "--cert",
+        dest="tls_cert",
+        default=default(None),
+        help="TLS: present this client certificate (mTLS)",
+    )
+    parser.add_argument(
+        "--key",
+        dest="tls_key",
+        default=default(None),
+        help="TLS: the client certificate's key (mode 0600)",
+    )
+    parser.add_argument(
         "--insecure",
         action="store_true",
+        default=default(False),
         help="plaintext gRPC (a cluster made with --insecure; `cluster up`: make one)",
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="sevendb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--data", help=f"cluster data dir (default ${{SEVENDB_DATA}} or ./{DEFAULT_DATA})"
-    )
-    common.add_argument(
-        "--config",
-        help="a client bundle: client.toml from `sevendb cluster init` (default $SEVENDB_CONFIG)",
-    )
-    common.add_argument("--endpoints", help="client endpoints host:port,... (instead of --data)")
-    common.add_argument(
-        "--token", help="bearer token (default $SEVENDB_TOKEN, or minted from the data dir)"
-    )
-    common.add_argument(
-        "--principal",
-        default="default",
-        help="with a local data dir and no token: act as this principal (default: default)",
-    )
-    _add_tls_arguments(common)
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the demo (starts and stops a local cluster)")
-    demo.add_argument(
-        "--data",
-        type=Path,
-        default=Path(".sevendb-demo"),
-        help="data dir of the demo cluster (default ./.sevendb-demo)",
-    )
-    demo.set_defaults(fn=None)
-    cluster = sub.add_parser("cluster", help="run a local cluster").add_subparsers(
-        dest="action", required=True
-    )
-    up = cluster.add_parser("up", parents=[common], help="start (or restart) a local cluster")
-    up.add_argument("--nodes", type=int, default=3)
-    up.add_argument("--buckets", type=int, default=8)
-    up.add_argument("--replicas", type=int, default=3)
-    up.set_defaults(fn=cmd_up)
-    cluster.add_parser("down", parents=[common], help="stop the local cluster").set_defaults(
-        fn=cmd_down
-    )
-    _init_parser(cluster)
-    status = sub.add_parser("status", parents=[common], help="per-bucket leader, commit, lag")
-    status.add_argument("--json", action="store_true")
-    status.set_defaults(fn=cmd_status)
-    _add_client_commands(sub, common)
+def _cluster_admin_parsers(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """bucket migrate|recover, rebalance, node add|init|run|remove."""
     bucket = sub.add_parser("bucket", help="bucket operations").add_subparsers(
         dest="action", required=True
     )
@@ -751,7 +909,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="move BUCKET's replicas to other nodes, then bump its epoch (resumable)",
     )
-    migrate.add_argument("bucket", type=_bucket_number)
+    migrate.add_argument("bucket", type=_bucket_number, help="the bucket's number")
     migrate.add_argument("--to", help="the target nodes, NODE[,NODE...] (R of them)")
     migrate.add_argument(
         "--rollback", action="store_true", help="undo an unfinished migration instead"
@@ -780,8 +938,56 @@ def build_parser() -> argparse.ArgumentParser:
     remove = node.add_parser(
         "remove", parents=[common], help="drain NODE (rebalance then moves its buckets)"
     )
-    remove.add_argument("node")
+    remove.add_argument("node", help="the node's id")
     remove.set_defaults(fn=cmd_node_remove)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="sevendb", description=__doc__)
+    parser.add_argument(
+        "--version", action="version", version=f"sevendb {_version()}", help="print the version"
+    )
+    _add_common(parser, suppress=False)
+    common = _Parser(add_help=False)
+    _add_common(common, suppress=True)
+    sub = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(dest="command", required=True),
+    )
+    demo = sub.add_parser("demo", help="run the demo (starts and stops a local cluster)")
+    demo.add_argument(
+        "--data",
+        default=argparse.SUPPRESS,
+        help=f"data dir of the demo cluster (default ./{DEMO_DATA})",
+    )
+    demo.set_defaults(fn=None)
+    cluster = sub.add_parser("cluster", help="run a local cluster").add_subparsers(
+        dest="action", required=True
+    )
+    up = cluster.add_parser("up", parents=[common], help="start (or restart) a local cluster")
+    up.add_argument("--nodes", type=int, default=3, help="node processes on 127.0.0.1")
+    up.add_argument("--buckets", type=int, default=8, help="buckets (fixed once created)")
+    up.add_argument("--replicas", type=int, default=3, help="replicas per bucket")
+    up.set_defaults(fn=cmd_up)
+    cluster.add_parser("down", parents=[common], help="stop the local cluster").set_defaults(
+        fn=cmd_down
+    )
+    _init_parser(cluster)
+    status = sub.add_parser("status", parents=[common], help="per-bucket leader, commit, lag")
+    status.add_argument(
+        "--json", action="store_true", help="one JSON document, with each replica's digest"
+    )
+    status.set_defaults(fn=cmd_status)
+    _add_client_commands(sub, common)
+    _backup_parser(sub, common)
+    completion = sub.add_parser(
+        "completion",
+        help="print a shell completion script: `sevendb completion bash > "
+        "/etc/bash_completion.d/sevendb`, or zsh into a directory of $fpath as _sevendb",
+    )
+    completion.add_argument("shell", choices=("bash", "zsh", "tcsh"), help="the shell")
+    completion.set_defaults(fn=cmd_completion)
+    _cluster_admin_parsers(sub, common)
     sub.add_parser(
         "spark",
         add_help=False,
@@ -798,16 +1004,14 @@ def _add_client_commands(
     sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> None:
     """write, get, token and subscribe: the commands of the client's CLI."""
-    client_common = argparse.ArgumentParser(add_help=False, parents=[common])
-    client_common.add_argument(
-        "--timeout",
-        type=_seconds,
-        default=DEFAULT_TIMEOUT_S,
-        help=f"give up after this many seconds without an answer (default {DEFAULT_TIMEOUT_S:g})",
-    )
+    client_common = common
     write = sub.add_parser("write", parents=[client_common], help="write KEY VALUE")
-    write.add_argument("key")
-    write.add_argument("value")
+    write.add_argument("key", help="the key")
+    write.add_argument(
+        "value",
+        help="the value; @FILE: a file's bytes; -: standard input's; @@...: a value that "
+        "starts with @",
+    )
     write.add_argument(
         "--expect-version",
         type=int,
@@ -817,14 +1021,14 @@ def _add_client_commands(
     write.add_argument("--if-absent", action="store_true", help="fail if the key exists")
     write.set_defaults(fn=cmd_write)
     get = sub.add_parser("get", parents=[client_common], help="read KEY")
-    get.add_argument("key")
+    get.add_argument("key", help="the key")
     get.set_defaults(fn=cmd_get)
     token = sub.add_parser(
         "token",
         parents=[common],
         help="print a token for principal NAME, minted by the cluster (admin) or --secrets",
     )
-    token.add_argument("name")
+    token.add_argument("name", help="the principal the token names")
     token.add_argument(
         "--ttl", default="24h", help="how long it is valid: 90s, 15m, 12h, 30d (default 24h)"
     )
@@ -838,16 +1042,19 @@ def _add_client_commands(
         parents=[client_common],
         help="tail QUERY (key:K, prefix:P or all): one JSON line per change, acked as printed",
     )
-    subscribe.add_argument("query")
+    subscribe.add_argument("query", help="key:K, prefix:P or all")
     subscribe.add_argument(
         "--cursor",
         type=Path,
         help="cursor file: a restarted command resumes after its last event (without one, "
         "the subscription ends when the command does)",
     )
-    subscribe.add_argument("--count", type=int, help="exit after this many events")
+    subscribe.add_argument("--count", type=int, help="exit after this many events (default: never)")
     subscribe.add_argument(
-        "--idle-exit", type=float, default=0.0, help="exit after this many idle seconds"
+        "--idle-exit",
+        type=float,
+        default=0.0,
+        help="exit after this many idle seconds (default 0: never)",
     )
     subscribe.add_argument(
         "--on-stale",
@@ -914,19 +1121,51 @@ def cmd_spark(argv: list[str]) -> int:
     return spark_jobs.main(args)
 
 
+def leading_globals(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(the GLOBAL_OPTIONS before the command, with their values; the rest)."""
+    i = 0
+    while i < len(argv):
+        name = argv[i].split("=", 1)[0]
+        if name not in GLOBAL_OPTIONS:
+            break
+        i += 1 if "=" in argv[i] or name in GLOBAL_FLAGS else 2
+    return list(argv[:i]), list(argv[i:])
+
+
+def read_value(text: str) -> bytes:
+    """A value given on the command line: ``-`` is standard input's bytes, ``@FILE``
+    a file's, ``@@...`` the text from its second ``@``; anything else its UTF-8."""
+    from sevendb.outbox.errors import InvalidArgument
+
+    if text == "-":
+        return sys.stdin.buffer.read()
+    if text.startswith("@@"):
+        return text[1:].encode()
+    if text.startswith("@"):
+        try:
+            return Path(text[1:]).read_bytes()
+        except OSError as exc:
+            raise InvalidArgument(f"{text}: cannot read the file ({exc.strerror})") from None
+    return text.encode()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["spark"]:
-        return cmd_spark(argv[1:])
-    if argv[:2] == ["node", "run"]:
+    before, rest = leading_globals(argv)
+    if rest[:1] == ["spark"]:
+        data = [a for a in before if a == "--data" or a.startswith("--data=")]
+        if data and data[0] == "--data":
+            data.append(before[before.index("--data") + 1])
+        return cmd_spark([*rest[1:], *data])
+    if rest[:2] == ["node", "run"]:
         from sevendb.cluster.ops.deploy import node_run
 
-        return node_run(argv[2:])
-    args = _parse(build_parser(), argv)
+        return node_run([*before, *rest[2:]])
+    args = parse_args(argv)
     if args.command == "demo":
         from sevendb.cluster.ops.demo import run_demo
 
-        return run_demo(args.data)
+        return run_demo(Path(getattr(args, "data", None) or DEMO_DATA))
     from sevendb.cluster.common.auth import AuthError
     from sevendb.cluster.common.topology import ConfigError
     from sevendb.cluster.ops.migrate import MigrationError
@@ -941,6 +1180,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, SevenDBError, TimeoutError, MigrationError, AuthError) as exc:
         print(f"sevendb: {exc.__class__.__name__}: {exc}", file=sys.stderr)
         return exit_code(exc)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line parsed; a global option given before the command holds unless
+    given again after it (a command's own defaults do not override it)."""
+    args = _parse(build_parser(), argv)
+    before, rest = leading_globals(argv)
+    if before:
+        top = _Parser(add_help=False)
+        _add_common(top, suppress=True)
+        given = vars(top.parse_args(before))
+        after = {a.split("=", 1)[0] for a in rest if a.startswith("--")}
+        for dest, value in given.items():
+            if f"--{dest}" not in after:
+                setattr(args, dest, value)
+    return args
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:

@@ -12,6 +12,7 @@ bundles of a cluster across machines, and running a node from one (docs/deploy.m
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -36,10 +37,12 @@ from sevendb.cluster.common.bundle import (
 from sevendb.cluster.common.topology import (
     BUCKETS_MAX,
     META_VOTERS_DEFAULT,
+    BucketSpec,
     ClusterSpec,
     ConfigError,
     NodeSpec,
     new_cluster,
+    rendezvous,
 )
 from sevendb.cluster.ops.admin import ClusterAdmin
 
@@ -54,6 +57,7 @@ __all__ = [
     "node_run",
     "node_tls",
     "parse_node",
+    "with_bucket_uuids",
     "write_client_bundle",
 ]
 
@@ -93,6 +97,19 @@ def parse_node(text: str) -> tuple[str, str, int | None]:
     return node_id, host, int(port)
 
 
+def with_bucket_uuids(spec: ClusterSpec, bucket_uuids: Sequence[str]) -> ClusterSpec:
+    """`spec` with these buckets (a restored cluster keeps its buckets' identities),
+    each placed by rendezvous hashing as a new cluster's are."""
+    node_ids = spec.node_ids
+    buckets = tuple(
+        BucketSpec(b, u, tuple(rendezvous(u, node_ids, spec.replicas)))
+        for b, u in enumerate(bucket_uuids)
+    )
+    new = dataclasses.replace(spec, buckets=buckets)
+    new.validate()
+    return new
+
+
 def _fresh(out: Path) -> None:
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} is not empty: bundles are written once, into a new directory")
@@ -129,11 +146,15 @@ def cluster_init(
     ca: Issued | None = None,
     sans: Sequence[str] = (),
     progress: Callable[[str], None] = lambda _: None,
+    bucket_uuids: Sequence[str] = (),
+    node_extra: str = "",
 ) -> ClusterSpec:
     """Mint a cluster and write a bundle per node (out/<id>/) and a client bundle
     (out/client.toml): with TLS, a CA of the cluster's own (out/ca-key.pem) unless
     `ca` is the operator's, a certificate per node for its host and `sans`, and an
-    admin client certificate; with `insecure`, none (plaintext)."""
+    admin client certificate; with `insecure`, none (plaintext). `bucket_uuids`: the
+    buckets' identities (a restore; default new ones); `node_extra`: lines added to
+    each node.toml's [node] section."""
     from sevendb.cluster.common.tls import new_ca
 
     if insecure and (ca is not None or sans):
@@ -154,6 +175,8 @@ def cluster_init(
         for i, (node_id, host, port) in enumerate(parsed)
     ]
     spec = new_cluster(nodes=specs, buckets=buckets, replicas=replicas, meta_voters=voters)
+    if bucket_uuids:
+        spec = with_bucket_uuids(spec, bucket_uuids)
     secrets = ClusterSecrets.new()
     if not insecure and ca is None:
         ca = new_ca(spec.cluster_id)
@@ -161,7 +184,13 @@ def cluster_init(
     for node in spec.nodes:
         tls = None if ca is None else node_tls(ca, node, sans)
         path = write_node_bundle(
-            out / node.node_id, spec, node, secrets, tls, listen_host=listen_host
+            out / node.node_id,
+            spec,
+            node,
+            secrets,
+            tls,
+            listen_host=listen_host,
+            extra=node_extra,
         )
         progress(f"wrote {path}")
     progress(f"wrote {write_client_bundle(out / CLIENT_FILE, spec, secrets, ca)}")

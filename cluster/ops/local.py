@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +42,12 @@ from sevendb.cluster.common.topology import (
     new_cluster,
 )
 from sevendb.cluster.ops.admin import ClusterAdmin, Unreachable, client_tls
-from sevendb.cluster.ops.deploy import load_ca_files, node_tls, write_client_bundle
+from sevendb.cluster.ops.deploy import (
+    load_ca_files,
+    node_tls,
+    with_bucket_uuids,
+    write_client_bundle,
+)
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 from sevendb.sdk.tls import TLS, sync_channel
@@ -222,7 +227,11 @@ class UpResult:
 
 
 def _write_node(
-    data_dir: Path, genesis: ClusterSpec, node: NodeSpec, secrets: ClusterSecrets
+    data_dir: Path,
+    genesis: ClusterSpec,
+    node: NodeSpec,
+    secrets: ClusterSecrets,
+    node_extra: str = "",
 ) -> None:
     """A local node's bundle: its data dir is its bundle's dir, every node archives
     under the cluster's one archive root, and its certificate comes from the data
@@ -238,16 +247,24 @@ def _write_node(
         None if ca is None else node_tls(ca, node),
         seeds=[n.grpc_address for n in genesis.nodes if n.node_id != node.node_id],
         data_dir=".",
-        extra=f'\n[archive]\nroot = "{data_dir / "archive"}"\n',
+        extra=node_extra + f'\n[archive]\nroot = "{data_dir / "archive"}"\n',
     )
 
 
 def create_local_cluster(
-    data_dir: Path, *, nodes: int, buckets: int, replicas: int, insecure: bool = False
+    data_dir: Path,
+    *,
+    nodes: int,
+    buckets: int,
+    replicas: int,
+    insecure: bool = False,
+    bucket_uuids: Sequence[str] = (),
+    node_extra: str = "",
 ) -> ClusterSpec:
     """Mint a cluster on 127.0.0.1 and write its bundles under `data_dir`: one per
     node in nodes/<id>/, the secrets, the CA (unless `insecure`) and a client.toml
-    with an admin token and certificate."""
+    with an admin token and certificate. `bucket_uuids` and `node_extra` as for
+    `deploy.cluster_init` (a restore)."""
     from sevendb.cluster.common.tls import new_ca
 
     if replicas > nodes:
@@ -265,6 +282,8 @@ def create_local_cluster(
         for i in range(nodes)
     ]
     spec = new_cluster(nodes=specs, buckets=buckets, replicas=replicas)
+    if bucket_uuids:
+        spec = with_bucket_uuids(spec, bucket_uuids)
     secrets = ClusterSecrets.new()
     ca = None
     if not insecure:
@@ -272,7 +291,7 @@ def create_local_cluster(
         write_file(data_dir / CA_KEY_FILE, ca.key_pem, secret=True)
         write_file(data_dir / CA_FILE, ca.cert_pem)
     for node in spec.nodes:
-        _write_node(data_dir, spec, node, secrets)
+        _write_node(data_dir, spec, node, secrets, node_extra)
     write_file(data_dir / SECRETS_FILE, secrets.to_toml(), secret=True)
     write_client_bundle(data_dir / CLIENT_FILE, spec, secrets, ca)
     return spec

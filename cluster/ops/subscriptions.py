@@ -226,6 +226,15 @@ def cmd_delete(args: argparse.Namespace, endpoints: Endpoints, token: Token) -> 
     return _run(args, endpoints, token, run)
 
 
+def _as_admin(args: argparse.Namespace) -> argparse.Namespace:
+    """These commands act as the admin unless --principal says otherwise. (Set as a
+    parser default, "admin" leaked into every command sharing the --principal
+    option.)"""
+    if not getattr(args, "principal", None):
+        args.principal = "admin"
+    return args
+
+
 def add_commands(
     sub: argparse._SubParsersAction[argparse.ArgumentParser],
     common: argparse.ArgumentParser,
@@ -242,21 +251,19 @@ def add_commands(
     def command(name: str, help_: str, fn: Callable[..., int]) -> argparse.ArgumentParser:
         parser = group.add_parser(name, parents=[common], help=help_)
         parser.add_argument("--bucket", type=int, help="only this bucket (default: every one)")
-        parser.set_defaults(
-            fn=lambda args: fn(args, endpoints, token), principal="admin", tls_of=tls
-        )
+        parser.set_defaults(fn=lambda args: fn(_as_admin(args), endpoints, token), tls_of=tls)
         return parser
 
     listing = command(
         "list", "owner, query, lag, idle time, rows held, attached: one line each", cmd_list
     )
     listing.add_argument("--owner", help="only this principal's (admin only)")
-    listing.add_argument("--json", action="store_true")
+    listing.add_argument("--json", action="store_true", help="one JSON object per line")
     show = command("show", "everything about SUB_ID", cmd_show)
-    show.add_argument("sub_id")
-    show.add_argument("--json", action="store_true")
+    show.add_argument("sub_id", help="the subscription's id")
+    show.add_argument("--json", action="store_true", help="as a JSON object")
     delete = command("delete", "delete SUB_ID: its rows are dropped, its slot freed", cmd_delete)
-    delete.add_argument("sub_id")
+    delete.add_argument("sub_id", help="the subscription's id")
 
 
 __all__ = ["add_commands"]

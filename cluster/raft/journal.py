@@ -11,13 +11,15 @@ pysyncobj calls it from one thread.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import os
+import time
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
-from typing import overload
+from typing import Final, overload
 
 from sevendb.cluster.common.files import fsync_dir, pwrite_all, write_synced
 
@@ -51,10 +53,13 @@ from .sidecars import (
 
 __all__ = [
     "FORMAT_VERSION",
+    "FSYNC_BUCKETS_S",
     "MAGIC",
     "STATE_FORMAT_VERSION",
     "STATE_MAGIC",
+    "DiskStats",
     "DurableJournal",
+    "Durations",
     "Entry",
     "FailStopJournal",
     "JournalError",
@@ -116,15 +121,51 @@ def _position(entry: Entry | None) -> Position:
     return NOTHING if entry is None else (entry[2], entry[1])
 
 
+FSYNC_BUCKETS_S: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+"""Upper bounds of the journal's fsync duration histogram (`/metrics`)."""
+
+
+class Durations:
+    """How long the journal's fsyncs took: a count per bucket of `FSYNC_BUCKETS_S`
+    (the last one: longer) and their sum, read by `/metrics` as a histogram. Kept
+    here, without a metrics library, so the Raft room needs none; one bisect per
+    fsync."""
+
+    def __init__(self, bounds: tuple[float, ...] = FSYNC_BUCKETS_S) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum_s = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, seconds)] += 1
+        self.sum_s += seconds
+
+    def snapshot(self) -> tuple[tuple[float, ...], tuple[int, ...], float]:
+        """(bounds, count per bucket, sum of seconds), a consistent enough copy."""
+        return self.bounds, tuple(self.counts), self.sum_s
+
+
+class DiskStats:
+    """What a journal did to its disk, for `/metrics`: how long its fsyncs took and
+    how many bytes it wrote (records, rewrites, sidecars) since it was opened."""
+
+    def __init__(self) -> None:
+        self.fsync_durations = Durations()
+        self.bytes_written = 0
+
+
 class _Disk:
-    """The journal's fsyncs, counted (`FailStopJournal` uses a stricter one)."""
+    """The journal's fsyncs, counted and timed (`FailStopJournal` uses a stricter one)."""
 
     def __init__(self) -> None:
         self.fsyncs = 0
         self.failure: str | None = None
+        self.stats = DiskStats()
 
     def fsync(self, fd: int) -> None:
+        started = time.perf_counter()
         _fdatasync(fd)
+        self.stats.fsync_durations.observe(time.perf_counter() - started)
         self.fsyncs += 1
 
     def fsync_dir(self, directory: Path) -> None:
@@ -137,6 +178,7 @@ class _Disk:
         tmp = Path(str(target) + _TMP_SUFFIX)
         write_synced(tmp, payload)
         self.fsyncs += 1
+        self.stats.bytes_written += len(payload)
         os.replace(tmp, target)
         self.fsync_dir(target.parent)
 
@@ -156,6 +198,8 @@ class DurableJournal:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._disk = self._disk_class()
+        self.disk_stats = self._disk.stats
+        """Its fsync durations and bytes written (`DiskStats`)."""
         self._meta = JournalMeta(self.path, self._disk.atomic_write)
         self._entries: list[Entry] = []
         # File offset at which each entry's record starts, so deleteEntriesFrom can
@@ -260,6 +304,7 @@ class DurableJournal:
         self._entries.append((data, idx, term))
         self._offsets.append(self._end)
         self._end += len(record)
+        self.disk_stats.bytes_written += len(record)
         self.pending = True
 
     def clear(self) -> None:

@@ -36,6 +36,7 @@ __all__ = [
     "LateTickWatch",
     "RaftCounters",
     "RaftNode",
+    "leader_view",
 ]
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,25 @@ class RaftCounters:
     rewinds_prevented: int = 0
     matching_entries_kept: int = 0
     late_leader_ticks: int = 0
+    leader_changes: int = 0
+    """Times this replica saw a new leader (itself elected, or another's first
+    AppendEntries), like etcd's leader_changes_seen."""
+    proposals_failed: int = 0
+    """Proposals made here that pysyncobj failed (no leader, leader changed, ...)."""
+    compactions: int = 0
+    """Times the log was cut after a snapshot."""
+
+
+def leader_view(node: RaftNode) -> tuple[bool, int]:
+    """(whether `node` leads or heard from a leader within the longest election
+    timeout, the commit index its leader last told it - its own on a leader).
+    pysyncobj keeps a follower's last leader for as long as it reaches no one to
+    campaign with, so `_getLeader()` alone can name a dead one. Any thread."""
+    if node._isLeader():
+        return True, int(node._SyncObj__raftCommitIndex)
+    heard = _monotonic() - node._leader_contact_s < node._election_max_s
+    known = node._getLeader() is not None and heard
+    return known, int(node._SyncObj__leaderCommitIndex or 0)
 
 
 def _last(journal: FailStopJournal) -> Position:
@@ -121,6 +141,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     _SyncObj__raftCurrentTerm: int
     _SyncObj__newAppendEntriesTime: float
     _SyncObj__recvTransmission: bytes | str
+    _SyncObj__leaderCommitIndex: int | None
 
     def __init__(
         self,
@@ -433,6 +454,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     def _SyncObj__onBecomeLeader(self) -> None:
         # The new term's NO_OP (syncobj.py:1227) is durable before anyone counts it.
         self._recovery.leader_seen()
+        self._counters.leader_changes += 1
         SyncObj._SyncObj__onBecomeLeader(self)
         self._journal.sync()
 
@@ -565,6 +587,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             )
         if self._SyncObj__raftLeader != node:
             self._SyncObj__onLeaderChanged()
+            self._counters.leader_changes += 1
         self._SyncObj__raftLeader = node
         self._leader_contact_s = _monotonic()
         if self._recovery.data_loss is not None:
@@ -706,6 +729,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         if point < toIDx:
             self._counters.compactions_deferred += 1
             toIDx = point
+        self._counters.compactions += 1
         SyncObj._SyncObj__deleteEntriesTo(self, toIDx)
 
     def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:

@@ -42,7 +42,7 @@ from sevendb.outbox.state import BucketStateMachine
 from .journal import FailStopJournal
 from .loop import RaftLoop
 from .node import _LEADER as LEADER_STATE
-from .node import FAIL_NAMES, RaftCounters, RaftNode
+from .node import FAIL_NAMES, RaftCounters, RaftNode, leader_view
 from .recovery import ACCEPT_LOSS, UNKNOWN_INDEX, Recovery, write_decision
 from .sidecars import NOTHING
 from .snapshots import SNAPSHOT_FILE, SnapshotFiles
@@ -272,6 +272,7 @@ class BucketReplica:
 
         def settle(result: object, error: int | str) -> None:
             if error != FAIL_REASON.SUCCESS:
+                self._counters.proposals_failed += 1
                 reason = error if isinstance(error, str) else FAIL_NAMES.get(error, str(error))
                 future.set_exception(
                     ReplicaUnavailable(
@@ -394,6 +395,7 @@ class BucketReplica:
         except IndexError:
             first_idx = last_idx = 0
         counters = self._counters
+        has_leader, leader_commit = leader_view(node)
         return {
             "bucket": self.bucket,
             "bucket_uuid": self.bucket_uuid,
@@ -434,6 +436,14 @@ class BucketReplica:
             "transfer_pauses": node.transfer.pauses,
             "late_leader_ticks": counters.late_leader_ticks,
             "followers_held": dict(node.flow.held),
+            "has_leader": has_leader,
+            "leader_commit_index": leader_commit,
+            "leader_changes": counters.leader_changes,
+            "proposals_failed": counters.proposals_failed,
+            "compactions": counters.compactions,
+            "journal_bytes_written": journal.disk_stats.bytes_written,
+            # (bounds in seconds, count per bucket and one for longer, sum of seconds)
+            "fsync_durations": journal.disk_stats.fsync_durations.snapshot(),
         }
 
     def wait_ready(self, timeout_s: float) -> bool:

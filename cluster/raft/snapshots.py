@@ -38,6 +38,7 @@ __all__ = [
     "SnapshotFiles",
     "decode_snapshot",
     "encode_snapshot",
+    "seed_replica",
 ]
 
 logger = logging.getLogger(__name__)
@@ -119,6 +120,36 @@ def decode_snapshot(data: bytes) -> Snapshot:
     if not (isinstance(cluster, list) and all(isinstance(a, str) for a in cluster)):
         raise ValueError("snapshot cluster must be a list of addresses")
     return Snapshot(bucket_uuid, core, _entry(last), _entry(prev), tuple(cluster))
+
+
+_NO_OP: Final = b"\x01"
+"""pysyncobj's NO_OP command (syncobj.py:58)."""
+
+
+def seed_replica(
+    data_dir: Path, bucket_uuid: str, core: bytes, index: int, members: Sequence[str]
+) -> None:
+    """Make `data_dir` (which must not exist) a replica that starts from `core` at
+    log index `index`, in a group of `members`: a restored bucket
+    (`sevendb backup restore`). The snapshot's last two entries are NO_OPs of term
+    0 at `index - 1` and `index`, the same on every member, so the group's logs
+    agree from there and its first leader's entries follow (term 1 and later, index
+    `index + 1`). The directory is written aside and renamed into place: a crash
+    leaves no half-seeded replica."""
+    if index < 2:
+        raise ValueError(f"a seeded replica starts at log index 2 or later, not {index}")
+    tmp = data_dir.with_name(data_dir.name + ".seeding")
+    if tmp.exists():
+        for leftover in tmp.iterdir():
+            leftover.unlink()
+        tmp.rmdir()
+    tmp.mkdir(parents=True)
+    snap = Snapshot(
+        bucket_uuid, core, (_NO_OP, index, 0), (_NO_OP, index - 1, 0), tuple(sorted(members))
+    )
+    write_synced(tmp / SNAPSHOT_FILE, *encode_snapshot(snap))
+    tmp.rename(data_dir)
+    fsync_dir(data_dir.parent)
 
 
 class BackgroundSerializer(Serializer):  # type: ignore[misc]

@@ -23,6 +23,30 @@ from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
 
 
+def require_admin(call: Call) -> None:
+    """PERMISSION_DENIED unless the caller is the admin."""
+    if call.principal != ADMIN_PRINCIPAL:
+        raise Failure(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"administration needs the {ADMIN_PRINCIPAL!r} principal "
+            f"(`sevendb token {ADMIN_PRINCIPAL}`)",
+        )
+
+
+def local_replica(edge: Edge, bucket: int) -> BucketReplica:
+    """This node's replica of `bucket`; UNAVAILABLE (naming a node that has one) if
+    there is none here."""
+    edge.check_bucket(bucket)
+    replica = edge.replicas.get(bucket)
+    if replica is None:
+        raise Failure(
+            grpc.StatusCode.UNAVAILABLE,
+            f"bucket {bucket}: no replica on this node",
+            leader=edge.some_host(bucket),
+        )
+    return replica
+
+
 class Admin:
     """The administration and operations handlers of one node."""
 
@@ -31,23 +55,11 @@ class Admin:
 
     @staticmethod
     def _admin(call: Call) -> None:
-        if call.principal != ADMIN_PRINCIPAL:
-            raise Failure(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"administration needs the {ADMIN_PRINCIPAL!r} principal "
-                f"(`sevendb token {ADMIN_PRINCIPAL}`)",
-            )
+        require_admin(call)
 
     def _leading_replica(self, bucket: int) -> BucketReplica:
         edge = self._edge
-        edge.check_bucket(bucket)
-        replica = edge.replicas.get(bucket)
-        if replica is None:
-            raise Failure(
-                grpc.StatusCode.UNAVAILABLE,
-                f"bucket {bucket}: no replica on this node",
-                leader=edge.some_host(bucket),
-            )
+        replica = local_replica(edge, bucket)
         if not replica.is_leader or replica.quarantined:
             raise Failure(
                 grpc.StatusCode.UNAVAILABLE,
@@ -212,4 +224,4 @@ def _int(value: object) -> int:
     return value if isinstance(value, int) else 0
 
 
-__all__ = ["Admin"]
+__all__ = ["Admin", "local_replica", "require_admin"]

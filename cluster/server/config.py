@@ -5,9 +5,10 @@
 
 Sections: ``[node]`` (`NodeSettings`: identity, addresses, files), ``[raft]``
 (`RaftTuning`), ``[notifier]`` (`NotifierSettings`), ``[archive]``
-(`ArchiveSettings`) and ``[server]`` (`ServerLimits`). Precedence, highest first:
-flag, environment, file, default (`sevendb.cluster.common.settings`). Relative paths
-in the file are relative to the file's directory. docs/deploy.md lists every key.
+(`ArchiveSettings`), ``[server]`` (`ServerLimits`) and ``[log]`` (`LogSettings`).
+Precedence, highest first: flag, environment, file, default
+(`sevendb.cluster.common.settings`). Relative paths in the file are relative to the
+file's directory. docs/deploy.md lists every key.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sevendb.cluster.archive.writer import ArchiveSettings
 from sevendb.cluster.common.settings import Layers, Settings
 from sevendb.cluster.common.topology import ConfigError
 from sevendb.cluster.raft.replica import RaftTuning
+from sevendb.cluster.server.logs import LogSettings
 from sevendb.cluster.server.overload import ServerLimits
 from sevendb.notifier.host import NotifierSettings
 
@@ -63,6 +65,12 @@ class NodeSettings:
     """On SIGTERM: how long the node may take to hand its leaderships and notifier
     leases to other replicas before it exits anyway (usually well under a second;
     with the 2 s the last calls get, within Docker's default 10 s stop timeout)."""
+    restore: Path | None = None
+    """Restore seeds from `sevendb backup restore`: a bucket placed here whose data
+    does not exist yet starts from its seed (docs/operations.md)."""
+    ready_lag_max: int = 1000
+    """``/readyz`` answers 503 while a local replica has applied fewer than its
+    leader's commit index minus this many entries (docs/operations.md)."""
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -71,6 +79,8 @@ class NodeSettings:
             raise ValueError("client_certs needs TLS: it cannot be set with insecure = true")
         if not 0 <= self.drain_s <= 3600:
             raise ValueError(f"drain_s must be 0..3600, got {self.drain_s}")
+        if self.ready_lag_max < 0:
+            raise ValueError(f"ready_lag_max must be >= 0, got {self.ready_lag_max}")
 
 
 SECTIONS: Mapping[str, type[Any]] = {
@@ -79,6 +89,7 @@ SECTIONS: Mapping[str, type[Any]] = {
     "notifier": NotifierSettings,
     "archive": ArchiveSettings,
     "server": ServerLimits,
+    "log": LogSettings,
 }
 
 
@@ -89,6 +100,7 @@ class NodeConfig:
     notifier: NotifierSettings
     archive: ArchiveSettings
     server: ServerLimits
+    log: LogSettings
     settings: Settings
     """Where each value came from (`Settings.explain` for ``--print-config``)."""
 
@@ -114,6 +126,7 @@ def load_node_config(
         tls_ca=base / node.tls_ca,
         tls_cert=base / node.tls_cert,
         tls_key=base / node.tls_key,
+        restore=None if node.restore is None else base / node.restore,
     )
     raft = settings.section("raft", RaftTuning)
     notifier = settings.section("notifier", NotifierSettings)
@@ -122,4 +135,7 @@ def load_node_config(
     notifier = dataclasses.replace(notifier, stall_window_ms=raft.stall_window_ms)
     archive = settings.section("archive", ArchiveSettings)
     server = settings.section("server", ServerLimits)
-    return NodeConfig(node, raft, notifier, archive, server, settings)
+    log = settings.section("log", LogSettings)
+    if log.file not in ("stderr", "stdout"):
+        log = dataclasses.replace(log, file=str(base / log.file))
+    return NodeConfig(node, raft, notifier, archive, server, log, settings)

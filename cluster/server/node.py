@@ -18,7 +18,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -28,15 +28,19 @@ from grpc_health.v1.health import aio as health_aio
 
 from sevendb.cluster.archive.writer import ArchiveWriter
 from sevendb.cluster.common.auth import NODE_PRINCIPAL, Keyring, auth_metadata
+from sevendb.cluster.common.backup import read_image, read_manifest
 from sevendb.cluster.common.bundle import ClusterSecrets, NodeTLS, load_node_tls
 from sevendb.cluster.common.settings import flags_from_args, section_flags
 from sevendb.cluster.common.topology import ClusterSpec, ConfigError
 from sevendb.cluster.raft.replica import BucketReplica, RaftLoop
+from sevendb.cluster.raft.snapshots import seed_replica
 from sevendb.cluster.server.config import SECTIONS, NodeConfig, load_node_config
 from sevendb.cluster.server.edge import now_ms
 from sevendb.cluster.server.faults import KILL_BEFORE_SEND, FaultPoints
+from sevendb.cluster.server.health import HealthServer, readiness
+from sevendb.cluster.server.logs import configure_logging, early_logging
 from sevendb.cluster.server.meta import ClusterView, MetaFollower, MetaMember, MetaState
-from sevendb.cluster.server.metrics import DiskState, NodeMetrics
+from sevendb.cluster.server.metrics import NodeMetrics
 from sevendb.cluster.server.service import NodeService
 from sevendb.notifier.host import BucketNotifier
 from sevendb.outbox.model import Applied
@@ -63,18 +67,6 @@ HEALTH_SERVICES = ("", "sevendb.v1.SevenDB")
 JOIN_TIMEOUT_S = 60.0
 """How long a node that is not in the genesis waits to learn its place from the
 metadata voters before giving up."""
-
-
-def _disk_state(replica: BucketReplica) -> DiskState:
-    """What `/metrics` shows of a replica's disk-fault recovery."""
-    status = replica.status()
-    repairs = status.get("disk_repairs")
-    return (
-        replica.bucket,
-        repairs if isinstance(repairs, int) else 0,
-        bool(status.get("repairing")),
-        status.get("data_loss") is not None,
-    )
 
 
 class HandoverPacer:
@@ -163,10 +155,9 @@ class Node:
         self._started = False
         root = config.archive.root or self.home / "archive"
         self.archive = ArchiveWriter(root, self.node_id, config.archive)
-        self.metrics = NodeMetrics(
-            plan_mismatches=lambda: sum(r.plan_mismatches for r in self.replicas.values()),
-            disk=lambda: [_disk_state(r) for r in self.replicas.values()],
-        )
+        self.metrics = NodeMetrics(self.node_id)
+        self.metrics.watch(self.local_replicas, self.archive, self.tuning.stall_window_ms)
+        self.http: HealthServer | None = None
         self.meta: MetaMember | None = None
         try:
             if self.me.meta_port:
@@ -212,6 +203,18 @@ class Node:
             self.view, self._node_metadata, self.config.node.seeds, self.channel_credentials
         )
 
+    def local_replicas(self) -> Iterator[tuple[str, BucketReplica]]:
+        """Every replica this node runs now, by its ``bucket`` label in `/metrics`:
+        the buckets' by number, the metadata group's member as ``meta``."""
+        for bucket, replica in sorted(self.replicas.items()):
+            yield str(bucket), replica
+        if self.meta is not None:
+            yield "meta", self.meta.replica
+
+    def not_ready(self) -> list[str]:
+        """Why this node is not ready for traffic (`/readyz`; empty: ready)."""
+        return readiness(self.local_replicas, self.config.node.ready_lag_max)
+
     # ---- replicas follow the spec ------------------------------------------------------
 
     def reload(self) -> list[int]:
@@ -231,9 +234,31 @@ class Node:
             self._delete_stray_data(wanted)
             return sorted(self.replicas)
 
+    def _seed(self, bucket: int, data_dir: Path) -> None:
+        """A bucket that has no data here yet starts from its restore seed, if
+        `[node] restore` has one (`sevendb backup restore`)."""
+        seeds = self.config.node.restore
+        if seeds is None or data_dir.exists():
+            return
+        image = read_manifest(seeds, complete=False).image(bucket)
+        if image is None:
+            return
+        expected = self.spec.buckets[bucket].bucket_uuid
+        if image.bucket_uuid != expected:
+            raise ConfigError(
+                f"{seeds}: bucket {bucket}'s seed is of bucket {image.bucket_uuid}, "
+                f"not {expected}: seeds of another cluster"
+            )
+        core = read_image(seeds, image)
+        seed_replica(
+            data_dir, image.bucket_uuid, core, image.index, self.spec.replica_addresses(bucket)
+        )
+        log.info("bucket %d: starting from the restored backup (log index %d)", bucket, image.index)
+
     def _start_replica(self, bucket: int) -> None:
         spec = self.spec
         me = self.me.raft_address(bucket)
+        self._seed(bucket, self.home / f"bucket-{bucket}")
         # The hook is in place before the replica replays its log: the archive must
         # see every purge (the notifier is attached once it exists).
         notifier_slot: list[BucketNotifier] = []
@@ -322,7 +347,9 @@ class Node:
             balancer = threading.Thread(target=self._balance_leaders, name="balance", daemon=True)
             balancer.start()
         if self.me.metrics_port:
-            self.metrics.serve(self.config.node.listen_host, self.me.metrics_port)
+            self.http = HealthServer(
+                self.metrics, self.not_ready, self.config.node.listen_host, self.me.metrics_port
+            )
 
     def _balance_leaders(self) -> None:
         """Hand each bucket this node leads to its preferred replica when that one is
@@ -363,6 +390,8 @@ class Node:
             self.meta.close()
         self.raft_loop.close()
         self.archive.close()  # publishes what is buffered
+        if self.http is not None:
+            self.http.close()
 
     # ---- health and drain ------------------------------------------------------------
 
@@ -558,14 +587,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    early_logging()
     try:
         config = load_node_config(args.config, os.environ, flags_from_args(SECTIONS, vars(args)))
         if args.print_config:
             print(config.settings.explain(), end="")
             return 0
+        configure_logging(config.log, config.node.id)
         stop = StopRequest()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, stop.on_signal)

@@ -10,6 +10,7 @@ registered with raw bytes (`register`), and parsed here.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -24,9 +25,14 @@ from grpc import aio
 
 from sevendb.cluster.server.edge import Call, Edge
 from sevendb.cluster.server.errors import Ctx, Failure
+from sevendb.cluster.server.logs import REQUEST_LOGGER
+from sevendb.cluster.server.metrics import MethodMetrics
 from sevendb.proto import sevendb_pb2 as pb
 
 log = logging.getLogger(__name__)
+request_log = logging.getLogger(REQUEST_LOGGER)
+"""One DEBUG line per finished call: method, principal, status code, duration, peer
+(docs/operations.md, "Logs")."""
 
 SERVICE: Final = "sevendb.v1.SevenDB"
 MALFORMED_LOG_EVERY_S: Final = 10.0
@@ -90,6 +96,62 @@ class MalformedLog:
         self._last, self._count = now, 0
 
 
+class _Outcome:
+    """How one call ends, around its handler (`async with`): a `Failure` raised
+    inside becomes the call's status (`Failure.abort`); the call is counted in
+    `/metrics` (a stream is in flight meanwhile) and logged at DEBUG with its
+    principal and status (`request_log`)."""
+
+    __slots__ = ("_context", "_method", "_started", "_stats", "_stream", "call")
+
+    def __init__(self, stats: MethodMetrics, method: str, context: Ctx, *, stream: bool) -> None:
+        self._stats, self._method, self._context, self._stream = stats, method, context, stream
+        self._started = time.perf_counter()
+        self.call: Call | None = None
+        """The authenticated call, once the token was checked."""
+
+    async def __aenter__(self) -> _Outcome:
+        if self._stream:
+            self._stats.opened()
+        return self
+
+    async def __aexit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        code = grpc.StatusCode.OK
+        try:
+            if isinstance(exc, Failure):
+                code = exc.code
+                await exc.abort(self._context)
+            elif exc is not None:
+                code = _code_of(exc, self._context)
+        finally:
+            if self._stream:
+                self._stats.closed()
+            self._finished(code)
+
+    def _finished(self, code: grpc.StatusCode) -> None:
+        elapsed = time.perf_counter() - self._started
+        self._stats.finished(code, elapsed)
+        if request_log.isEnabledFor(logging.DEBUG):
+            call, peer = self.call, self._context.peer()
+            principal = call.principal if call is not None and call.principal else "-"
+            request_log.debug(
+                "%s by %s from %s: %s in %.1f ms",
+                self._method,
+                principal,
+                peer,
+                code.name,
+                elapsed * 1000,
+                extra={
+                    "event": "request",
+                    "method": self._method,
+                    "principal": principal,
+                    "code": code.name,
+                    "duration_ms": round(elapsed * 1000, 3),
+                    "peer": peer,
+                },
+            )
+
+
 class _Guard:
     """One method: authenticate, parse, call the handler, turn a Failure into the
     call's status."""
@@ -103,6 +165,8 @@ class _Guard:
         self.reply: type[Message] = getattr(pb, method.output_type.name)
         self._route = route
         self._malformed = malformed
+        streaming = method.client_streaming or method.server_streaming
+        self._stats = MethodMetrics(edge.metrics, self._name, streaming)
 
     def _call(self, context: Ctx) -> Call:
         if self._name in REFUSED_WHILE_DRAINING and self._edge.node.draining:
@@ -125,8 +189,8 @@ class _Guard:
             raise Failure.invalid(f"malformed {self._request.__name__}: {exc}") from None
 
     async def unary(self, raw: bytes, context: Ctx) -> Message:
-        try:
-            call = self._call(context)
+        async with _Outcome(self._stats, self._name, context, stream=False) as outcome:
+            call = outcome.call = self._call(context)
             request = self._parse(raw, context)
             if self._route.replica_of is not None:
                 bucket = self._route.replica_of(request)
@@ -135,35 +199,37 @@ class _Guard:
                     return forwarded
             result: Awaitable[Message] = self._route.handler(request, call)
             return await result
-        except Failure as failure:
-            await failure.abort(context)
 
     async def server_stream(self, raw: bytes, context: Ctx) -> AsyncIterator[Message]:
-        try:
-            call = self._call(context)
+        async with _Outcome(self._stats, self._name, context, stream=True) as outcome:
+            call = outcome.call = self._call(context)
             messages: AsyncIterator[Message] = self._route.handler(self._parse(raw, context), call)
             async for message in messages:
                 yield message
-        except Failure as failure:
-            await failure.abort(context)
 
     async def bidi_stream(
         self, requests: AsyncIterator[bytes], context: Ctx
     ) -> AsyncIterator[Message]:
-        try:
-            call = self._call(context)
+        async with _Outcome(self._stats, self._name, context, stream=True) as outcome:
+            call = outcome.call = self._call(context)
             parsed = self._parsed(requests, context)
             messages: AsyncIterator[Message] = self._route.handler(parsed, call)
             async for message in messages:
                 yield message
-        except Failure as failure:
-            await failure.abort(context)
 
     async def _parsed(self, requests: AsyncIterator[bytes], context: Ctx) -> AsyncIterator[Any]:
         """The stream's requests; a malformed one raises its Failure (the handler ends
         the call with it)."""
         async for raw in requests:
             yield self._parse(raw, context)
+
+
+def _code_of(exc: BaseException, context: Ctx) -> grpc.StatusCode:
+    """The status a call that raised `exc` ends with (for `/metrics` and the log)."""
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        return grpc.StatusCode.CANCELLED
+    code = context.code()
+    return code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
 
 
 def method_handlers(

@@ -15,6 +15,7 @@ from grpc import aio
 
 from sevendb.cluster.server.acks import Acks
 from sevendb.cluster.server.admin import Admin
+from sevendb.cluster.server.backup import Backups
 from sevendb.cluster.server.edge import Edge, NodeHost
 from sevendb.cluster.server.metadata import Metadata
 from sevendb.cluster.server.metrics import NodeMetrics
@@ -44,6 +45,7 @@ class NodeService:
         self.sessions = Sessions(self.streams)
         self.acks = Acks(self.edge)
         self.admin = Admin(self.edge)
+        self.backups = Backups(self.edge)
         self.metadata = Metadata(self.edge)
         self.subscriptions = SubscriptionAdmin(self.edge, self.streams)
 
@@ -75,6 +77,7 @@ class NodeService:
             "TransferLeader": Route(admin.transfer_leader),
             "CreateEpoch": Route(admin.create_epoch),
             "RecoverBucket": Route(admin.recover_bucket),
+            "BackupBucket": Route(self.backups.backup_bucket),
             "MetaRead": Route(self.metadata.meta_read),
             "MetaWrite": Route(self.metadata.meta_write),
             "JoinBundle": Route(self.metadata.join_bundle),

@@ -25,7 +25,7 @@ from typing import Any
 
 from bench_writes import machine, write_load
 
-from sevendb.cluster.ops.local import cluster_down, cluster_up, local_token
+from sevendb.cluster.ops.local import cluster_down, cluster_up, local_tls, local_token
 from sevendb.sdk import writer
 
 UNBOUNDED = 1 << 40
@@ -65,7 +65,7 @@ def main() -> int:
         data = Path(tmp) / "data"
         spec = cluster_up(data, nodes=3, buckets=args.buckets, replicas=3).spec
         try:
-            token = local_token(data)
+            token, tls = local_token(data), local_tls(data)
             for run in range(args.runs):
                 order = windows[run % len(windows) :] + windows[: run % len(windows)]
                 for window in order:
@@ -74,7 +74,9 @@ def main() -> int:
                         load = os.getloadavg()[0]
                         loads.append(load)
                         prefix = f"r{run}w{window}i{inflight}/"
-                        r = write_load(spec, token, prefix, args.seconds, inflight=inflight)
+                        r = write_load(
+                            spec, token, prefix, args.seconds, inflight=inflight, tls=tls
+                        )
                         r.pop("acks")
                         r["load"] = load
                         figures.setdefault((window, inflight), []).append(r)

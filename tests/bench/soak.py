@@ -51,13 +51,14 @@ from sevendb.cluster.ops.local import (
     cluster_down,
     cluster_up,
     local_spec,
+    local_tls,
     local_token,
     node_status,
     running_pid,
     start_node,
     stop_nodes,
 )
-from sevendb.sdk import Client, Event, SevenDBError, SubscribeOptions
+from sevendb.sdk import TLS, Client, Event, SevenDBError, SubscribeOptions
 from sevendb.sdk.subscription import AckMode
 
 KEYS = 2000
@@ -88,6 +89,7 @@ class Run:
     data: Path
     endpoints: list[str]
     token: str
+    tls: TLS | None
     stop: threading.Event = field(default_factory=threading.Event)
     acked: dict[str, int] = field(default_factory=dict)
     write_errors: int = 0
@@ -96,7 +98,7 @@ class Run:
     churned: dict[str, int] = field(default_factory=dict)
 
     def client(self) -> Client:
-        return Client(self.endpoints, token=self.token)
+        return Client(self.endpoints, token=self.token, tls=self.tls)
 
     def count(self, what: str) -> None:
         self.churned[what] = self.churned.get(what, 0) + 1
@@ -228,7 +230,7 @@ def sample(run: Run) -> dict[str, float]:
         if pid is not None:
             rss += _rss_mb(pid)
         disk += _disk_kb(run.data / "nodes" / node.node_id)
-        status = node_status(node.grpc_address)
+        status = node_status(node.grpc_address, run.tls)
         for r in status.replicas if status else []:
             if r.is_leader:
                 rows += r.outbox_rows
@@ -245,7 +247,7 @@ def sample(run: Run) -> dict[str, float]:
 
 def restart_a_follower(run: Run) -> None:
     spec = local_spec(run.data)
-    status = {n.node_id: node_status(n.grpc_address) for n in spec.nodes}
+    status = {n.node_id: node_status(n.grpc_address, run.tls) for n in spec.nodes}
     leaders = {n for n, s in status.items() if s and any(r.is_leader for r in s.replicas)}
     victim = next((n for n in status if n not in leaders), spec.nodes[-1].node_id)
     log(f"stopping node {victim} (a follower) and starting it again")
@@ -286,7 +288,7 @@ def soak(minutes: float, rate: float, data: Path, seed: int = 1) -> dict[str, An
     os.environ.update(LIFECYCLE_ENV)
     cluster_up(data, nodes=3, buckets=4, replicas=3, progress=log)
     spec = local_spec(data)
-    run = Run(data, [n.grpc_address for n in spec.nodes], local_token(data))
+    run = Run(data, [n.grpc_address for n in spec.nodes], local_token(data), local_tls(data))
     rng = random.Random(seed)
     threads = [
         threading.Thread(target=writer, args=(run, rate), name="writer"),
