@@ -123,6 +123,8 @@ class ReplicaStatus:
     outbox_rows: int
     connected: tuple[str, ...]
     """Raft addresses of the members this replica's transport is connected to."""
+    producers: int
+    """Idempotent producers the bucket remembers (they expire when idle)."""
 
 
 @dataclass(frozen=True, slots=True)

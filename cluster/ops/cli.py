@@ -1077,11 +1077,11 @@ def _add_auth_commands(
     retire = auth.add_parser(
         "retire-key", parents=[common], help="refuse every token key KID signed"
     )
-    retire.add_argument("kid")
+    retire.add_argument("kid", help="the key id (`sevendb auth keys` lists them)")
     revoke = auth.add_parser(
         "revoke", parents=[common], help="refuse NAME's tokens and certificates issued before now"
     )
-    revoke.add_argument("name")
+    revoke.add_argument("name", help="the principal")
     auth.choices["keys"].set_defaults(fn=cmd_auth)
     for parser in (auth.choices["rotate-key"], retire, revoke):
         parser.set_defaults(fn=cmd_auth)
@@ -1090,7 +1090,7 @@ def _add_auth_commands(
         parents=[common],
         help="issue a client certificate for principal NAME from the cluster's CA (mTLS)",
     )
-    cert.add_argument("name")
+    cert.add_argument("name", help="the principal the certificate names")
     cert.add_argument("--out", default=".", help="where to write NAME.pem and NAME-key.pem")
     cert.add_argument("--ca-cert", type=Path, help="default: ca.pem beside client.toml")
     cert.add_argument("--ca-key", type=Path, help="default: ca-key.pem beside client.toml")

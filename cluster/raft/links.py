@@ -86,11 +86,13 @@ class FollowerFlow:
             index = next_index[node]
             if index <= log[0][1]:
                 return False  # behind the log's start: a snapshot install
-            if not first and (index > log[-1][1] or self._held(raft, node, index, match_index)):
+            behind = index <= log[-1][1]
+            held = behind and self._held(raft, node, index, match_index)
+            if not first and (not behind or held):
                 return True
             prev_index, prev_term = raft._SyncObj__getPrevLogIndexTerm(index)
             entries: list[Any] = []
-            if index <= log[-1][1]:
+            if behind and not held:  # (held: the round's one message is a heartbeat)
                 entries = raft._SyncObj__getEntries(index, None, batch_bytes)
                 if len(entries) == 1 and len(entries[0][0]) >= batch_bytes:
                     return False  # the chunked path of a single large entry
