@@ -1,4 +1,4 @@
-"""The notifier's decisions for one bucket, pure (seed 000 §4-§6, §10).
+"""The notifier's decisions for one bucket, pure (docs/contract.md §4-§6, §10).
 
 The replica that holds a bucket's notifier lease streams the bucket's outbox to
 its subscribers. This module decides *what* to do; the gRPC notifier and the
@@ -133,7 +133,7 @@ class NotifierConfig:
 
 
 def default_lease_holder(leader: str) -> str:
-    """By default the Raft leader emits (seed 000 §6)."""
+    """By default the Raft leader emits (docs/contract.md §6)."""
     return leader
 
 

@@ -1,4 +1,4 @@
-"""`emit_seq`: the total order of one bucket's emissions (seed 000 §3)."""
+"""`emit_seq`: the total order of one bucket's emissions (docs/contract.md §3)."""
 
 from __future__ import annotations
 

@@ -108,7 +108,7 @@ def check_key(key: object) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Expected:
-    """A per-key precondition (seed 002): any, must-not-exist, or exactly version N."""
+    """A per-key precondition (docs/contract.md §14): any, must-not-exist, or exactly version N."""
 
     kind: ExpectKind = ExpectKind.ANY
     version: int = 0
@@ -154,7 +154,7 @@ class Op:
 
 @dataclass(frozen=True, slots=True)
 class ProducerRef:
-    """Idempotent producer coordinates (seed 003): id, epoch, per-bucket sequence."""
+    """Idempotent producer coordinates (docs/contract.md §16): id, epoch, per-bucket sequence."""
 
     producer_id: int
     epoch: int
@@ -349,7 +349,7 @@ class WriteBatch:
 
     Each write keeps its own atomicity, preconditions and producer sequence; they
     apply in order and share the entry's commit index, and each subscription gets
-    one delta for the whole entry (seed 000: a delta is what one committed source
+    one delta for the whole entry (docs/contract.md §4: a delta is what one committed source
     entry changed for a subscription). This amortises per-entry Raft cost.
     """
 

@@ -264,7 +264,7 @@ class Applied:
 
 
 class ReconnectStatus(IntEnum):
-    """Mirrors `ReconnectAck.Status` (seed 000 §5.2)."""
+    """Mirrors `ReconnectAck.Status` (docs/contract.md §5.2)."""
 
     OK = 0
     STALE_SEQUENCE = 1

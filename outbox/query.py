@@ -2,7 +2,7 @@
 
 A plan is what a replica derives from a query; its `plan_hash` travels in the
 SUBSCRIBE entry so that every replica can check it derived the same plan (a
-replica that does not must quarantine itself: seed 000 §12, PLN-01).
+replica that does not must quarantine itself: docs/contract.md §12, PLN-01).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Emission end to end against real processes (seed 000 §12): every committed write
+"""Emission end to end against real processes (docs/contract.md §12): every committed write
 reaches each subscriber exactly once, in order, through kill -9 of the lease holder
 (FTO-01), a crash between OUTBOX_WRITE and send (FTO-02), reconnects (REC-01),
 compaction and stalls (REC-02), a killed and restarted client process, and another

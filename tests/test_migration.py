@@ -1,4 +1,4 @@
-"""Bucket migration against real processes (seed 000 §7, §12 MIG-01): replicas move
+"""Bucket migration against real processes (docs/contract.md §7, §12 MIG-01): replicas move
 one membership change at a time under a steady write load, EPOCH_CREATE bumps the
 epoch, and every subscriber sees every committed delta exactly once, in order,
 with emit_seq strictly increasing across the epoch - also when the migration

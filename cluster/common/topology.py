@@ -92,7 +92,7 @@ class MigrationSpec:
     to_nodes: tuple[str, ...]
     hold_point: int
     """The bucket's commit index when the migration began: compaction never passes
-    it while the migration runs (seed 000 §8, migration_hold_point)."""
+    it while the migration runs (docs/contract.md §8, migration_hold_point)."""
     epoch_target: int
     """The epoch EPOCH_CREATE commits once the replicas have moved."""
     started_ms: int

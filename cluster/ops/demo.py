@@ -436,7 +436,7 @@ def run_core_demo(out: Callable[[str], None] = print) -> int:
     assert isinstance(bad.result, PurgeResult)
     out(f"ack by another principal: {bad.result.acks[0].status}: {bad.result.acks[0].message}")
 
-    out("\n== reconnect decisions (seed 000 §5.2)")
+    out("\n== reconnect decisions (docs/contract.md §5.2)")
     for label, seq in [
         ("after the ack", delivered[1].emit_seq),
         ("from before the ack", delivered[0].emit_seq),
