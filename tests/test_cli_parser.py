@@ -80,6 +80,11 @@ def test_global_flags_before_or_after_the_command() -> None:
         ["--data", "x", "--token=t"],
         ["spark", "audit"],
     )
+    # A flag takes no value: the command after it is not swallowed as one.
+    assert cli.leading_globals(["--insecure", "--data", "x", "spark", "audit"]) == (
+        ["--insecure", "--data", "x"],
+        ["spark", "audit"],
+    )
 
 
 def test_values_from_a_file_or_stdin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -871,24 +871,12 @@ def _add_common(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
         help=f"client commands give up after this many seconds without an answer "
         f"(default {DEFAULT_TIMEOUT_S:g})",
     )
-    parser.add_argument(
-        "--ca",
-        dest="tls_ca",
-        default=default(None),
-        help="TLS: trust this CA certificate (default: the bundle's)",
-    )
-    parser.add_argument(
-        "--cert",
-        dest="tls_cert",
-        default=default(None),
-        help="TLS: present this client certificate (mTLS)",
-    )
-    parser.add_argument(
-        "--key",
-        dest="tls_key",
-        default=default(None),
-        help="TLS: the client certificate's key (mode 0600)",
-    )
+    for flag, dest, help_ in (
+        ("--ca", "tls_ca", "TLS: trust this CA certificate (default: the bundle's)"),
+        ("--cert", "tls_cert", "TLS: present this client certificate (mTLS)"),
+        ("--key", "tls_key", "TLS: the client certificate's key (mode 0600)"),
+    ):
+        parser.add_argument(flag, dest=dest, default=default(None), help=help_)
     parser.add_argument(
         "--insecure",
         action="store_true",
