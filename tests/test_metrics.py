@@ -128,7 +128,7 @@ def test_every_family_with_its_labels(cluster: LocalCluster, tmp_path: Path) -> 
 
 def test_a_refused_call_is_counted_under_its_code(cluster: LocalCluster) -> None:
     node = cluster.spec.nodes[0]
-    with grpc.insecure_channel(node.grpc_address) as channel:
+    with cluster.channel(node.grpc_address) as channel:
         stub = pb_grpc.SevenDBStub(channel)  # type: ignore[no-untyped-call]
         with pytest.raises(grpc.RpcError) as refused:
             stub.CreateEpoch(

@@ -12,11 +12,18 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "bench"))
 
-from soak import report, soak
-
-pytestmark = pytest.mark.slow
+from soak import SERIES_SLACK, report, soak, verdict
 
 
+def test_the_verdict_judges_peaks_against_peaks() -> None:
+    """A saw-tooth (a log between compactions) is flat; a climb is not."""
+    saw = [{name: float(100 + (i % 6) * 50) for name in SERIES_SLACK} for i in range(60)]
+    assert all(v["flat"] for v in verdict(saw).values())
+    climb = [{name: float(1_000 + i * 100) for name in SERIES_SLACK} for i in range(60)]
+    assert not any(v["flat"] for v in verdict(climb).values())
+
+
+@pytest.mark.slow
 def test_five_minutes_of_churn_leave_everything_flat(tmp_path: Path) -> None:
     result = soak(5.0, 100.0, tmp_path / "data")
     report(result)
