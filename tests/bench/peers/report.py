@@ -304,9 +304,10 @@ def markdown(results: JsonDict, method: str) -> str:
         "## Results",
         "",
         "Each cell: median over runs (min-max). The ratio columns are computed within each "
-        "run (sevendb's figure over the peer's from the same run), then summarised the same "
-        "way; for latencies and memory a ratio above 1 means sevendb is worse. Kept up: runs "
-        "in which it held.",
+        "run (sevendb's figure over the peer's from the same run; with --netns also sevendb "
+        "on namespace hosts over sevendb on loopback), then summarised the same way; for "
+        "latencies and memory a ratio above 1 means sevendb (on namespace hosts) is worse. "
+        "Kept up: runs in which it held.",
         "",
         table(results),
         "",
