@@ -2,6 +2,7 @@
 
     python tests/bench/side_by_side.py [--runs 3] [--seconds 10] [--quick]
                                        [--only etcd,nats,sevendb] [--workloads 1,2,3,4]
+                                       [--netns]
 
 On a fresh Debian machine (as root) it installs etcd-server, etcd-client and
 nats-server with apt-get when missing, and generates etcd's Python gRPC stubs into
@@ -11,7 +12,10 @@ the running interpreter when missing.
 
 Each run starts a fresh 3-node cluster of each system on 127.0.0.1 (one system at a
 time; the order rotates between runs), drives the same workloads through Python
-clients in separate processes, and stops the cluster (also on Ctrl-C or an error):
+clients in separate processes, and stops the cluster (also on Ctrl-C or an error).
+With --netns (root only) sevendb runs once more, its three nodes on three network
+namespace hosts behind a bridge (`sevendb-netns`, one more column beside the loopback
+sevendb one), and the lab goes with the cluster. The workloads:
 
 1. durable writes/s and latency p50/p99 at 1, 32 and 64 writes in flight;
 2. commit->application latency at 500 writes/s with one subscriber process;
@@ -45,7 +49,14 @@ from pathlib import Path
 from types import FrameType
 
 from peers import report
-from peers.clusters import Cluster, EtcdCluster, NatsCluster, SevendbCluster
+from peers.clusters import (
+    Cluster,
+    EtcdCluster,
+    NatsCluster,
+    NetnsSevendbCluster,
+    SevendbCluster,
+    netns_module,
+)
 from peers.common import (
     CACHE_DIR,
     CLIENT_CPU_S,
@@ -85,6 +96,14 @@ METHOD = f"""## Method
     the NATS stream; more buckets spread leaders over the processes, but on a 2-core
     host they add per-entry work without adding cores). A write is acknowledged once
     it is fsynced on a majority and applied.
+  - **sevendb, 3 netns hosts** (`--netns`, root only): the same sevendb, its three
+    nodes on three Linux network namespaces of a `tests/netns.py` lab (a veth pair
+    each, one bridge, a private /24), made by `sevendb cluster init --insecure
+    --buckets B` and run with `sevendb node run --config`. Raft and client traffic
+    cross the veths and the bridge instead of loopback; the clients stay on the host
+    and reach the nodes through the bridge's address. The same disk, CPUs and
+    workloads as the loopback cluster, so the column beside it shows what the
+    network stack between the nodes costs, not what separate machines would give.
 * **Clients.** All Python, each in its own process, so client CPU is visible:
   - **etcd:** `grpc.aio` stubs generated at run time from etcd's own .proto files.
   - **NATS:** `nats-py`.
@@ -223,6 +242,8 @@ def make_cluster(system: str, where: Path, buckets: int) -> Cluster:
         return EtcdCluster(where)
     if system == "nats":
         return NatsCluster(where)
+    if system == "sevendb-netns":
+        return NetnsSevendbCluster(where, buckets)
     return SevendbCluster(where, buckets)
 
 
@@ -264,6 +285,8 @@ def run_system(
                 shutil.copy(f, logs / f"run{run}-{f.name}")
         for f in (where / "sevendb" / "nodes").glob("*/node.log"):
             shutil.copy(f, logs / f"run{run}-sevendb-{f.parent.name}.log")
+        for f in (where / "sevendb-netns").glob("*.log"):
+            shutil.copy(f, logs / f"run{run}-sevendb-netns-{f.name}")
         shutil.rmtree(where, ignore_errors=True)
     busy1, steal1, total1 = host_cpu()
     wall = time.monotonic() - t0
@@ -289,6 +312,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="1 short run, for development")
     p.add_argument("--only", default="etcd,nats,sevendb", help="systems, comma-separated")
     p.add_argument("--workloads", default="1,2,3,4", help="which of the 4, comma-separated")
+    p.add_argument(
+        "--netns",
+        action="store_true",
+        help="also sevendb on 3 network-namespace hosts (root; same as adding sevendb-netns "
+        "to --only)",
+    )
     p.add_argument("--subs", type=int, default=10_000, help="subscriptions in workload 4")
     p.add_argument("--fanout-subs", type=int, default=100, help="subscribers in workload 3")
     p.add_argument("--sevendb-buckets", type=int, default=1)
@@ -320,10 +349,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         write_outputs(json.loads(args.report_only.read_text()), args.no_doc)
         return 0
-    systems = [s for s in report.SYSTEMS if s in args.only.split(",")]
+    only = args.only.split(",") + (["sevendb-netns"] if args.netns else [])
+    unknown = sorted(set(only) - set(report.SYSTEMS))
+    if unknown:
+        print(f"unknown systems {unknown}: pick from {list(report.SYSTEMS)}", file=sys.stderr)
+        return 2
+    systems = [s for s in report.SYSTEMS if s in only]
     workloads = [w for w in "1234" if w in args.workloads.split(",")]
     if not systems or not workloads:
         print("nothing to run: check --only and --workloads", file=sys.stderr)
+        return 2
+    why = netns_module().missing_prerequisites() if "sevendb-netns" in systems else None
+    if why is not None:
+        print(f"cannot run sevendb-netns: {why}", file=sys.stderr)
         return 2
     options = Options(
         seconds=args.seconds,

@@ -1,20 +1,29 @@
 """Three-node clusters on 127.0.0.1, each in a fresh data dir, started and stopped by
 the harness: etcd 3.4 and NATS JetStream 2.9 as in the peer baseline notes, and
-sevendb through `sevendb.cluster.ops.local`."""
+sevendb through `sevendb.cluster.ops.local`; and sevendb once more with its three
+nodes on three network-namespace hosts (`NetnsSevendbCluster`, root only)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from peers.common import JsonDict, free_ports, log, stop_process, track
 
+if TYPE_CHECKING:
+    from sevendb.cluster.common.bundle import ClientConfig
+
 START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 20.0
+TESTS_DIR = Path(__file__).resolve().parents[2]
 
 
 class Cluster(Protocol):
@@ -248,3 +257,138 @@ class SevendbCluster:
 
     def conf(self) -> JsonDict:
         return self._conf
+
+
+class NetnsSevendbCluster:
+    """sevendb's three nodes on three hosts of a `tests/netns.py` lab: one network
+    namespace each, joined by a bridge, the nodes made by `sevendb cluster init
+    --insecure` (plaintext, like the loopback cluster and the peers) and run with
+    `sevendb node run --config`. The harness and its client workers stay on the
+    machine's own network stack and reach the nodes through the bridge's address.
+    Data dirs and the archive are on the same disk as the loopback cluster's."""
+
+    name = "sevendb-netns"
+    NODES = ("n1", "n2", "n3")
+
+    def __init__(self, run_dir: Path, buckets: int) -> None:
+        self.dir = run_dir / "sevendb-netns"
+        self.buckets = buckets
+        # the lab's names carry the harness's pid: a test can look for leftovers
+        self.tag = f"b{os.getpid() % 100_000}"
+        self.lab: Any = None
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._conf: JsonDict = {}
+
+    def start(self) -> None:
+        from sevendb.cluster.ops.local import local_token
+
+        self.dir.mkdir(parents=True)
+        self.lab = netns_module().NetLab(self.tag)
+        hosts = {n: self.lab.add_host(n) for n in self.NODES}
+        bundles = self.dir / "bundles"
+        init = [sys.executable, "-m", "sevendb.cluster.ops.cli", "cluster", "init"]
+        init += ["--out", str(bundles), "--buckets", str(self.buckets), "--insecure"]
+        for node_id, host in hosts.items():
+            init += ["--node", f"{node_id}={host.address}"]
+        out = subprocess.run(init, capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            raise RuntimeError(f"sevendb cluster init failed: {out.stderr.strip()[-500:]}")
+        for node_id, host in hosts.items():
+            run = [sys.executable, "-m", "sevendb.cluster.ops.cli", "node", "run"]
+            run += ["--config", str(bundles / node_id / "node.toml")]
+            run += ["--archive-root", str(self.dir / "archive")]  # as the loopback's
+            with open(self.dir / f"{node_id}.log", "ab") as node_log:
+                proc = host.popen(
+                    run,
+                    stdout=node_log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
+            track(proc)
+            self.procs[node_id] = proc
+            log(f"  {self.name}: node {node_id} (pid {proc.pid}) on {host.address}")
+        client = bundles / "client.toml"
+        self._wait_ready(client)
+        self._conf = {
+            "endpoints": list(_client_config(client).endpoints),
+            "token": local_token(bundles / "n1"),  # the loopback's principal, not admin
+        }
+
+    def _wait_ready(self, client: Path) -> None:
+        """Until every node answers and every bucket, and the metadata group on its
+        voters, has a leader in each node's view."""
+        from sevendb.cluster.ops.admin import ClusterAdmin
+
+        deadline = time.monotonic() + START_TIMEOUT_S
+        with ClusterAdmin.from_config(_client_config(client)) as admin:
+            while True:
+                missing = [f"{n} exited" for n, p in self.procs.items() if p.poll() is not None]
+                for node_id, host in self.lab.hosts.items():
+                    status = admin.status(f"{host.address}:7001", timeout_s=2)
+                    if status is None:
+                        missing.append(f"{node_id} not answering")
+                    elif any(not r.leader for r in status.replicas) or (
+                        status.meta_voter and not status.meta.leader
+                    ):
+                        missing.append(f"{node_id} sees no leader yet")
+                if not missing:
+                    log(f"  {self.name}: 3 nodes up on {self.lab.prefix}.0/24")
+                    return
+                if any("exited" in m for m in missing) or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"{self.name} cluster not ready: {'; '.join(missing)}"
+                        f"\n    {_tail(self.dir / 'n1.log')}"
+                    )
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        """SIGINT to every node (a clean stop without a drain, as `cluster down`),
+        SIGKILL at the timeout; then the lab goes, and whatever of it an interrupted
+        start left behind."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGINT)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for node_id, proc in self.procs.items():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log(f"  {self.name}: node {node_id} did not stop; killing it")
+            stop_process(proc, grace_s=0.1)
+        if self.lab is not None:
+            self.lab.close()
+        _sweep_lab(self.tag)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs.values() if p.poll() is None]
+
+    def conf(self) -> JsonDict:
+        return self._conf
+
+
+def netns_module() -> Any:
+    """tests/netns.py (the labs of the network-namespace tests)."""
+    if str(TESTS_DIR) not in sys.path:
+        sys.path.insert(0, str(TESTS_DIR))
+    import netns
+
+    return netns
+
+
+def _client_config(path: Path) -> ClientConfig:
+    from sevendb.cluster.common.bundle import ClientConfig
+
+    return ClientConfig.load(path)
+
+
+def _sweep_lab(tag: str) -> None:
+    """Delete what a lab with `tag` may have left (a start cut short between creating
+    a namespace or the bridge and recording it)."""
+    for name in netns_module().leftovers(tag):
+        kind = "netns" if f"sdb{tag}-" in name else "link"
+        subprocess.run(["ip", kind, "del", name], capture_output=True)
+    bridge = f"sdb{tag}br"[:15]
+    rule = ["FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT"]
+    while subprocess.run(["iptables", "-D", *rule], capture_output=True).returncode == 0:
+        pass

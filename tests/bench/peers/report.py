@@ -1,6 +1,7 @@
 """Summaries of the runs: the table (median, min, max over runs, and the ratios
-sevendb/etcd and sevendb/NATS computed within each run), the targets, the
-markdown page and the chart."""
+sevendb/etcd, sevendb/NATS and, with --netns, sevendb on namespace hosts over
+sevendb on loopback, computed within each run), the targets, the markdown page and
+the chart."""
 
 from __future__ import annotations
 
@@ -13,8 +14,15 @@ from typing import Final
 
 from peers.common import JsonDict
 
-SYSTEMS: Final = ("etcd", "nats", "sevendb")
-LABELS: Final = {"etcd": "etcd", "nats": "NATS", "sevendb": "sevendb"}
+SYSTEMS: Final = ("etcd", "nats", "sevendb", "sevendb-netns")
+LABELS: Final = {
+    "etcd": "etcd",
+    "nats": "NATS",
+    "sevendb": "sevendb",
+    "sevendb-netns": "sevendb, 3 netns hosts",
+}
+RATIOS: Final = (("sevendb", "etcd"), ("sevendb", "nats"), ("sevendb-netns", "sevendb"))
+"""The ratio columns of the table (system / base), when both ran."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +113,7 @@ def series(results: JsonDict, system: str, key: str) -> list[float | None]:
 
 
 def ratios(results: JsonDict, system: str, key: str, base: str) -> list[float | None]:
-    """sevendb/base within each run (same run index: same cluster order, same hour)."""
+    """system/base within each run (same run index: same cluster order, same hour)."""
     mine, theirs = series(results, system, key), series(results, base, key)
     out: list[float | None] = []
     for a, b in zip(mine, theirs, strict=False):
@@ -121,18 +129,16 @@ def median(values: Sequence[float | None]) -> float:
 def table(results: JsonDict) -> str:
     present = [s for s in SYSTEMS if results["runs"].get(s)]
     head = ["figure", *(LABELS[s] for s in present)]
-    ratio_bases = [b for b in ("etcd", "nats") if b in present and "sevendb" in present]
-    head += [f"sevendb / {LABELS[b]}" for b in ratio_bases]
+    pairs = [(s, b) for s, b in RATIOS if s in present and b in present]
+    head += [f"{LABELS[s]} / {LABELS[b]}" for s, b in pairs]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows(int(results["options"]["many_subs"])):
         cells = [row.label]
         if all(not _finite(series(results, s, row.key)) for s in present):
             continue
         cells += [spread(series(results, s, row.key), row.kind == "flag") for s in present]
-        for b in ratio_bases:
-            cells.append(
-                "" if row.kind != "value" else spread(ratios(results, "sevendb", row.key, b))
-            )
+        for s, b in pairs:
+            cells.append("" if row.kind != "value" else spread(ratios(results, s, row.key, b)))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -290,6 +296,7 @@ def markdown(results: JsonDict, method: str) -> str:
         "python tests/bench/side_by_side.py                  # 3 runs, 10 s loads (this page)",
         "python tests/bench/side_by_side.py --quick          # 1 short run, for development",
         "python tests/bench/side_by_side.py --only etcd,sevendb --workloads 1,2 --runs 5",
+        "python tests/bench/side_by_side.py --netns          # + sevendb on 3 netns hosts (root)",
         "```",
         "",
         f"This page came from: `{results['command']}` (wall time {results['wall_min']:.1f} min).",
@@ -297,9 +304,10 @@ def markdown(results: JsonDict, method: str) -> str:
         "## Results",
         "",
         "Each cell: median over runs (min-max). The ratio columns are computed within each "
-        "run (sevendb's figure over the peer's from the same run), then summarised the same "
-        "way; for latencies and memory a ratio above 1 means sevendb is worse. Kept up: runs "
-        "in which it held.",
+        "run (sevendb's figure over the peer's from the same run; with --netns also sevendb "
+        "on namespace hosts over sevendb on loopback), then summarised the same way; for "
+        "latencies and memory a ratio above 1 means sevendb (on namespace hosts) is worse. "
+        "Kept up: runs in which it held.",
         "",
         table(results),
         "",
@@ -332,7 +340,12 @@ def chart(results: JsonDict, path: Path) -> None:
 
     many = int(results["options"]["many_subs"])
     present = [s for s in SYSTEMS if results["runs"].get(s)]
-    colors = {"etcd": "#4c78a8", "nats": "#54a24b", "sevendb": "#e45756"}
+    colors = {
+        "etcd": "#4c78a8",
+        "nats": "#54a24b",
+        "sevendb": "#e45756",
+        "sevendb-netns": "#f58518",
+    }
     panels: list[tuple[str, list[tuple[str, str]], bool]] = [
         (
             "1. durable writes/s",

@@ -29,6 +29,9 @@ W4_KEYS: Final = 10_000
 
 Figures = dict[str, float]
 
+CLIENT_OF: Final = {"sevendb-netns": "sevendb"}
+"""The worker (client library) a system's cluster is driven with, when not its own."""
+
 
 @dataclass
 class Options:
@@ -58,10 +61,14 @@ class Context:
     _writer: Worker | None = None
     _workers: int = 0
 
+    @property
+    def client(self) -> str:
+        return CLIENT_OF.get(self.system, self.system)
+
     def writer(self) -> Worker:
         if self._writer is None or self._writer.proc.poll() is not None:
             self._writer = Worker(
-                self.system, "writer", self.cluster.conf(), self.log_path("writer")
+                self.client, "writer", self.cluster.conf(), self.log_path("writer")
             )
         return self._writer
 
@@ -76,7 +83,7 @@ class Context:
 
     def subscriber(self, spec: JsonDict, what: str, ready_timeout_s: float = 120.0) -> Worker:
         return Worker(
-            self.system,
+            self.client,
             "subscriber",
             {**self.cluster.conf(), "spec": spec},
             self.log_path(what),
