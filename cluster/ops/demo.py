@@ -167,150 +167,183 @@ class _Subscriber:
 
 def run_cluster_demo(data_dir: Path, out: Callable[[str], None] = print) -> int:
     """Part 1: a real local cluster through the CLI: a subscriber, a write load, a
-    crash of the lease holder, a subscriber killed and resumed from its cursor."""
+    crash of the lease holder, a subscriber killed and resumed from its cursor, the
+    node restarted, a node added and a bucket migrated to it under load."""
     import shutil
 
-    from sevendb.cluster.ops.cli import main as cli
-    from sevendb.cluster.ops.local import (
-        cluster_down,
-        local_spec,
-        local_tls,
-        local_token,
-        running_pid,
-    )
-    from sevendb.cluster.ops.local import node_status as status_of
-    from sevendb.sdk import Client
-
-    def run(*args: str) -> int:
-        out("$ sevendb " + " ".join(args))
-        sys.stdout.flush()
-        return cli([*args, "--data", str(data_dir)])
+    from sevendb.cluster.ops.local import cluster_down
 
     if (data_dir / "client.toml").exists():
         with contextlib.suppress(Exception):
             cluster_down(data_dir)
         shutil.rmtree(data_dir)
     out("== part 1: a local 3-node cluster (data in " + str(data_dir) + ")")
-    subscriber: _Subscriber | None = None
+    tour = _ClusterTour(data_dir, out)
     try:
-        if run("cluster", "up", "--nodes", "3", "--buckets", "4") != 0:
+        if tour.run("cluster", "up", "--nodes", "3", "--buckets", "4") != 0:
             return 1
-        spec = local_spec(data_dir)
-        tls = local_tls(data_dir)
-
-        def node_status(address: str, *, digests: bool = False) -> Any:
-            return status_of(address, tls, digests=digests)
-
-        out("\n== a subscriber tails prefix:orders/ in its own process (every bucket)")
-        out(f"$ sevendb subscribe prefix:orders/ --cursor {data_dir / 'demo-subscriber.cursor'} &")
-        subscriber = _Subscriber(data_dir, "prefix:orders/", out)
-        endpoints = [n.grpc_address for n in spec.nodes]
-        with Client(endpoints, token=local_token(data_dir), tls=tls) as client:
-            # subscribe() returns once every bucket's stream is up; so does the CLI,
-            # which saves its cursor file once subscribed.
-            cursor_file = subscriber.cursor
-            _wait(cursor_file.exists, 30)
-            time.sleep(0.5)
-            for i in range(1, 4):
-                run("write", f"orders/{i}", "new")
-            run("write", "orders/1", "paid", "--expect-version", "1")
-            out("(a write with a stale expected version is refused and changes nothing:)")
-            run("write", "orders/1", "lost", "--expect-version", "1")
-            run("get", "orders/1")
-            written = {"orders/1", "orders/2", "orders/3"}
-
-            bucket = spec.bucket_for_key("orders/1").bucket
-            holder = _holder(spec, bucket, node_status)
-            pid = running_pid(data_dir, holder)
-            assert pid is not None
-            out(
-                f"\n== a write load; meanwhile kill -9 {holder} (pid {pid}), the notifier lease "
-                f"holder (and Raft leader) of bucket {bucket}"
-            )
-            load = threading.Thread(
-                target=_write_load, args=(client, range(10, 40), written), daemon=True
-            )
-            load.start()
-            time.sleep(0.2)
-            os.kill(pid, signal.SIGKILL)
-            load.join(60)
-            ok = subscriber.wait_keys(written)
-            out(
-                f"the stream continued: the subscriber has {len(subscriber.keys())} of "
-                f"{len(written)} written keys, "
-                + ("none missing" if ok else "SOME MISSING")
-                + f"; new holder of bucket {bucket}: {_holder(spec, bucket, node_status)}"
-            )
-            if not ok:
-                return 1
-
-            out("\n== kill -9 the subscriber; writes go on; restart it with its cursor")
-            time.sleep(0.3)  # its cursor is saved within 20 ms of printing
-            subscriber.kill()
-            before = subscriber.keys()
-            _write_load(client, range(40, 45), written)
-            subscriber = _Subscriber(data_dir, "prefix:orders/", out)
-            ok = subscriber.wait_keys({f"orders/{i}" for i in range(40, 45)})
-            repeated = len(before & subscriber.keys())
-            out(
-                f"it reconnected and resumed after its cursor: {len(subscriber.lines)} new "
-                f"events, {'nothing' if ok else 'SOMETHING'} missing, {repeated} repeated "
-                "(only events printed after the last cursor save can repeat)"
-            )
-            if not ok:
-                return 1
-            out(f"\n== restart {holder}: it catches up from its journal and the leader")
-            run("cluster", "up")
-            _wait_converged(spec, node_status, out)
-
-            out(f"\n== add a node, and migrate bucket {bucket} to it under the write load")
-            run("node", "add")
-            spec = local_spec(data_dir)
-            leader = next(
-                n.node_id
-                for n in spec.nodes
-                if any(
-                    r.bucket == bucket and r.is_leader
-                    for r in (node_status(n.grpc_address) or _NO_STATUS).replicas
-                )
-            )
-            keep = [n for n in spec.buckets[bucket].nodes if n != leader][:2]
-            target = ",".join([spec.nodes[-1].node_id, *keep])
-            during: set[str] = set()
-            load = threading.Thread(
-                target=_write_load, args=(client, range(50, 90), during), daemon=True
-            )
-            load.start()
-            if run("bucket", "migrate", str(bucket), "--to", target) != 0:
-                return 1
-            load.join(60)
-            after = [
-                k
-                for k in (f"orders/{i}" for i in range(100, 400))
-                if spec.bucket_for_key(k).bucket == bucket
-            ][:5]
-            for key in after:  # in the new epoch
-                client.put(key, b"new")
-            ok = subscriber.wait_keys(during | set(after))
-            missing = sorted((during | set(after)) - subscriber.keys())
-            epochs = sorted(
-                {line["emit_seq"][1] for line in subscriber.lines if line["bucket"] == bucket}
-            )
-            out(
-                f"the subscriber kept printing: {'nothing' if ok else missing} missing; "
-                f"bucket {bucket}'s events went from epoch {epochs[0]} to epoch {epochs[-1]}, "
-                "emit_seq still increasing"
-            )
-            if not ok:
-                return 1
-        run("status")
+        ok = tour.steps()
+        tour.run("status")
+        return 0 if ok else 1
     finally:
         out("")
-        if subscriber is not None:
-            subscriber.stop()
+        if tour.subscriber is not None:
+            tour.subscriber.stop()
         cluster_down(data_dir)
         out("cluster stopped")
-    return 0
+
+
+class _ClusterTour:
+    """Part 1's steps, each printing what it shows; a step returns False if what it
+    shows did not hold."""
+
+    def __init__(self, data_dir: Path, out: Callable[[str], None]) -> None:
+        self.data_dir = data_dir
+        self.out = out
+        self.subscriber: _Subscriber | None = None
+        self.written: set[str] = set()
+
+    def run(self, *args: str) -> int:
+        from sevendb.cluster.ops.cli import main as cli
+
+        self.out("$ sevendb " + " ".join(args))
+        sys.stdout.flush()
+        return cli([*args, "--data", str(self.data_dir)])
+
+    def node_status(self, address: str, *, digests: bool = False) -> Any:
+        from sevendb.cluster.ops.local import local_tls, node_status
+
+        return node_status(address, local_tls(self.data_dir), digests=digests)
+
+    def steps(self) -> bool:
+        from sevendb.cluster.ops.local import local_spec, local_tls, local_token
+        from sevendb.sdk import Client
+
+        spec = local_spec(self.data_dir)
+        self.subscribe()
+        endpoints = [n.grpc_address for n in spec.nodes]
+        token, tls = local_token(self.data_dir), local_tls(self.data_dir)
+        with Client(endpoints, token=token, tls=tls) as client:
+            self.first_writes()
+            bucket = spec.bucket_for_key("orders/1").bucket
+            holder = _holder(spec, bucket, self.node_status)
+            return (
+                self.kill_the_holder(client, spec, bucket, holder)
+                and self.kill_the_subscriber(client)
+                and self.restart(spec, holder)
+                and self.migrate(client, bucket)
+            )
+
+    def subscribe(self) -> None:
+        cursor = self.data_dir / "demo-subscriber.cursor"
+        self.out("\n== a subscriber tails prefix:orders/ in its own process (every bucket)")
+        self.out(f"$ sevendb subscribe prefix:orders/ --cursor {cursor} &")
+        self.subscriber = _Subscriber(self.data_dir, "prefix:orders/", self.out)
+        # The CLI saves its cursor file once every bucket's stream is up.
+        _wait(self.subscriber.cursor.exists, 30)
+        time.sleep(0.5)
+
+    def first_writes(self) -> None:
+        for i in range(1, 4):
+            self.run("write", f"orders/{i}", "new")
+        self.run("write", "orders/1", "paid", "--expect-version", "1")
+        self.out("(a write with a stale expected version is refused and changes nothing:)")
+        self.run("write", "orders/1", "lost", "--expect-version", "1")
+        self.run("get", "orders/1")
+        self.written |= {"orders/1", "orders/2", "orders/3"}
+
+    def kill_the_holder(self, client: Any, spec: Any, bucket: int, holder: str) -> bool:
+        from sevendb.cluster.ops.local import running_pid
+
+        assert self.subscriber is not None
+        pid = running_pid(self.data_dir, holder)
+        assert pid is not None
+        self.out(
+            f"\n== a write load; meanwhile kill -9 {holder} (pid {pid}), the notifier lease "
+            f"holder (and Raft leader) of bucket {bucket}"
+        )
+        load = threading.Thread(
+            target=_write_load, args=(client, range(10, 40), self.written), daemon=True
+        )
+        load.start()
+        time.sleep(0.2)
+        os.kill(pid, signal.SIGKILL)
+        load.join(60)
+        ok = self.subscriber.wait_keys(self.written)
+        self.out(
+            f"the stream continued: the subscriber has {len(self.subscriber.keys())} of "
+            f"{len(self.written)} written keys, "
+            + ("none missing" if ok else "SOME MISSING")
+            + f"; new holder of bucket {bucket}: {_holder(spec, bucket, self.node_status)}"
+        )
+        return ok
+
+    def kill_the_subscriber(self, client: Any) -> bool:
+        assert self.subscriber is not None
+        self.out("\n== kill -9 the subscriber; writes go on; restart it with its cursor")
+        time.sleep(0.3)  # its cursor is saved within 20 ms of printing
+        self.subscriber.kill()
+        before = self.subscriber.keys()
+        _write_load(client, range(40, 45), self.written)
+        self.subscriber = _Subscriber(self.data_dir, "prefix:orders/", self.out)
+        ok = self.subscriber.wait_keys({f"orders/{i}" for i in range(40, 45)})
+        repeated = len(before & self.subscriber.keys())
+        self.out(
+            f"it reconnected and resumed after its cursor: {len(self.subscriber.lines)} new "
+            f"events, {'nothing' if ok else 'SOMETHING'} missing, {repeated} repeated "
+            "(only events printed after the last cursor save can repeat)"
+        )
+        return ok
+
+    def restart(self, spec: Any, holder: str) -> bool:
+        self.out(f"\n== restart {holder}: it catches up from its journal and the leader")
+        self.run("cluster", "up")
+        _wait_converged(spec, self.node_status, self.out)
+        return True
+
+    def migrate(self, client: Any, bucket: int) -> bool:
+        from sevendb.cluster.ops.local import local_spec
+
+        assert self.subscriber is not None
+        self.out(f"\n== add a node, and migrate bucket {bucket} to it under the write load")
+        self.run("node", "add")
+        spec = local_spec(self.data_dir)
+        leader = next(
+            n.node_id
+            for n in spec.nodes
+            if any(
+                r.bucket == bucket and r.is_leader
+                for r in (self.node_status(n.grpc_address) or _NO_STATUS).replicas
+            )
+        )
+        keep = [n for n in spec.buckets[bucket].nodes if n != leader][:2]
+        target = ",".join([spec.nodes[-1].node_id, *keep])
+        during: set[str] = set()
+        load = threading.Thread(
+            target=_write_load, args=(client, range(50, 90), during), daemon=True
+        )
+        load.start()
+        if self.run("bucket", "migrate", str(bucket), "--to", target) != 0:
+            return False
+        load.join(60)
+        after = [
+            k
+            for k in (f"orders/{i}" for i in range(100, 400))
+            if spec.bucket_for_key(k).bucket == bucket
+        ][:5]
+        for key in after:  # in the new epoch
+            client.put(key, b"new")
+        ok = self.subscriber.wait_keys(during | set(after))
+        missing = sorted((during | set(after)) - self.subscriber.keys())
+        epochs = sorted(
+            {line["emit_seq"][1] for line in self.subscriber.lines if line["bucket"] == bucket}
+        )
+        self.out(
+            f"the subscriber kept printing: {'nothing' if ok else missing} missing; "
+            f"bucket {bucket}'s events went from epoch {epochs[0]} to epoch {epochs[-1]}, "
+            "emit_seq still increasing"
+        )
+        return ok
 
 
 def _wait(condition: Callable[[], bool], timeout_s: float) -> bool:
@@ -366,7 +399,9 @@ def _wait_converged(
 
 
 def run_core_demo(out: Callable[[str], None] = print) -> int:
-    """Part 3: the emission lifecycle on one bucket's core, in-process."""
+    """Part 3: the emission lifecycle on one bucket's core, in-process. (Longer than
+    our 80 lines on purpose: a linear script, read top to bottom beside what it
+    prints; split, its steps would pass half a dozen values between them.)"""
     sm = BucketStateMachine("bucket-demo")
     replica = BucketStateMachine("bucket-demo")  # a second replica applying the same log
     log_index = 0
