@@ -194,15 +194,21 @@ class Write:
 
 @dataclass(frozen=True, slots=True)
 class Subscribe:
+    """A subscription to `query`. With `durable` (a name of the principal's), it is
+    the principal's named subscription: created under `sub_id` if the name is new,
+    otherwise the existing one is resumed (docs/core.md, "Durable names")."""
+
     sub_id: str
     principal: str
     query: Query
     plan_hash: int
     now_ms: int = 0
+    durable: str = ""
 
     def __post_init__(self) -> None:
         _check_str(self.sub_id, "sub_id", limits.ID_BYTES_MAX)
         _check_str(self.principal, "principal", limits.PRINCIPAL_BYTES_MAX)
+        _check_str(self.durable, "durable name", limits.ID_BYTES_MAX, empty_ok=True)
         if not isinstance(self.query, Query) or not isinstance(self.query.kind, QueryKind):
             raise InvalidArgument("query must be KEY, PREFIX or ALL")
         _check_str(self.query.arg, "query argument", limits.KEY_BYTES_MAX, empty_ok=True)
@@ -444,8 +450,10 @@ def _write_fields(entry: Write) -> list[object]:
 
 
 def _subscribe_fields(entry: Subscribe) -> list[object]:
+    """Six fields, and a seventh (the durable name) only when there is one: a SUBSCRIBE
+    without a name has the six it always had."""
     query = entry.query
-    return [
+    fields: list[object] = [
         entry.sub_id,
         entry.principal,
         int(query.kind),
@@ -453,6 +461,9 @@ def _subscribe_fields(entry: Subscribe) -> list[object]:
         entry.plan_hash,
         entry.now_ms,
     ]
+    if entry.durable:
+        fields.append(entry.durable)
+    return fields
 
 
 def _fields(entry: Entry) -> list[object]:
@@ -545,9 +556,15 @@ def _decode_write(f: list[object]) -> Write:
 
 
 def _decode_subscribe(f: list[object]) -> Subscribe:
-    _arity(f, 6, "SUBSCRIBE")
+    """Six fields, or seven with a durable name; an empty name in a seventh field is
+    not canonical, and refused."""
+    if len(f) != 7:
+        _arity(f, 6, "SUBSCRIBE")
     query = Query(QueryKind(_check_int(f[2], "query kind", hi=2)), f[3])  # type: ignore[arg-type]
-    return Subscribe(f[0], f[1], query, f[4], f[5])  # type: ignore[arg-type]
+    durable = f[6] if len(f) == 7 else ""
+    if len(f) == 7 and not durable:
+        raise InvalidArgument("SUBSCRIBE with an empty durable name must have six fields")
+    return Subscribe(f[0], f[1], query, f[4], f[5], durable)  # type: ignore[arg-type]
 
 
 def _decode_fields(kind: EntryType, f: list[object]) -> Entry:
@@ -563,7 +580,7 @@ def _decode_fields(kind: EntryType, f: list[object]) -> Entry:
         _arity(f, 1, "SUBSCRIBE_BATCH")
         subscribes = _as_list(f[0], "subscribes", limits.SUBSCRIBES_PER_BATCH_MAX)
         return SubscribeBatch(
-            tuple(_decode_subscribe(_as_list(s, "subscribe", 6)) for s in subscribes)
+            tuple(_decode_subscribe(_as_list(s, "subscribe", 7)) for s in subscribes)
         )
     if kind is EntryType.UNSUBSCRIBE:
         _arity(f, 3, "UNSUBSCRIBE")

@@ -119,10 +119,15 @@ class InitProducerResult:
 @dataclass(frozen=True, slots=True)
 class SubscribeResult:
     sub_id: str
+    """The subscription's id: for a durable name already in use, the id it was made
+    with (not the one the SUBSCRIBE carried)."""
     start: EmitSeq | None = None
     plan_hash: int = 0
     existing: bool = False
     error: Rejection | None = None
+    acked: EmitSeq | None = None
+    """Where its stream resumes: everything up to here was acknowledged and purged
+    (`start` for a new subscription)."""
 
 
 @dataclass(frozen=True, slots=True)

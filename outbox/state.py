@@ -76,11 +76,12 @@ from .model import (
 from .producer_results import ProducerResults
 from .query import Plan, Planner, Query, QueryIndex, QueryKind, plan_query
 
-SNAPSHOT_FORMAT_VERSION: Final = 2
-"""2: producers carry when they were last active, subscriptions no longer carry a
-stale flag (the expired subscriptions remembered follow the pending rows), and a
-subscription's rows include those computed and not yet checkpointed (1 kept them
-only in the pending batches). Version 1 snapshots are still read (`restore`)."""
+SNAPSHOT_FORMAT_VERSION: Final = 3
+"""3: each subscription carries its durable name ("" for none) last. 2: producers
+carry when they were last active, subscriptions no longer carry a stale flag (the
+expired subscriptions remembered follow the pending rows), and a subscription's rows
+include those computed and not yet checkpointed (1 kept them only in the pending
+batches). Versions 1 and 2 are still read (`restore`)."""
 
 
 @dataclass(slots=True)
@@ -104,6 +105,8 @@ class Subscription:
     committed log, as durable as that entry); the bucket's `outboxed_through` says
     which ones an OUTBOX_WRITE has checkpointed (docs/emission.md: which rows a
     holder may send depends on its emission mode)."""
+    durable: str = ""
+    """Its durable name ("" for none): its principal resumes it by this name."""
 
     @property
     def last_row(self) -> EmitSeq:
@@ -207,6 +210,9 @@ class BucketStateMachine:
         Reconnect is STALE_SEQUENCE); at most EXPIRED_REMEMBERED_MAX."""
         self._owned: dict[str, int] = {}
         """principal -> how many subscriptions it has here (derived; not in snapshots)."""
+        self._durable: dict[tuple[str, str], str] = {}
+        """(principal, durable name) -> sub_id of the live subscription of that name
+        (derived from the subscriptions' names; snapshots carry the names)."""
         self._pending: deque[_PendingBatch] = deque()
         self._digests: dict[tuple[int, int], tuple[int, int]] = {}
         """(from, through) -> (count, digest) of the ranges this replica proposed, so
@@ -496,7 +502,8 @@ class BucketStateMachine:
     # ---- subscriptions ---------------------------------------------------------
 
     def _apply_subscribe(self, index: int, entry: Subscribe) -> SubscribeResult:
-        existing = self._subs.get(entry.sub_id)
+        named = self._durable.get((entry.principal, entry.durable)) if entry.durable else None
+        existing = self._subs.get(named or entry.sub_id)
         if existing is not None:
             if existing.principal != entry.principal:
                 return SubscribeResult(
@@ -506,16 +513,31 @@ class BucketStateMachine:
                         f"subscription {entry.sub_id} belongs to another principal",
                     ),
                 )
-            if existing.query != entry.query:
+            if existing.durable != entry.durable:
                 return SubscribeResult(
                     entry.sub_id,
                     error=_reject(
                         ErrorCode.SUBSCRIPTION_EXISTS,
-                        f"subscription {entry.sub_id} exists with query {existing.query}",
+                        f"subscription {entry.sub_id} exists "
+                        + (f"as durable {existing.durable!r}" if existing.durable else "unnamed")
+                        + (f", not as durable {entry.durable!r}" if entry.durable else ""),
+                    ),
+                )
+            if existing.query != entry.query:
+                what = f"durable {entry.durable!r}" if entry.durable else entry.sub_id
+                return SubscribeResult(
+                    entry.sub_id,
+                    error=_reject(
+                        ErrorCode.SUBSCRIPTION_EXISTS,
+                        f"subscription {what} exists with query {existing.query}",
                     ),
                 )
             return SubscribeResult(
-                entry.sub_id, existing.start, existing.plan.plan_hash, existing=True
+                existing.sub_id,
+                existing.start,
+                existing.plan.plan_hash,
+                existing=True,
+                acked=existing.acked,
             )
         plan = self._planner(entry.query)
         if plan.plan_hash != entry.plan_hash:
@@ -533,16 +555,30 @@ class BucketStateMachine:
             )
         start = self.emit_seq(index)
         sub = Subscription(
-            entry.sub_id, entry.principal, entry.query, plan, start, start, start, entry.now_ms
+            entry.sub_id,
+            entry.principal,
+            entry.query,
+            plan,
+            start,
+            start,
+            start,
+            entry.now_ms,
+            durable=entry.durable,
         )
         self._expired.pop(entry.sub_id, None)  # a new incarnation of an expired sub_id
         self._add_sub(sub)
-        return SubscribeResult(entry.sub_id, start, plan.plan_hash)
+        return SubscribeResult(entry.sub_id, start, plan.plan_hash, acked=start)
 
     def _add_sub(self, sub: Subscription) -> None:
         self._subs[sub.sub_id] = sub
         self._queries.add(sub.sub_id, sub.plan)
         self._owned[sub.principal] = self._owned.get(sub.principal, 0) + 1
+        if sub.durable:
+            self._durable[sub.principal, sub.durable] = sub.sub_id
+
+    def durable_sub_id(self, principal: str, name: str) -> str | None:
+        """The live subscription `principal` named `name`, if any."""
+        return self._durable.get((principal, name))
 
     def _remove_sub(self, sub: Subscription, *, expired: bool = False) -> None:
         """Delete a subscription: its rows go with it, checkpointed or not (no holder
@@ -552,6 +588,8 @@ class BucketStateMachine:
         remembered (bounded), so that its Reconnect is STALE_SEQUENCE."""
         self._queries.remove(sub.sub_id, sub.plan)
         del self._subs[sub.sub_id]
+        if sub.durable:
+            del self._durable[sub.principal, sub.durable]
         left = self._owned[sub.principal] - 1
         if left:
             self._owned[sub.principal] = left
@@ -987,6 +1025,7 @@ class BucketStateMachine:
                 s.acked,
                 s.last_active_ms,
                 tuple(s.rows),
+                s.durable,
             )
             for s in self.subscriptions()
         ]
@@ -1015,7 +1054,7 @@ class BucketStateMachine:
             for producer in producers:
                 pack(producer)
             packer.pack_array_header(len(subs))
-            for sub_id, who, query, plan_hash, start, head_, acked, active, rows in subs:
+            for sub_id, who, query, plan_hash, start, head_, acked, active, rows, name in subs:
                 pack(
                     [
                         sub_id,
@@ -1028,6 +1067,7 @@ class BucketStateMachine:
                         acked.pack(),
                         active,
                         [row.pack() for row in rows],
+                        name,
                     ]
                 )
             packer.pack_array_header(len(pending))
@@ -1044,15 +1084,15 @@ class BucketStateMachine:
 
     @classmethod
     def restore(cls, data: bytes, *, planner: Planner = plan_query) -> BucketStateMachine:
-        """The state `snapshot()` made (format 2, or 1: see SNAPSHOT_FORMAT_VERSION)."""
+        """The state `snapshot()` made (format 3, or 2 or 1: see SNAPSHOT_FORMAT_VERSION)."""
         try:
             raw = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
             version = raw[0]
         except Exception as exc:
             raise SnapshotError(f"snapshot is not readable: {exc}") from None
-        if version not in (1, SNAPSHOT_FORMAT_VERSION) or isinstance(version, bool):
+        if version not in (1, 2, SNAPSHOT_FORMAT_VERSION) or isinstance(version, bool):
             raise SnapshotError(
-                f"snapshot format {version!r}; this build reads 1 and {SNAPSHOT_FORMAT_VERSION}"
+                f"snapshot format {version!r}; this build reads 1 to {SNAPSHOT_FORMAT_VERSION}"
             )
         try:
             if len(raw) != (11 if version == 1 else 12):
@@ -1067,11 +1107,25 @@ class BucketStateMachine:
                 producers, subs, expired = _from_version_1(producers, subs)
             else:
                 expired = raw[11]
+            if version < 3:  # no durable names before format 3
+                subs = [[*sub, ""] for sub in subs]
             for pid, p_epoch, last_seq, results, p_active in producers:
                 producer = _Producer(p_epoch, p_active, last_seq)
                 producer.results = ProducerResults.restore(results, last_seq)
                 sm._producers[pid] = producer
-            for sub_id, principal, kind, arg, plan_hash, start, head, acked, active, rows in subs:
+            for (
+                sub_id,
+                principal,
+                kind,
+                arg,
+                plan_hash,
+                start,
+                head,
+                acked,
+                active,
+                rows,
+                name,
+            ) in subs:
                 query = Query(QueryKind(kind), arg)
                 plan = planner(query)
                 if plan.plan_hash != plan_hash:
@@ -1090,6 +1144,7 @@ class BucketStateMachine:
                         EmitSeq(*acked),
                         active,
                         deque(_unpack_row(r) for r in rows),
+                        name,
                     )
                 )
             sm._expired = {sub_id: owner for sub_id, owner in expired}

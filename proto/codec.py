@@ -39,6 +39,9 @@ ERROR_CODE_KEY: Final = "sevendb-error"
 STREAM_SUPERSEDED: Final = "STREAM_SUPERSEDED"
 """`sevendb-error` of a subscription stream fenced by a newer stream of the same
 subscription (status FAILED_PRECONDITION): another consumer resumed it."""
+DURABLE_IN_USE: Final = "DURABLE_IN_USE"
+"""`sevendb-error` of a Subscribe naming a durable subscription that has a stream
+attached (status FAILED_PRECONDITION): a second live consumer is refused."""
 RETRY_AFTER_KEY: Final = "sevendb-retry-after-ms"
 """Trailer of a RESOURCE_EXHAUSTED answer: wait this many milliseconds (a decimal
 integer) before trying again."""
@@ -198,6 +201,7 @@ def reconnect_request(sub_id: str, bucket: int, after: EmitSeq) -> pb.ReconnectR
 
 __all__ = [
     "ACK_STATUS",
+    "DURABLE_IN_USE",
     "ERROR_CODE_KEY",
     "LEADER_HINT_KEY",
     "OVERLOADED",

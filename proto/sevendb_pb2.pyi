@@ -39,26 +39,30 @@ class Query(_message.Message):
     def __init__(self, kind: _Optional[_Union[Query.Kind, str]] = ..., arg: _Optional[str] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("bucket", "query", "sub_id")
+    __slots__ = ("bucket", "query", "sub_id", "durable")
     BUCKET_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_FIELD_NUMBER: _ClassVar[int]
     bucket: int
     query: Query
     sub_id: str
-    def __init__(self, bucket: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., sub_id: _Optional[str] = ...) -> None: ...
+    durable: str
+    def __init__(self, bucket: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., sub_id: _Optional[str] = ..., durable: _Optional[str] = ...) -> None: ...
 
 class SubAck(_message.Message):
-    __slots__ = ("sub_id", "start_emit_seq", "bucket", "plan_hash")
+    __slots__ = ("sub_id", "start_emit_seq", "bucket", "plan_hash", "resumed")
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
     START_EMIT_SEQ_FIELD_NUMBER: _ClassVar[int]
     BUCKET_FIELD_NUMBER: _ClassVar[int]
     PLAN_HASH_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
     sub_id: str
     start_emit_seq: EmitSeq
     bucket: int
     plan_hash: int
-    def __init__(self, sub_id: _Optional[str] = ..., start_emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ..., bucket: _Optional[int] = ..., plan_hash: _Optional[int] = ...) -> None: ...
+    resumed: bool
+    def __init__(self, sub_id: _Optional[str] = ..., start_emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ..., bucket: _Optional[int] = ..., plan_hash: _Optional[int] = ..., resumed: _Optional[bool] = ...) -> None: ...
 
 class Change(_message.Message):
     __slots__ = ("key", "op", "value", "version")

@@ -391,11 +391,16 @@ class Client:
         cursor: CursorStore | str | Path | None = None,
         name: str | None = None,
         options: SubscribeOptions | None = None,
+        durable: str | None = None,
     ) -> Subscription:
         """Subscribe to `query` (``key:K``, ``prefix:P``, ``all`` or a `Query`) in every
         bucket it spans. With `cursor` (a file or a `CursorStore`), a restarted process
         resumes after the last event it processed; `name` tells apart several
-        subscriptions sharing one cursor file (default: the query).
+        subscriptions sharing one cursor file (default: the durable name, else the
+        query). With `durable`, the principal's subscription of that name is made or
+        resumed, its position kept by the server: any process of the principal resumes
+        it after its last acknowledged event, with no cursor file (one consumer at a
+        time: a second one raises `SubscriptionBroken`, ``DURABLE_IN_USE``).
 
         Returns once every bucket's stream is established: a write made afterwards is
         always delivered. Raises `SubscriptionBroken` if that takes longer than the
@@ -424,6 +429,7 @@ class Client:
             name=name,
             options=options,
             ready_timeout_s=self._retry.deadline_s,
+            durable=durable,
         )
         with self._lock:
             self._subscriptions.add(sub)

@@ -23,11 +23,19 @@ and that persist repeats at most the unpersisted events (``ack_every_events``) -
 make handling idempotent by ``emit_seq`` or persist your own state together with
 the cursor if that matters.
 
+**Durable names.** ``client.subscribe(query, durable="billing")`` makes or resumes
+the principal's subscription named "billing": its acknowledged position is the
+server's (replicated by the acks' purges), so any process of the principal resumes it
+with no cursor file, after the last *acknowledged* event (events processed after the
+last ack, at most ``ack_every_events``, come again: a cursor file, kept beside, is
+the cache that avoids that). One live consumer per name: while a stream of it is
+attached, another's subscribe raises `SubscriptionBroken` (``DURABLE_IN_USE``).
+
 **Ending.** `close()` (or leaving a ``with`` block) acknowledges what was processed
 and then *unsubscribes*: a replicated UNSUBSCRIBE, after which the node drops the
-subscription's rows. With a cursor store it *detaches* instead (the cursor exists to
-resume): the server keeps the subscription, and a later `Client.subscribe` with the
-same cursor resumes it. `detach()` says so explicitly; `unsubscribe()` ends a
+subscription's rows. With a cursor store or a durable name it *detaches* instead (it
+exists to resume): the server keeps the subscription, and a later `Client.subscribe`
+with the same cursor or name resumes it. `detach()` says so explicitly; `unsubscribe()` ends a
 subscription with a cursor too (and forgets its cursors).
 
 A query that spans buckets (a prefix, all) is one server subscription per bucket;
@@ -234,15 +242,20 @@ class Subscription:
         name: str | None = None,
         options: SubscribeOptions | None = None,
         ready_timeout_s: float = 30.0,
+        durable: str | None = None,
     ) -> None:
+        if durable is not None and (not isinstance(durable, str) or not durable):
+            raise InvalidArgument(f"durable must be a non-empty name, not {durable!r}")
         self.query = query
-        self.name = name or str(query)
+        self.durable = durable
+        """The durable name: the server keeps this subscription's position under it."""
+        self.name = name or durable or str(query)
         self.options = opts = options or SubscribeOptions()
         self._engine = engine
         self._acks = acks
         self._metadata = metadata
         store = cursor if cursor is None or isinstance(cursor, CursorStore) else CursorStore(cursor)
-        self._keep = store is not None
+        self._keep = store is not None or durable is not None
         """Does closing keep the server's subscription (detach) or end it?"""
         self._inbox = _Inbox()
         streams: dict[int, BucketStream] = {}
@@ -277,7 +290,7 @@ class Subscription:
                 self._flusher.start(bucket, c.sub_id, c.position)
             streams[bucket] = stream
         self._streams = BucketStreams(
-            engine, sessions, self._flusher, query, opts, streams, self._inbox.put
+            engine, sessions, self._flusher, query, opts, streams, self._inbox.put, durable or ""
         )
         started: Future[None] = engine.submit(self._streams.start())
         started.result(10)
@@ -447,14 +460,16 @@ class Subscription:
 
     def detach(self, *, ack_timeout_s: float = CLOSE_ACK_WAIT_S) -> None:
         """`close`, keeping the subscription on the server: a later `Client.subscribe`
-        with the same cursor store and name resumes after the last processed event.
-        What `close` does with a cursor store. Without one it is refused
-        (`InvalidArgument`): nothing could resume the subscription, which would only
-        hold its rows on the server until it expired."""
-        if self._flusher.store is None:
+        with the same cursor store and name, or the same durable name, resumes after
+        the last processed event. What `close` does with a cursor store or a durable
+        name. Without either it is refused (`InvalidArgument`): nothing could resume
+        the subscription, which would only hold its rows on the server until it
+        expired."""
+        if self._flusher.store is None and self.durable is None:
             raise InvalidArgument(
-                "detach keeps the subscription for a later resume, which needs its cursor: "
-                "subscribe with cursor=FILE (or close() to end it)"
+                "detach keeps the subscription for a later resume, which needs its cursor "
+                "or a durable name: subscribe with cursor=FILE or durable=NAME (or close() "
+                "to end it)"
             )
         failed = sys.exc_info()[1] is not None
         close_subscriptions([self], failed=failed, ack_timeout_s=ack_timeout_s)

@@ -128,6 +128,7 @@ def test_sub_ack_seed_fields() -> None:
         "start_emit_seq": 2,
         "bucket": 3,
         "plan_hash": 4,
+        "resumed": 5,
     }
 
 

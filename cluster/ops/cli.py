@@ -559,12 +559,14 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
 
     options = SubscribeOptions(on_reset=on_reset, on_stale=Recovery(args.on_stale))
     delivered = 0
-    # Leaving the block closes the subscription: with --cursor it stays on the server
-    # for the next run to resume, without one it is ended. An event is processed
-    # (acked) once printed: interrupted while printing, it comes again.
+    # Leaving the block closes the subscription: with --cursor or --durable it stays on
+    # the server for the next run to resume, without either it is ended. An event is
+    # processed (acked) once printed: interrupted while printing, it comes again.
     with (
         _client(args) as client,
-        client.subscribe(args.query, cursor=args.cursor, options=options) as sub,
+        client.subscribe(
+            args.query, cursor=args.cursor, options=options, durable=args.durable
+        ) as sub,
     ):
         _progress(f"subscribed to {args.query} in {sub.stats().buckets} bucket(s)")
         try:
@@ -1048,6 +1050,13 @@ def _add_client_commands(
         type=Path,
         help="cursor file: a restarted command resumes after its last event (without one, "
         "the subscription ends when the command does)",
+    )
+    subscribe.add_argument(
+        "--durable",
+        metavar="NAME",
+        help="the principal's durable subscription NAME: made or resumed, its position "
+        "kept by the server (any run resumes it after its last acknowledged event, with "
+        "no cursor file; one consumer at a time)",
     )
     subscribe.add_argument("--count", type=int, help="exit after this many events (default: never)")
     subscribe.add_argument(
