@@ -86,6 +86,8 @@ INLINE_STREAMS_MAX: Final = 8
 """A notifier with more attached streams leaves everything to its thread
 (`after_applies` is for latency with a few subscribers): with 10,000 one-key
 subscriptions, sending from the tick thread cost 5-14% of the events per CPU-second."""
+_NOWHERE: Final = EmitSeq("", 0, 0)
+"""The position `resume` reports when it attached nothing and read no state."""
 HOUSEKEEPING_MS: Final = 1000
 """How often a notifier scans every stream (resends, closures, stalls, gauges)."""
 
@@ -363,29 +365,47 @@ class BucketNotifier:
 
         Also returns the subscription's head when it attached: the last event
         committed for it so far (outboxed or not), where catch-up ends."""
+        attach, head, _ = self._attach(sub_id, principal, after, sink)
+        return attach, head
+
+    def resume(
+        self, sub_id: str, principal: str, sink: EventSink
+    ) -> tuple[Attach, EmitSeq, EmitSeq]:
+        """`attach` after the subscription's acknowledged position as this replica has
+        applied it (a durable subscription resumed by name: the client kept nothing).
+        Read and attached in one step, so a purge applied meanwhile cannot make the
+        position stale. Returns the attach, the head and the position attached after."""
+        return self._attach(sub_id, principal, None, sink)
+
+    def _attach(
+        self, sub_id: str, principal: str, after: EmitSeq | None, sink: EventSink
+    ) -> tuple[Attach, EmitSeq, EmitSeq]:
         now = self._clock_ms()
         with self._lock:
             core = self._core
             if core is None:
-                return Attach(AttachStatus.NOT_HOLDER, holder=self.holder()), after
+                held = Attach(AttachStatus.NOT_HOLDER, holder=self.holder())
+                return held, after or _NOWHERE, after or _NOWHERE
 
-            def attach(sm: BucketStateMachine) -> tuple[Attach, EmitSeq]:
+            def attach(sm: BucketStateMachine) -> tuple[Attach, EmitSeq, EmitSeq]:
                 assert core is not None
-                result = core.attach(sm, sub_id, principal, after, now)
                 sub = sm.subscription(sub_id)
-                return result, after if sub is None else max(after, sub.head)
+                at = after if after is not None else sub.acked if sub else sm.emit_seq(0)
+                result = core.attach(sm, sub_id, principal, at, now)
+                return result, at if sub is None else max(at, sub.head), at
 
             try:
-                result, head = self.replica.read(attach)
+                result, head, at = self.replica.read(attach)
             except ReplicaUnavailable as exc:
-                return Attach(AttachStatus.NOT_HOLDER, message=str(exc)), after
+                held = Attach(AttachStatus.NOT_HOLDER, message=str(exc))
+                return held, after or _NOWHERE, after or _NOWHERE
             if result.status is AttachStatus.ATTACHED:
                 old = self._sinks.get(sub_id)
                 if old is not None and old is not sink:
                     old.close("the subscription was resumed on another stream")
                 self._sinks[sub_id] = sink
         self._runner.wake()
-        return result, head
+        return result, head, at
 
     def detach(self, sub_id: str, sink: EventSink) -> None:
         with self._lock:

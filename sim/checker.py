@@ -115,6 +115,7 @@ class MSub:
     last_active_ms: int
     stale: bool = False
     ended: str = ""
+    durable: str = ""
     rows: list[tuple[EmitSeq, RowKey]] = field(default_factory=list)
     """Its outbox: computed (the source entry committed), not acknowledged."""
     stream: list[RowKey] = field(default_factory=list)
@@ -295,13 +296,23 @@ class Model:
         return ("WB", tuple(codes), self._rows(index, changes, entry.writes[-1].now_ms))
 
     def _subscribe(self, index: int, entry: Subscribe) -> Summary:
-        existing = self.subs.get(entry.sub_id)
+        named = [
+            s
+            for s in self.live()
+            if entry.durable and (s.principal, s.durable) == (entry.principal, entry.durable)
+        ]
+        existing = named[0] if named else self.subs.get(entry.sub_id)
         if existing is not None and not existing.ended:
+            refused = None
+            query = (entry.query.kind, entry.query.arg)
             if existing.principal != entry.principal:
-                return ("S", None, False, "NOT_OWNER")
-            if (existing.kind, existing.arg) != (entry.query.kind, entry.query.arg):
-                return ("S", None, False, "SUBSCRIPTION_EXISTS")
-            return ("S", _seq(existing.start), True, None)
+                refused = "NOT_OWNER"
+            elif existing.durable != entry.durable or (existing.kind, existing.arg) != query:
+                refused = "SUBSCRIPTION_EXISTS"
+            if refused is not None:
+                return ("S", None, False, refused, entry.sub_id, None)
+            start, acked = _seq(existing.start), _seq(existing.acked)
+            return ("S", start, True, None, existing.sub_id, acked)
         start = self.seq(index)
         arg = "" if entry.query.kind is QueryKind.ALL else entry.query.arg
         self._next_incarnation += 1
@@ -315,10 +326,11 @@ class Model:
             start,
             start,
             entry.now_ms,
+            durable=entry.durable,
         )
         self.subs[entry.sub_id] = sub
         self.incarnations[(entry.sub_id, _seq(start))] = sub
-        return ("S", _seq(start), False, None)
+        return ("S", _seq(start), False, None, entry.sub_id, _seq(start))
 
     def _lease_ok(self, lease_index: int) -> bool:
         return self.lease_index != 0 and lease_index == self.lease_index
@@ -406,7 +418,8 @@ class Model:
 def _subscribed(result: SubscribeResult) -> Summary:
     code = None if result.error is None else str(result.error.code)
     start = None if result.start is None else _seq(result.start)
-    return ("S", start, result.existing, code)
+    acked = None if result.acked is None else _seq(result.acked)
+    return ("S", start, result.existing, code, result.sub_id, acked)
 
 
 def summarize(applied: Applied) -> Summary:
@@ -611,6 +624,38 @@ class Checker:
         if sub.principal != principal:
             raise Violation("isolation", f"{principal} was handed {sub_id} of {sub.principal}")
         self.apps.setdefault(key, AppStream(sub_id, start, principal))
+
+    def on_durable_resume(self, principal: str, sub_id: str, start: EmitSeq, acked: EmitSeq) -> int:
+        """A client process that kept nothing (no cursor file) resumed its durable
+        subscription by name: its stream continues after `acked`, the server's
+        position. That must be one the application reached (otherwise events were
+        acknowledged that it never processed: a gap); what it processed after it
+        comes again, and is processed again (at-least-once for that tail, which the
+        client cannot drop: it kept nothing). Returns how many events that is."""
+        self.checks += 1
+        app = self.apps.get((sub_id, _seq(start)))
+        if app is None or app.principal != principal:
+            raise Violation("isolation", f"{principal} resumed durable {sub_id} it never had")
+        reached = start if app.last is None else app.last
+        if acked > reached:
+            raise Violation(
+                "effective-once",
+                f"{principal}'s durable {sub_id} resumes after {acked}; its application "
+                f"processed only up to {reached} (a gap)",
+            )
+        emits = [k[1] for k in app.processed]
+        if acked != start and _seq(acked) not in emits:
+            raise Violation(
+                "effective-once",
+                f"{principal}'s durable {sub_id} resumes after {acked}, "
+                "a position its application never processed",
+            )
+        kept = app.processed[: emits.index(_seq(acked)) + 1 if acked != start else 0]
+        again = len(app.processed) - len(kept)
+        app.processed = kept
+        app.last = acked if kept else None
+        app.active = True
+        return again
 
     def on_confirm(self, principal: str, sub_id: str, position: EmitSeq) -> None:
         """The owner says it processed everything up to `position` (ack or reconnect)."""

@@ -256,6 +256,10 @@ class SimConfig:
     emission: str = "derived"
     """The notifier hosts' emission mode (`EmissionMode`: "derived" or "literal");
     the swarm runs each with half the seeds."""
+    durable: bool = False
+    """The clients' first subscriptions are durable (named) and keep nothing across a
+    crash: a restarted client resumes each by its name, from the server's position
+    (the swarm turns it on for ~40% of seeds)."""
 
     def __post_init__(self) -> None:
         if self.emission not in EMISSION_MODES:
@@ -283,6 +287,7 @@ class SimConfig:
         if rng.random() < 0.45:
             values["faults"] += ("storage",)
         values["emission"] = "literal" if rng.random() < 0.5 else "derived"
+        values["durable"] = rng.random() < 0.4
         values.update({k: v for k, v in overrides.items() if k not in ("scripted", "net")})
         plan_rng = random.Random(f"sevendb-sim-plan/{seed}")
         values["net"] = plan_network(plan_rng, values["faults"])
@@ -344,5 +349,6 @@ CLI_FIELDS: Final = (
     "window_events",
     "resend_after_ms",
     "emission",
+    "durable",
 )
 """SimConfig fields `--set NAME=VALUE` may pin (VALUE is a Python literal)."""

@@ -48,15 +48,18 @@ class SubscribeReq(OwnerRequest):
     client: str
     query: Query
     plan_hash: int
+    durable: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class ReconnectReq(OwnerRequest):
-    """Attach a new stream (`conn`) after `after`, the last emit_seq processed."""
+    """Attach a new stream (`conn`) after `after`, the last emit_seq processed (None:
+    after the server's acknowledged position, a durable subscription resumed by name,
+    as the node's Subscribe does)."""
 
     client: str
     conn: int
-    after: EmitSeq
+    after: EmitSeq | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +89,10 @@ class Events(OnStream):
 
 @dataclass(frozen=True, slots=True)
 class AttachReply(OnStream):
-    """How a `ReconnectReq` went."""
+    """How a `ReconnectReq` went (`after`: where it attached)."""
 
     attach: Attach
+    after: EmitSeq | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -157,11 +157,16 @@ class Streams:
                 f"attached in bucket {bucket}); one consumer at a time",
                 error=codec.DURABLE_IN_USE,
             )
-        # A durable name resumes its subscription after what was acknowledged; a new
+        # A durable name resumes its subscription after what was acknowledged (read
+        # as it attaches: a purge may have applied since the SUBSCRIBE); a new
         # subscription (or a retried Subscribe of one) starts at its start.
-        sub_id, after = result.sub_id, result.acked if resumed else result.start
+        sub_id = result.sub_id
         sink = StreamSink(asyncio.get_running_loop())
-        attach, _ = notifier.attach(sub_id, principal, after, sink)
+        if resumed:
+            attach, _, after = notifier.resume(sub_id, principal, sink)
+        else:
+            after = result.start
+            attach, _ = notifier.attach(sub_id, principal, after, sink)
         if attach.status is not AttachStatus.ATTACHED:
             # The lease moved between the proposal and now: the client reconnects.
             raise Failure(
