@@ -72,6 +72,7 @@ STATUS_OF: Final[dict[ErrorCode, grpc.StatusCode]] = {
     ErrorCode.SUBSCRIPTION_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     ErrorCode.NOT_OWNER: grpc.StatusCode.PERMISSION_DENIED,
     ErrorCode.STALE_SUBSCRIPTION: grpc.StatusCode.OUT_OF_RANGE,
+    ErrorCode.STALE_SEQUENCE: grpc.StatusCode.OUT_OF_RANGE,
     ErrorCode.REGRESSIVE_ACK: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorCode.DUPLICATE_ACK: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorCode.FUTURE_ACK: grpc.StatusCode.INVALID_ARGUMENT,

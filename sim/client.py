@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Final
 
 from sevendb.notifier.core import AttachStatus
 from sevendb.outbox.emitseq import EmitSeq
+from sevendb.outbox.entries import LATEST, Start
 from sevendb.outbox.model import OutboxRow, ReconnectStatus
 from sevendb.outbox.query import Query, plan_query
 from sevendb.sdk.cursor import StreamCursor
@@ -66,6 +67,8 @@ class ClientSub:
     """Its durable name: it keeps no position across a crash, the server does."""
     resuming: bool = False
     """A durable subscription subscribing by name again after a crash."""
+    begin: Start = LATEST
+    """Where a new subscription starts (docs/core.md, "Start positions")."""
     # persisted
     start: EmitSeq | None = None
     persisted: EmitSeq | None = None
@@ -92,8 +95,10 @@ class Client:
 
     # ---- workload ----------------------------------------------------------------
 
-    def subscribe(self, sub_id: str, query: Query, durable: str = "") -> None:
-        self.subs.append(ClientSub(sub_id, query, durable=durable))
+    def subscribe(
+        self, sub_id: str, query: Query, durable: str = "", begin: Start = LATEST
+    ) -> None:
+        self.subs.append(ClientSub(sub_id, query, durable=durable, begin=begin))
 
     def unsubscribe(self, sub: ClientSub) -> None:
         if sub.start is not None:
@@ -166,7 +171,13 @@ class Client:
                 sub.target = self._next_target(sub.target if sub.target else "")
                 plan_hash = plan_query(sub.query).plan_hash
                 req = SubscribeReq(
-                    sub.sub_id, self.principal, self.name, sub.query, plan_hash, sub.durable
+                    sub.sub_id,
+                    self.principal,
+                    self.name,
+                    sub.query,
+                    plan_hash,
+                    sub.durable,
+                    sub.begin,
                 )
                 self._send(now_ms, sub.target, req)
                 sub.target = ""

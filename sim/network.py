@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from sevendb.notifier.core import Attach
 from sevendb.outbox.emitseq import EmitSeq
+from sevendb.outbox.entries import LATEST, Start
 from sevendb.outbox.model import OutboxRow, SubscribeResult
 from sevendb.outbox.query import Query
 
@@ -49,6 +50,7 @@ class SubscribeReq(OwnerRequest):
     query: Query
     plan_hash: int
     durable: str = ""
+    start: Start = LATEST
 
 
 @dataclass(frozen=True, slots=True)

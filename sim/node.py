@@ -50,6 +50,7 @@ def notifier_settings(config: SimConfig) -> NotifierSettings:
         stall_window_ms=config.stall_window_ms,
         idle_wait_s=IDLE_MS / 1000,
         emission_mode=EmissionMode(config.emission),
+        history_entries=config.history_entries,
     )
 
 
@@ -198,7 +199,13 @@ class SimNode:
         elif isinstance(body, wire.SubscribeReq):
             now = self.sim.now_ms
             entry = Subscribe(
-                body.sub_id, body.principal, body.query, body.plan_hash, now, body.durable
+                body.sub_id,
+                body.principal,
+                body.query,
+                body.plan_hash,
+                now,
+                body.durable,
+                body.start,
             )
             self._subscribes.append((body.client, entry))
         elif isinstance(body, wire.UnsubscribeReq):

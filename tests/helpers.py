@@ -117,13 +117,14 @@ def replay(
 
 
 def version_2_snapshot(sm: BucketStateMachine) -> bytes:
-    """`sm`'s snapshot as a build before durable names wrote it (format 2): each
-    subscription without its name. `sm` must hold no durable subscription."""
+    """`sm`'s snapshot as a build before durable names and the retained history wrote
+    it (format 2): each subscription without its name, no history. `sm` must hold no
+    durable subscription."""
     raw = msgpack.unpackb(sm.snapshot(), raw=False)
-    assert raw[0] == 3 and len(raw) == 12
-    assert all(s[10] == "" for s in raw[9]), "format 2 has no durable names"
+    assert raw[0] == 3 and len(raw) == 14
+    assert all(s[10] == "" and s[11] == s[5][2] for s in raw[9]), "format 2 has no names"
     subs = [s[:10] for s in raw[9]]
-    return bytes(msgpack.packb([2, *raw[1:9], subs, *raw[10:]], use_bin_type=True))
+    return bytes(msgpack.packb([2, *raw[1:9], subs, *raw[10:12]], use_bin_type=True))
 
 
 def version_1_snapshot(sm: BucketStateMachine, stale: tuple[list[Any], ...] = ()) -> bytes:

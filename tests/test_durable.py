@@ -3,6 +3,8 @@ maps to one subscription per principal, in the replicated state and its snapshot
 
 from __future__ import annotations
 
+from collections import deque
+
 import msgpack
 import pytest
 
@@ -102,7 +104,10 @@ def test_names_survive_a_snapshot_and_format_2_still_restores() -> None:
     subscribed(old, "s1")
     old.set("o/1")
     from_2 = BucketStateMachine.restore(version_2_snapshot(old.sm))
-    assert from_2.snapshot() == old.sm.snapshot()
+    # Everything but the history, which format 2 did not keep: it starts at the
+    # snapshot's index.
+    assert msgpack.unpackb(from_2.snapshot())[:12] == msgpack.unpackb(old.sm.snapshot())[:12]
+    assert from_2.retained() == deque() and from_2.history_after == old.sm.emit_seq(old.index)
     assert from_2.subscription("s1") is not None and from_2.subscription("s1").durable == ""  # type: ignore[union-attr]
 
 
