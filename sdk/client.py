@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import grpc
 
 from sevendb.outbox.emitseq import EmitSeq
-from sevendb.outbox.entries import ANY, ExpectKind, Op, OpKind, Write
+from sevendb.outbox.entries import ANY, ExpectKind, Op, OpKind, StartKind, Write
 from sevendb.outbox.errors import InvalidArgument, SevenDBError
 from sevendb.outbox.query import Query, QueryKind
 from sevendb.proto import codec
@@ -53,11 +53,14 @@ from sevendb.sdk.models import (
 )
 from sevendb.sdk.producer import Producer
 from sevendb.sdk.sessions import Sessions
+from sevendb.sdk.streams import Event
 from sevendb.sdk.subscription import (
+    StartAt,
     SubscribeOptions,
     Subscription,
     close_subscriptions,
     parse_query,
+    starts_for,
 )
 from sevendb.sdk.tls import SYSTEM_ROOTS, TLS, sync_channel
 from sevendb.sdk.writer import QUEUE_BYTES_MAX, QUEUE_WAIT_S, QUEUE_WRITES_MAX, WritePipeline
@@ -376,6 +379,62 @@ class Client:
                 return
             since_index, since_key = page.next_since_commit_index, page.next_since_key
 
+    def _buckets_of(self, query: Query) -> list[int]:
+        layout = self.layout()
+        if query.kind is QueryKind.KEY:
+            return [layout.bucket_of(query.arg)]
+        return list(range(layout.buckets))
+
+    def history(
+        self,
+        query: str | Query,
+        *,
+        after: StartAt = "earliest",
+        through: int = 0,
+        page_size: int = 0,
+    ) -> Iterator[Event]:
+        """The committed changes `query` matches in each bucket's retained history,
+        bucket by bucket, each in emit_seq order with its `prev_emit_seq` chain (events
+        with `sub_id` ""), in pages of `page_size` (0: the node's default). `after`:
+        ``"earliest"`` (default), an `EmitSeq` (a query of one bucket) or ``{bucket:
+        EmitSeq}``; `through`: no change committed at a higher log index (0: none).
+        Older than a bucket's history reaches: `StaleSequence` (read the state with
+        `sync_bucket` instead; docs/wire.md, "History")."""
+        parsed = parse_query(query)
+        buckets = self._buckets_of(parsed)
+        starts = starts_for(after, buckets, self.layout().bucket_uuids)
+        for bucket in buckets:
+            begin = starts[bucket]
+            if begin.kind not in (StartKind.EARLIEST, StartKind.AFTER):
+                raise InvalidArgument("history reads after 'earliest' or an emit_seq")
+            yield from self._history_bucket(bucket, parsed, begin.after, through, page_size)
+
+    def _history_bucket(
+        self, bucket: int, query: Query, after: EmitSeq | None, through: int, page_size: int
+    ) -> Iterator[Event]:
+        prev = after
+        while True:
+            request = pb.HistoryRequest(
+                bucket=bucket,
+                query=codec.query_to_pb(query),
+                after=None if after is None else codec.seq_to_pb(after),
+                through_commit_index=through,
+                limit=page_size,
+            )
+            page: pb.HistoryResponse = self._call(
+                lambda s, t, r=request: s.History(r, timeout=t, metadata=self.metadata)  # type: ignore[misc]
+            )
+            if prev is None:
+                prev = codec.seq_from_pb(page.retained_after)
+            for item in page.events:
+                at = codec.seq_from_pb(item.emit_seq)
+                changes = tuple(codec.change_from_pb(c) for c in item.delta.changes)
+                yield Event(bucket, "", at, prev, changes, item.delta.commit_time_ms)
+                prev = at
+            if not page.more:
+                return
+            after = codec.seq_from_pb(page.next_after)
+
     def producer(self, bucket_count: int | None = None) -> IdempotentProducer:
         """A producer of its own (another id, its own sequences): every `Client` write
         is idempotent already, through the client's producer. `bucket_count` is
@@ -392,6 +451,7 @@ class Client:
         name: str | None = None,
         options: SubscribeOptions | None = None,
         durable: str | None = None,
+        start: StartAt = None,
     ) -> Subscription:
         """Subscribe to `query` (``key:K``, ``prefix:P``, ``all`` or a `Query`) in every
         bucket it spans. With `cursor` (a file or a `CursorStore`), a restarted process
@@ -400,17 +460,18 @@ class Client:
         query). With `durable`, the principal's subscription of that name is made or
         resumed, its position kept by the server: any process of the principal resumes
         it after its last acknowledged event, with no cursor file (one consumer at a
-        time: a second one raises `SubscriptionBroken`, ``DURABLE_IN_USE``).
+        time: a second one raises `SubscriptionBroken`, ``DURABLE_IN_USE``). `start`
+        (`StartAt`) is where a new subscription starts: the latest by default, or in the
+        bucket's retained history (older than it reaches: `SubscriptionBroken`,
+        ``STALE_SEQUENCE``); a resumed one goes on where it was.
 
         Returns once every bucket's stream is established: a write made afterwards is
         always delivered. Raises `SubscriptionBroken` if that takes longer than the
         `RetryPolicy` deadline (30 s by default)."""
         parsed = parse_query(query)
         layout = self.layout()
-        if parsed.kind is QueryKind.KEY:
-            buckets = [layout.bucket_of(parsed.arg)]
-        else:
-            buckets = list(range(layout.buckets))
+        buckets = self._buckets_of(parsed)
+        starts = starts_for(start, buckets, layout.bucket_uuids)
         with self._lock:  # the engine and its pipeline together (a close may race)
             engine = self._loop_locked()
             if self._ack_pipeline is None:
@@ -430,6 +491,7 @@ class Client:
             options=options,
             ready_timeout_s=self._retry.deadline_s,
             durable=durable,
+            starts=starts,
         )
         with self._lock:
             self._subscriptions.add(sub)

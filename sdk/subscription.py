@@ -54,15 +54,17 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from functools import partial
 from pathlib import Path
 from typing import Final, TypeAlias
 
 from sevendb.outbox.emitseq import EmitSeq
+from sevendb.outbox.entries import LATEST, Start, StartKind
 from sevendb.outbox.errors import InvalidArgument
 from sevendb.outbox.query import Query
 from sevendb.proto.mailbox import Mailbox, mailbox
@@ -158,6 +160,46 @@ class SubscriptionStats:
     """Saves to the cursor store (0 without one)."""
 
 
+StartAt: TypeAlias = str | datetime | EmitSeq | Mapping[int, EmitSeq] | None
+"""Where a new subscription starts (`Client.subscribe(start=...)`): ``"latest"`` (or
+None: only what commits after the subscribe), ``"earliest"`` (the oldest the bucket's
+retained history reaches), a `datetime` (the first change committed at or after it),
+an `EmitSeq` (after that position: a query of one bucket), or ``{bucket: EmitSeq}``
+(after each, for every bucket the query spans)."""
+
+
+def starts_for(start: StartAt, buckets: Sequence[int], uuids: Sequence[str]) -> dict[int, Start]:
+    """Each bucket's `Start` for `start` (`StartAt`); `InvalidArgument` if it names no
+    position for a bucket, or one of another bucket."""
+    if start is None or start == "latest":
+        return dict.fromkeys(buckets, LATEST)
+    if start == "earliest":
+        return dict.fromkeys(buckets, Start(StartKind.EARLIEST))
+    if isinstance(start, datetime):
+        if start.tzinfo is None:
+            raise InvalidArgument("a start time must be timezone-aware (e.g. UTC)")
+        return dict.fromkeys(buckets, Start(StartKind.TIME, time_ms=int(start.timestamp() * 1000)))
+    if isinstance(start, EmitSeq):
+        if len(buckets) != 1:
+            raise InvalidArgument(
+                f"an emit_seq names one bucket; this query spans {len(buckets)}: give "
+                "{bucket: emit_seq} for each"
+            )
+        start = {buckets[0]: start}
+    if not isinstance(start, Mapping):
+        raise InvalidArgument(
+            "start must be 'latest', 'earliest', a datetime, an EmitSeq or {bucket: EmitSeq}, "
+            f"not {start!r}"
+        )
+    out = {}
+    for bucket in buckets:
+        after = start.get(bucket)
+        if not isinstance(after, EmitSeq) or after.bucket_uuid != uuids[bucket]:
+            raise InvalidArgument(f"start names no position of bucket {bucket} ({after!r})")
+        out[bucket] = Start(StartKind.AFTER, after)
+    return out
+
+
 def parse_query(query: str | Query) -> Query:
     """``key:K``, ``prefix:P``, ``all`` or a `Query`."""
     if isinstance(query, Query):
@@ -243,6 +285,7 @@ class Subscription:
         options: SubscribeOptions | None = None,
         ready_timeout_s: float = 30.0,
         durable: str | None = None,
+        starts: Mapping[int, Start] | None = None,
     ) -> None:
         if durable is not None and (not isinstance(durable, str) or not durable):
             raise InvalidArgument(f"durable must be a non-empty name, not {durable!r}")
@@ -285,6 +328,7 @@ class Subscription:
             stream = BucketStream(
                 bucket, c.sub_id if c else None, c is not None and c.position is not None
             )
+            stream.begin = (starts or {}).get(bucket, LATEST)
             if c is not None and c.position is not None:
                 stream.cursor = StreamCursor(c.position, reorder_buffer_max=opts.reorder_buffer_max)
                 self._flusher.start(bucket, c.sub_id, c.position)
@@ -601,6 +645,7 @@ __all__ = [
     "Event",
     "Recovery",
     "StreamReset",
+    "StartAt",
     "StreamResetReason",
     "SubscribeOptions",
     "Subscription",
@@ -608,4 +653,5 @@ __all__ = [
     "close_subscriptions",
     "offer_events",
     "parse_query",
+    "starts_for",
 ]

@@ -23,6 +23,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -548,6 +549,29 @@ def event_lines(event: Event) -> list[str]:
     ]
 
 
+def _start_at(text: str) -> str | datetime:
+    """`--start`: latest, earliest or an ISO 8601 time (UTC unless it says)."""
+    if text in ("latest", "earliest"):
+        return text
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--start takes latest, earliest or an ISO 8601 time, not {text!r}"
+        ) from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    count = 0
+    with _client(args) as client:
+        for event in client.history(args.query, page_size=args.page_size):
+            print("\n".join(event_lines(event)), flush=True)
+            count += 1
+    _progress(f"{count} event(s) retained")
+    return 0
+
+
 def cmd_subscribe(args: argparse.Namespace) -> int:
     from sevendb.sdk import Recovery, StreamReset, SubscribeOptions
 
@@ -565,7 +589,11 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     with (
         _client(args) as client,
         client.subscribe(
-            args.query, cursor=args.cursor, options=options, durable=args.durable
+            args.query,
+            cursor=args.cursor,
+            options=options,
+            durable=args.durable,
+            start=_start_at(args.start),
         ) as sub,
     ):
         _progress(f"subscribed to {args.query} in {sub.stats().buckets} bucket(s)")
@@ -1058,6 +1086,12 @@ def _add_client_commands(
         "kept by the server (any run resumes it after its last acknowledged event, with "
         "no cursor file; one consumer at a time)",
     )
+    subscribe.add_argument(
+        "--start",
+        default="latest",
+        help="where a new subscription starts: latest (default), earliest (the oldest "
+        "retained change) or an ISO 8601 time",
+    )
     subscribe.add_argument("--count", type=int, help="exit after this many events (default: never)")
     subscribe.add_argument(
         "--idle-exit",
@@ -1072,6 +1106,17 @@ def _add_client_commands(
         help="when a stream cannot be resumed (default: start afresh and say so on stderr)",
     )
     subscribe.set_defaults(fn=cmd_subscribe)
+    history = sub.add_parser(
+        "history",
+        parents=[client_common],
+        help="print the retained history of QUERY (key:K, prefix:P or all): one JSON line "
+        "per change, bucket by bucket",
+    )
+    history.add_argument("query", help="key:K, prefix:P or all")
+    history.add_argument(
+        "--page-size", type=int, default=0, help="change sets per request (default: the node's)"
+    )
+    history.set_defaults(fn=cmd_history)
 
 
 def _add_auth_commands(

@@ -39,7 +39,7 @@ from sevendb.cluster.server.sinks import (
 from sevendb.notifier.core import SLOW_SUBSCRIBER, Attach, AttachStatus
 from sevendb.notifier.host import BucketNotifier
 from sevendb.outbox.emitseq import EmitSeq
-from sevendb.outbox.entries import Subscribe
+from sevendb.outbox.entries import LATEST, Subscribe
 from sevendb.outbox.errors import SevenDBError
 from sevendb.outbox.model import OutboxRow, ReconnectStatus, SubscribeResult
 from sevendb.outbox.query import plan_query
@@ -138,8 +138,15 @@ class Streams:
         sub_id = request.sub_id or secrets.token_hex(16)
         try:
             query = codec.query_from_pb(request.query)
+            start = codec.start_from_pb(request.start) if request.HasField("start") else LATEST
             entry = Subscribe(
-                sub_id, principal, query, plan_query(query).plan_hash, now_ms(), request.durable
+                sub_id,
+                principal,
+                query,
+                plan_query(query).plan_hash,
+                now_ms(),
+                request.durable,
+                start,
             )
         except SevenDBError as exc:
             raise Failure.domain(exc) from None
