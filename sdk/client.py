@@ -34,7 +34,7 @@ import grpc
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import ANY, ExpectKind, Op, OpKind, StartKind, Write
 from sevendb.outbox.errors import InvalidArgument, SevenDBError
-from sevendb.outbox.query import Query, QueryKind
+from sevendb.outbox.query import Query, QueryKind, plan_query
 from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
@@ -42,6 +42,7 @@ from sevendb.sdk.acks import AckPipeline
 from sevendb.sdk.cursor_store import CursorStore
 from sevendb.sdk.engine import ERROR_CODE_KEY, LEADER_HINT_KEY, RETRY_AFTER_KEY, Engine
 from sevendb.sdk.errors import ResourceExhausted, Unavailable, domain_error, retry_after_s
+from sevendb.sdk.handover import Handover
 from sevendb.sdk.models import (
     ClusterLayout,
     NodeStatus,
@@ -378,6 +379,29 @@ class Client:
             if not page.has_more:
                 return
             since_index, since_key = page.next_since_commit_index, page.next_since_key
+
+    def sync_then_subscribe(
+        self,
+        query: str | Query,
+        *,
+        cursor: CursorStore | str | Path | None = None,
+        name: str | None = None,
+        options: SubscribeOptions | None = None,
+        durable: str | None = None,
+    ) -> tuple[dict[str, Record], Subscription, Handover]:
+        """The keys `query` matches as they are now, then their changes: a
+        snapshot-then-stream handover with no gap and no duplicate between the two
+        (sdk/handover.py), for a start older than the retained history or an
+        application that wants the state first. Subscribes (as `subscribe`), then reads
+        the state with paged Syncs; apply the records, then of each event only
+        ``handover.fresh(event.emit_seq.commit_index, event.changes)``."""
+        parsed = parse_query(query)
+        sub = self.subscribe(parsed, cursor=cursor, name=name, options=options, durable=durable)
+        plan = plan_query(parsed)
+        read: dict[str, Record] = {}
+        for bucket in self._buckets_of(parsed):
+            read.update((r.key, r) for r in self.sync_bucket(bucket) if plan.matches(r.key))
+        return read, sub, Handover((k, r.mod_commit_index) for k, r in read.items())
 
     def _buckets_of(self, query: Query) -> list[int]:
         layout = self.layout()

@@ -13,9 +13,8 @@ import pytest
 from cluster_harness import LocalCluster, wait_for
 from test_emission import Collector, Writer, check_delivery, committed
 
-from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.errors import StaleSequence
-from sevendb.sdk import BrokenReason, Event, SubscriptionBroken
+from sevendb.sdk import BrokenReason, SubscriptionBroken
 
 pytestmark = pytest.mark.slow
 
@@ -68,23 +67,42 @@ def test_starts_in_the_past_and_history_then_stale_past_the_window(
         writer.write(100)
 
         def trimmed() -> bool:
-            try:
-                list(client.history("prefix:h/", after={0: e0(paged, 0), 1: e0(paged, 1)}))
-            except StaleSequence:
-                return True
-            return False
+            """Both buckets' histories no longer reach their first change."""
+            for bucket in (0, 1):
+                event = next(e for e in paged if e.bucket == bucket)
+                try:
+                    list(client.history(f"key:{event.changes[0].key}", after=event.emit_seq))
+                except StaleSequence:
+                    continue
+                return False
+            return True
 
         wait_for(trimmed, 30, "the history trimmed past the first changes", 0.2)
         with pytest.raises(SubscriptionBroken) as stale:
             client.subscribe(f"key:{first.changes[0].key}", start=first.emit_seq)
         assert stale.value.reason is BrokenReason.STALE_SEQUENCE
         assert "older than the retained history" in str(stale.value)
+        # Past the window, the state then the stream: no gap, no duplicate between.
+        state, sub, handover = client.sync_then_subscribe("prefix:h/")
+        assert set(state) == set(writer.attempted)
+        writer.write(5)
+        client.delete("h/00000")
+        mine = {k: r.value for k, r in state.items()}
+        fresh = Collector(sub)
+        newest = writer.attempted[-1]
+        wait_for(lambda: {newest, "h/00000"} <= fresh.keys(), 30, "the live changes")
+        fresh.stop()
+        for event in fresh.events:
+            for change in handover.fresh(event.emit_seq.commit_index, event.changes):
+                if change.op.name == "SET":
+                    mine[change.key] = change.value
+                else:
+                    mine.pop(change.key, None)
+        truth = {
+            r.key: r.value for b in (0, 1) for r in client.sync_bucket(b) if r.key.startswith("h/")
+        }
+        assert mine == truth and "h/00000" not in mine and newest in mine
         # The holders keep each bucket's window at its bound (once a second).
         wait_for(lambda: len(list(client.history("prefix:h/"))) <= 2 * 30, 30, "the window")
-        kept = list(client.history("prefix:h/"))
-        assert kept and {c.key for e in kept for c in e.changes} <= set(writer.attempted[-60:])
-
-
-def e0(events: list[Event], bucket: int) -> EmitSeq:
-    """The first event's position in `bucket`."""
-    return next(e.emit_seq for e in events if e.bucket == bucket)
+        kept = {c.key for e in client.history("prefix:h/") for c in e.changes}
+        assert {newest, "h/00000"} <= kept and not kept & set(writer.attempted[1:12])
