@@ -273,6 +273,18 @@ def test_a_durable_resume_attaches_after_an_ack_applied_since_its_subscribe() ->
     assert report.stats["durable_resumes"] >= 2
 
 
+def test_a_lagging_holder_does_not_take_a_past_start_for_an_unknown_subscription() -> None:
+    """Seed 78 (rendezvous): a subscription starting in the past (at 8, its SUBSCRIBE
+    at 56) reconnected to a holder that had not applied the SUBSCRIBE: its position was
+    below what that holder applied, so it answered SUBSCRIPTION_NOT_FOUND (the SDK would
+    have subscribed afresh: a gap). The core now answers BEHIND for a subscription it
+    does not hold; only a current replica (after the node's read barrier) says
+    not-found."""
+    report = Simulation(SimConfig.from_seed(78)).run()
+    assert report.ok, report.describe()
+    assert report.stats["start_time"] == 1
+
+
 def test_the_checker_refuses_a_durable_resume_past_what_was_processed() -> None:
     from sevendb.outbox.emitseq import EmitSeq
     from sevendb.sim.checker import Violation
