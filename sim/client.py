@@ -249,9 +249,12 @@ class Client:
             self.sim.trace("suback-error", self.name, body.sub_id, str(result.error))
             sub.state = State.ENDED
             return
-        sub.sub_id = result.sub_id  # a durable name's: maybe not the one sent
+        # A durable name's sub_id: the one sent if the name was new (a retried
+        # SUBSCRIBE whose answer was lost finds it existing: still a new one).
+        resumed = sub.resuming and result.existing and result.sub_id != sub.sub_id
+        sub.sub_id = result.sub_id
         sub.start = sub.persisted = result.start
-        if sub.resuming and result.existing:
+        if resumed:
             sub.persisted = None  # it attaches after the server's acknowledged position
         else:
             self.sim.checker.on_subscribed(self.principal, sub.sub_id, result.start)
