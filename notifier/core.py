@@ -180,8 +180,9 @@ class AttachStatus(StrEnum):
     NOT_HOLDER = "NOT_HOLDER"
     """This replica does not hold the lease (per its applied state): try `holder`."""
     BEHIND = "BEHIND"
-    """The client has processed more than this replica applied: a newer holder exists
-    or this one is catching up. Retry later or elsewhere; never judge from stale state."""
+    """The client has processed more than this replica applied, or names a subscription
+    it has not applied (yet): a newer holder exists or this one is catching up. Retry
+    later or elsewhere; never judge from stale state."""
     REFUSED = "REFUSED"
     """`decision` says why (STALE_SEQUENCE, INVALID_SEQUENCE, SUBSCRIPTION_NOT_FOUND)."""
 
@@ -311,6 +312,16 @@ class NotifierCore:
                 message=f"client is at {after}; {self._me} applied only {sm.applied_index}",
             )
         decision = sm.decide_reconnect(sub_id, principal, after)
+        if decision.status is ReconnectStatus.SUBSCRIPTION_NOT_FOUND and not decision.not_owner:
+            # Maybe a SUBSCRIBE this replica has not applied yet: one starting in the
+            # past leaves the client at a position it did apply. Only a current
+            # replica can say the subscription does not exist (the node makes sure it
+            # is with a read barrier, then asks `decide_reconnect` itself).
+            return Attach(
+                AttachStatus.BEHIND,
+                holder=sm.lease_holder,
+                message=f"no subscription {sub_id} applied here (through {sm.applied_index})",
+            )
         if decision.status is not ReconnectStatus.OK:
             return Attach(AttachStatus.REFUSED, decision, message=decision.message)
         return self._register(sm, sub_id, principal, after, now_ms, decision)

@@ -59,8 +59,8 @@ from sevendb.notifier.core import (
 )
 from sevendb.outbox import limits
 from sevendb.outbox.emitseq import EmitSeq
-from sevendb.outbox.entries import Entry, encode_entry
-from sevendb.outbox.lifecycle import max_ack_lag
+from sevendb.outbox.entries import Entry, HistoryTrim, encode_entry
+from sevendb.outbox.lifecycle import history_trim_point, max_ack_lag
 from sevendb.outbox.model import (
     AckOutcome,
     AckStatus,
@@ -86,6 +86,13 @@ INLINE_STREAMS_MAX: Final = 8
 """A notifier with more attached streams leaves everything to its thread
 (`after_applies` is for latency with a few subscribers): with 10,000 one-key
 subscriptions, sending from the tick thread cost 5-14% of the events per CPU-second."""
+HISTORY_ENTRIES_DEFAULT: Final = 10_000
+HISTORY_BYTES_DEFAULT: Final = 16 * 1024 * 1024
+HISTORY_AGE_MS_DEFAULT: Final = 3_600_000
+"""The retained history's default bounds (`NotifierSettings.history_*`): 10,000 change
+sets, 16 MiB, one hour, whichever is reached first."""
+_NOWHERE: Final = EmitSeq("", 0, 0)
+"""The position `resume` reports when it attached nothing and read no state."""
 HOUSEKEEPING_MS: Final = 1000
 """How often a notifier scans every stream (resends, closures, stalls, gauges)."""
 
@@ -161,6 +168,13 @@ class NotifierSettings:
     string (``SEVENDB_NOTIFIER_EMISSION_MODE``) is taken by value."""
     checkpoint_interval_ms: int = CHECKPOINT_INTERVAL_MS_DEFAULT
     """DERIVED: an OUTBOX_WRITE checkpoint is proposed at most this often."""
+    history_entries: int = HISTORY_ENTRIES_DEFAULT
+    """The retained history keeps at most this many change sets ..."""
+    history_bytes: int = HISTORY_BYTES_DEFAULT
+    """... of at most this many key and value bytes ..."""
+    history_age_ms: int = HISTORY_AGE_MS_DEFAULT
+    """... none older than this (0: no bound by age); and never less than the safety
+    point holds (docs/core.md, "Retained history")."""
 
     def __post_init__(self) -> None:
         if self.lease_mode not in ("leader", "rendezvous"):
@@ -178,6 +192,8 @@ class NotifierSettings:
             raise ValueError("purge_interval_ms, retry_ms and stall_window_ms must be >= 1")
         if self.idle_wait_s <= 0:
             raise ValueError("idle_wait_s must be positive")
+        if min(self.history_entries, self.history_bytes, self.history_age_ms) < 0:
+            raise ValueError("history_entries, history_bytes and history_age_ms must be >= 0")
         self.core_config  # noqa: B018 - building it validates the core's fields
 
     @property
@@ -293,6 +309,7 @@ class BucketNotifier:
         self._outbox: list[_InFlight] = []
         """This holder's OUTBOX_WRITEs in flight (pipelined, see NotifierCore)."""
         self._purge: _InFlight | None = None
+        self._trim: _InFlight | None = None
         self._last_purge_ms = 0
         self._last_housekeeping_ms = 0
         self._dirty: set[str] = set()
@@ -363,29 +380,47 @@ class BucketNotifier:
 
         Also returns the subscription's head when it attached: the last event
         committed for it so far (outboxed or not), where catch-up ends."""
+        attach, head, _ = self._attach(sub_id, principal, after, sink)
+        return attach, head
+
+    def resume(
+        self, sub_id: str, principal: str, sink: EventSink
+    ) -> tuple[Attach, EmitSeq, EmitSeq]:
+        """`attach` after the subscription's acknowledged position as this replica has
+        applied it (a durable subscription resumed by name: the client kept nothing).
+        Read and attached in one step, so a purge applied meanwhile cannot make the
+        position stale. Returns the attach, the head and the position attached after."""
+        return self._attach(sub_id, principal, None, sink)
+
+    def _attach(
+        self, sub_id: str, principal: str, after: EmitSeq | None, sink: EventSink
+    ) -> tuple[Attach, EmitSeq, EmitSeq]:
         now = self._clock_ms()
         with self._lock:
             core = self._core
             if core is None:
-                return Attach(AttachStatus.NOT_HOLDER, holder=self.holder()), after
+                held = Attach(AttachStatus.NOT_HOLDER, holder=self.holder())
+                return held, after or _NOWHERE, after or _NOWHERE
 
-            def attach(sm: BucketStateMachine) -> tuple[Attach, EmitSeq]:
+            def attach(sm: BucketStateMachine) -> tuple[Attach, EmitSeq, EmitSeq]:
                 assert core is not None
-                result = core.attach(sm, sub_id, principal, after, now)
                 sub = sm.subscription(sub_id)
-                return result, after if sub is None else max(after, sub.head)
+                at = after if after is not None else sub.acked if sub else sm.emit_seq(0)
+                result = core.attach(sm, sub_id, principal, at, now)
+                return result, at if sub is None else max(at, sub.head), at
 
             try:
-                result, head = self.replica.read(attach)
+                result, head, at = self.replica.read(attach)
             except ReplicaUnavailable as exc:
-                return Attach(AttachStatus.NOT_HOLDER, message=str(exc)), after
+                held = Attach(AttachStatus.NOT_HOLDER, message=str(exc))
+                return held, after or _NOWHERE, after or _NOWHERE
             if result.status is AttachStatus.ATTACHED:
                 old = self._sinks.get(sub_id)
                 if old is not None and old is not sink:
                     old.close("the subscription was resumed on another stream")
                 self._sinks[sub_id] = sink
         self._runner.wake()
-        return result, head
+        return result, head, at
 
     def detach(self, sub_id: str, sink: EventSink) -> None:
         with self._lock:
@@ -513,6 +548,7 @@ class BucketNotifier:
                     sink.close("the subscription ended or was dropped for stalling")
         if housekeeping:
             self._end_slow_streams(core, now)
+            self._propose_trim(sm, now)
         sent = self._send(core, sm, now, SEND_EVENTS_MAX, full=housekeeping)
         if self._metrics is not None and housekeeping:
             self._metrics.gauges(self.bucket, sm.outbox_size(), max_ack_lag(sm))
@@ -637,6 +673,22 @@ class BucketNotifier:
         )
         if entry is not None:
             self._purge = self._propose(entry, now)
+
+    def _propose_trim(self, sm: BucketStateMachine, now: int) -> None:
+        """A HISTORY_TRIM when the retained history is past its bounds."""
+        if not self._idle(self._trim, now):
+            return
+        settings = self.settings
+        through = history_trim_point(
+            sm,
+            now,
+            settings.history_entries,
+            settings.history_bytes,
+            settings.history_age_ms,
+            settings.stall_window_ms,
+        )
+        if through is not None:
+            self._trim = self._propose(HistoryTrim(through, now), now)
 
     def _idle(self, inflight: _InFlight | None, now: int) -> bool:
         """Nothing of this kind in flight, or it is overdue (proposed again)."""

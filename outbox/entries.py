@@ -44,6 +44,7 @@ class EntryType(IntEnum):
     INIT_PRODUCER = 8
     WRITE_BATCH = 9
     SUBSCRIBE_BATCH = 10
+    HISTORY_TRIM = 11
 
 
 class OpKind(IntEnum):
@@ -192,17 +193,84 @@ class Write:
             )
 
 
+class StartKind(IntEnum):
+    """Where a new subscription's stream starts (docs/core.md, "Start positions")."""
+
+    LATEST = 0
+    """After the SUBSCRIBE itself: only what commits after it."""
+    AFTER = 1
+    """After a given emit_seq of the bucket, within the retained history."""
+    EARLIEST = 2
+    """After the oldest position the retained history reaches back to."""
+    TIME = 3
+    """With the first retained change committed at or after a time (ms)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """A start position: `kind`, with `after` for AFTER and `time_ms` for TIME."""
+
+    kind: StartKind = StartKind.LATEST
+    after: EmitSeq | None = None
+    time_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, StartKind):
+            raise InvalidArgument(f"unknown start kind {self.kind!r}")
+        if (self.after is not None) != (self.kind is StartKind.AFTER):
+            raise InvalidArgument("a start AFTER a position, and only that, names one")
+        if self.after is not None:
+            _check_emit_seq(self.after, "start position")
+        _check_int(self.time_ms, "start time_ms")
+        if self.time_ms and self.kind is not StartKind.TIME:
+            raise InvalidArgument("only a TIME start names a time")
+
+    def pack(self) -> list[object]:
+        arg: object = None
+        if self.after is not None:
+            arg = self.after.pack()
+        elif self.kind is StartKind.TIME:
+            arg = self.time_ms
+        return [int(self.kind), arg]
+
+    @classmethod
+    def unpack(cls, raw: object) -> Start:
+        items = _as_list(raw, "start", 2)
+        _arity(items, 2, "start")
+        kind = StartKind(_check_int(items[0], "start kind", hi=3))
+        if kind is StartKind.AFTER:
+            return cls(kind, _emit_seq(items[1]))
+        if kind is StartKind.TIME:
+            return cls(kind, time_ms=items[1])  # type: ignore[arg-type]
+        if items[1] is not None:
+            raise InvalidArgument(f"a {kind.name} start takes no argument")
+        return cls(kind)
+
+
+LATEST: Final = Start()
+
+
 @dataclass(frozen=True, slots=True)
 class Subscribe:
+    """A subscription to `query`. With `durable` (a name of the principal's), it is
+    the principal's named subscription: created under `sub_id` if the name is new,
+    otherwise the existing one is resumed (docs/core.md, "Durable names"). A new one
+    starts at `start` (docs/core.md, "Start positions")."""
+
     sub_id: str
     principal: str
     query: Query
     plan_hash: int
     now_ms: int = 0
+    durable: str = ""
+    start: Start = LATEST
 
     def __post_init__(self) -> None:
         _check_str(self.sub_id, "sub_id", limits.ID_BYTES_MAX)
         _check_str(self.principal, "principal", limits.PRINCIPAL_BYTES_MAX)
+        _check_str(self.durable, "durable name", limits.ID_BYTES_MAX, empty_ok=True)
+        if not isinstance(self.start, Start):
+            raise InvalidArgument("start must be a Start")
         if not isinstance(self.query, Query) or not isinstance(self.query.kind, QueryKind):
             raise InvalidArgument("query must be KEY, PREFIX or ALL")
         _check_str(self.query.arg, "query argument", limits.KEY_BYTES_MAX, empty_ok=True)
@@ -334,6 +402,20 @@ class Lease:
 
 
 @dataclass(frozen=True, slots=True)
+class HistoryTrim:
+    """Drops the retained history's changes at or below `through_index` (the lease
+    holder's housekeeping, from its retention settings; docs/core.md, "Retained
+    history")."""
+
+    through_index: int
+    now_ms: int = 0
+
+    def __post_init__(self) -> None:
+        _check_int(self.through_index, "through_index")
+        _check_int(self.now_ms, "now_ms")
+
+
+@dataclass(frozen=True, slots=True)
 class InitProducer:
     producer_id: int
     now_ms: int = 0
@@ -401,6 +483,7 @@ Entry = (
     | EpochCreate
     | Lease
     | InitProducer
+    | HistoryTrim
 )
 
 _TYPE_OF: Final[dict[type, EntryType]] = {
@@ -414,6 +497,7 @@ _TYPE_OF: Final[dict[type, EntryType]] = {
     InitProducer: EntryType.INIT_PRODUCER,
     WriteBatch: EntryType.WRITE_BATCH,
     SubscribeBatch: EntryType.SUBSCRIBE_BATCH,
+    HistoryTrim: EntryType.HISTORY_TRIM,
 }
 
 
@@ -444,8 +528,11 @@ def _write_fields(entry: Write) -> list[object]:
 
 
 def _subscribe_fields(entry: Subscribe) -> list[object]:
+    """Six fields, a seventh (the durable name) only when there is one or a start, and
+    an eighth (the start) only when it is not LATEST: a SUBSCRIBE without either has
+    the six it always had."""
     query = entry.query
-    return [
+    fields: list[object] = [
         entry.sub_id,
         entry.principal,
         int(query.kind),
@@ -453,6 +540,11 @@ def _subscribe_fields(entry: Subscribe) -> list[object]:
         entry.plan_hash,
         entry.now_ms,
     ]
+    if entry.durable or entry.start != LATEST:
+        fields.append(entry.durable)
+    if entry.start != LATEST:
+        fields.append(entry.start.pack())
+    return fields
 
 
 def _fields(entry: Entry) -> list[object]:
@@ -485,6 +577,8 @@ def _fields(entry: Entry) -> list[object]:
         return [entry.epoch_counter, entry.now_ms]
     if isinstance(entry, Lease):
         return [entry.holder, entry.now_ms]
+    if isinstance(entry, HistoryTrim):
+        return [entry.through_index, entry.now_ms]
     return [entry.producer_id, entry.now_ms]
 
 
@@ -545,9 +639,19 @@ def _decode_write(f: list[object]) -> Write:
 
 
 def _decode_subscribe(f: list[object]) -> Subscribe:
-    _arity(f, 6, "SUBSCRIBE")
+    """Six fields, seven with a durable name, eight with a start; fields that encode
+    shorter (an empty name and no start, a LATEST start) are not canonical, and
+    refused."""
+    if len(f) not in (7, 8):
+        _arity(f, 6, "SUBSCRIBE")
     query = Query(QueryKind(_check_int(f[2], "query kind", hi=2)), f[3])  # type: ignore[arg-type]
-    return Subscribe(f[0], f[1], query, f[4], f[5])  # type: ignore[arg-type]
+    durable = f[6] if len(f) >= 7 else ""
+    start = Start.unpack(f[7]) if len(f) == 8 else LATEST
+    if len(f) == 7 and not durable:
+        raise InvalidArgument("SUBSCRIBE with an empty durable name must have six fields")
+    if len(f) == 8 and start == LATEST:
+        raise InvalidArgument("SUBSCRIBE with a LATEST start must not carry it")
+    return Subscribe(f[0], f[1], query, f[4], f[5], durable, start)  # type: ignore[arg-type]
 
 
 def _decode_fields(kind: EntryType, f: list[object]) -> Entry:
@@ -563,7 +667,7 @@ def _decode_fields(kind: EntryType, f: list[object]) -> Entry:
         _arity(f, 1, "SUBSCRIBE_BATCH")
         subscribes = _as_list(f[0], "subscribes", limits.SUBSCRIBES_PER_BATCH_MAX)
         return SubscribeBatch(
-            tuple(_decode_subscribe(_as_list(s, "subscribe", 6)) for s in subscribes)
+            tuple(_decode_subscribe(_as_list(s, "subscribe", 8)) for s in subscribes)
         )
     if kind is EntryType.UNSUBSCRIBE:
         _arity(f, 3, "UNSUBSCRIBE")
@@ -579,6 +683,9 @@ def _decode_fields(kind: EntryType, f: list[object]) -> Entry:
     if kind is EntryType.LEASE:
         _arity(f, 2, "LEASE")
         return Lease(*f)  # type: ignore[arg-type]
+    if kind is EntryType.HISTORY_TRIM:
+        _arity(f, 2, "HISTORY_TRIM")
+        return HistoryTrim(*f)  # type: ignore[arg-type]
     _arity(f, 2, "INIT_PRODUCER")
     return InitProducer(*f)  # type: ignore[arg-type]
 
@@ -642,13 +749,17 @@ __all__ = [
     "EpochCreate",
     "ExpectKind",
     "Expected",
+    "HistoryTrim",
     "InitProducer",
+    "LATEST",
     "Lease",
     "Op",
     "OpKind",
     "OutboxPurge",
     "OutboxWrite",
     "ProducerRef",
+    "Start",
+    "StartKind",
     "Subscribe",
     "SubscribeBatch",
     "Unsubscribe",

@@ -38,6 +38,7 @@ class ErrorCode(StrEnum):
     STALE_LEASE = "STALE_LEASE"
     STALE_RANGE = "STALE_RANGE"
     STALE_EPOCH = "STALE_EPOCH"
+    STALE_SEQUENCE = "STALE_SEQUENCE"
     # The client's own errors (sevendb.sdk.errors); a node never sends these.
     UNAVAILABLE = "UNAVAILABLE"
     UNAUTHENTICATED = "UNAUTHENTICATED"
@@ -140,6 +141,13 @@ class StaleSubscription(SevenDBError):
     code = ErrorCode.STALE_SUBSCRIPTION
 
 
+class StaleSequence(SevenDBError):
+    """A start or history position older than the retained history (docs/contract.md
+    §5.2): read the current state (Sync) and go on from there."""
+
+    code = ErrorCode.STALE_SEQUENCE
+
+
 class RegressiveAck(SevenDBError):
     """An ack below the subscription's acknowledged position."""
 
@@ -191,6 +199,7 @@ ERROR_TYPES: dict[ErrorCode, type[SevenDBError]] = {
         SubscriptionExists,
         NotOwner,
         StaleSubscription,
+        StaleSequence,
         RegressiveAck,
         DuplicateAck,
         FutureAck,

@@ -91,6 +91,31 @@ class SyncPage:
     applied_index: int
 
 
+class RetainedChange(NamedTuple):
+    """One committed source entry's changes, as the retained history keeps them
+    (docs/core.md, "Retained history")."""
+
+    emit_seq: EmitSeq
+    commit_time_ms: int
+    changes: tuple[Change, ...]
+    size_bytes: int
+    """Its keys' and values' bytes (`delta_bytes`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryPage:
+    """A page of the retained history matching a query, after an exclusive position.
+
+    `next_after` is where the next page starts (the last event's position, or the
+    page's end when nothing matched); `more` says whether there is a next page;
+    `retained_after` is the oldest position the history reaches back to."""
+
+    events: tuple[RetainedChange, ...]
+    more: bool
+    next_after: EmitSeq
+    retained_after: EmitSeq
+
+
 # ---- results: what the proposer of an entry is told -------------------------------
 
 
@@ -119,10 +144,15 @@ class InitProducerResult:
 @dataclass(frozen=True, slots=True)
 class SubscribeResult:
     sub_id: str
+    """The subscription's id: for a durable name already in use, the id it was made
+    with (not the one the SUBSCRIBE carried)."""
     start: EmitSeq | None = None
     plan_hash: int = 0
     existing: bool = False
     error: Rejection | None = None
+    acked: EmitSeq | None = None
+    """Where its stream resumes: everything up to here was acknowledged and purged
+    (`start` for a new subscription)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +218,14 @@ class LeaseResult:
     error: Rejection | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class HistoryTrimResult:
+    dropped: int
+    """Entries of history dropped."""
+    retained_after: EmitSeq
+    """The oldest position the history now reaches back to."""
+
+
 Result = (
     WriteResult
     | WriteBatchResult
@@ -199,6 +237,7 @@ Result = (
     | PurgeResult
     | EpochResult
     | LeaseResult
+    | HistoryTrimResult
 )
 
 

@@ -11,7 +11,7 @@ an entry that names it, judged against the time that entry carries
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
@@ -26,11 +26,14 @@ from .entries import (
     Entry,
     EpochCreate,
     ExpectKind,
+    HistoryTrim,
     InitProducer,
     Lease,
     OpKind,
     OutboxPurge,
     OutboxWrite,
+    Start,
+    StartKind,
     Subscribe,
     SubscribeBatch,
     Unsubscribe,
@@ -38,7 +41,15 @@ from .entries import (
     WriteBatch,
     decode_entry,
 )
-from .errors import ApplyOrderError, ErrorCode, PlanMismatch, Rejection, SnapshotError
+from .errors import (
+    ApplyOrderError,
+    ErrorCode,
+    InvalidArgument,
+    PlanMismatch,
+    Rejection,
+    SnapshotError,
+    StaleSequence,
+)
 from .lifecycle import idle
 from .model import (
     AckOutcome,
@@ -50,6 +61,8 @@ from .model import (
     Effect,
     EpochChanged,
     EpochResult,
+    HistoryPage,
+    HistoryTrimResult,
     InitProducerResult,
     KeyRecord,
     KeyValue,
@@ -61,6 +74,7 @@ from .model import (
     ReconnectDecision,
     ReconnectStatus,
     Result,
+    RetainedChange,
     RowsOutboxed,
     RowsPending,
     RowsPurged,
@@ -76,11 +90,15 @@ from .model import (
 from .producer_results import ProducerResults
 from .query import Plan, Planner, Query, QueryIndex, QueryKind, plan_query
 
-SNAPSHOT_FORMAT_VERSION: Final = 2
-"""2: producers carry when they were last active, subscriptions no longer carry a
-stale flag (the expired subscriptions remembered follow the pending rows), and a
-subscription's rows include those computed and not yet checkpointed (1 kept them
-only in the pending batches). Version 1 snapshots are still read (`restore`)."""
+SNAPSHOT_FORMAT_VERSION: Final = 3
+"""3: each subscription carries its durable name ("" for none) and the index of its
+SUBSCRIBE last, and the retained
+history follows the expired subscriptions (its change sets, then the position and
+commit time it reaches back to). 2: producers
+carry when they were last active, subscriptions no longer carry a stale flag (the
+expired subscriptions remembered follow the pending rows), and a subscription's rows
+include those computed and not yet checkpointed (1 kept them only in the pending
+batches). Versions 1 and 2 are still read (`restore`)."""
 
 
 @dataclass(slots=True)
@@ -104,6 +122,11 @@ class Subscription:
     committed log, as durable as that entry); the bucket's `outboxed_through` says
     which ones an OUTBOX_WRITE has checkpointed (docs/emission.md: which rows a
     holder may send depends on its emission mode)."""
+    durable: str = ""
+    """Its durable name ("" for none): its principal resumes it by this name."""
+    born: int = 0
+    """Log index of the SUBSCRIBE that made it (its start's, unless it started in the
+    past): rows computed before it were an earlier incarnation's of its sub_id."""
 
     @property
     def last_row(self) -> EmitSeq:
@@ -207,6 +230,9 @@ class BucketStateMachine:
         Reconnect is STALE_SEQUENCE); at most EXPIRED_REMEMBERED_MAX."""
         self._owned: dict[str, int] = {}
         """principal -> how many subscriptions it has here (derived; not in snapshots)."""
+        self._durable: dict[tuple[str, str], str] = {}
+        """(principal, durable name) -> sub_id of the live subscription of that name
+        (derived from the subscriptions' names; snapshots carry the names)."""
         self._pending: deque[_PendingBatch] = deque()
         self._digests: dict[tuple[int, int], tuple[int, int]] = {}
         """(from, through) -> (count, digest) of the ranges this replica proposed, so
@@ -216,6 +242,15 @@ class BucketStateMachine:
         state: never in a snapshot or a digest."""
         self._queries = QueryIndex()
         """The live subscriptions by what their queries match."""
+        self._history: deque[RetainedChange] = deque()
+        """The retained history: every change set committed after `_history_after`,
+        oldest first (docs/core.md, "Retained history"). HISTORY_TRIM drops its head."""
+        self._history_bytes = 0
+        """Its keys' and values' bytes (derived)."""
+        self._history_after = EmitSeq(bucket_uuid, epoch_counter, 0)
+        """The oldest position it reaches back to: everything after it is retained."""
+        self._history_after_ms = 0
+        """Commit time of the newest change set dropped (0: none ever was)."""
 
     # ---- identity and positions ------------------------------------------------
 
@@ -278,9 +313,9 @@ class BucketStateMachine:
             self._emit_rows(commit, changes, entry.writes[-1].now_ms, effects)
             result = WriteBatchResult(tuple(results))
         elif isinstance(entry, Subscribe):
-            result = self._apply_subscribe(commit_index, entry)
+            result = self._apply_subscribe(commit_index, entry, effects)
         elif isinstance(entry, SubscribeBatch):
-            result = self._apply_subscribe_batch(commit_index, entry)
+            result = self._apply_subscribe_batch(commit_index, entry, effects)
         elif isinstance(entry, Unsubscribe):
             result = self._apply_unsubscribe(entry, effects)
         elif isinstance(entry, OutboxWrite):
@@ -293,6 +328,8 @@ class BucketStateMachine:
             self._lease_holder, self._lease_index = entry.holder, commit_index
             effects.append(LeaseChanged(entry.holder, commit_index))
             result = LeaseResult(entry.holder, commit_index)
+        elif isinstance(entry, HistoryTrim):
+            result = self._apply_history_trim(commit_index, entry)
         else:
             result = self._apply_init_producer(entry)
         self._applied_index = commit_index
@@ -409,7 +446,12 @@ class BucketStateMachine:
     def _emit_rows(
         self, commit: EmitSeq, changes: list[Change], now_ms: int, effects: list[Effect]
     ) -> None:
-        rows = self._rows_for(commit, tuple(changes), now_ms)
+        made = tuple(changes)
+        if made:
+            size = delta_bytes(made)
+            self._history.append(RetainedChange(commit, now_ms, made, size))
+            self._history_bytes += size
+        rows = self._rows_for(commit, made, now_ms)
         if rows:
             self._pending.append(_PendingBatch(commit.commit_index, rows))
             effects.append(RowsPending(rows))
@@ -495,8 +537,11 @@ class BucketStateMachine:
 
     # ---- subscriptions ---------------------------------------------------------
 
-    def _apply_subscribe(self, index: int, entry: Subscribe) -> SubscribeResult:
-        existing = self._subs.get(entry.sub_id)
+    def _apply_subscribe(
+        self, index: int, entry: Subscribe, effects: list[Effect]
+    ) -> SubscribeResult:
+        named = self._durable.get((entry.principal, entry.durable)) if entry.durable else None
+        existing = self._subs.get(named or entry.sub_id)
         if existing is not None:
             if existing.principal != entry.principal:
                 return SubscribeResult(
@@ -506,16 +551,31 @@ class BucketStateMachine:
                         f"subscription {entry.sub_id} belongs to another principal",
                     ),
                 )
-            if existing.query != entry.query:
+            if existing.durable != entry.durable:
                 return SubscribeResult(
                     entry.sub_id,
                     error=_reject(
                         ErrorCode.SUBSCRIPTION_EXISTS,
-                        f"subscription {entry.sub_id} exists with query {existing.query}",
+                        f"subscription {entry.sub_id} exists "
+                        + (f"as durable {existing.durable!r}" if existing.durable else "unnamed")
+                        + (f", not as durable {entry.durable!r}" if entry.durable else ""),
+                    ),
+                )
+            if existing.query != entry.query:
+                what = f"durable {entry.durable!r}" if entry.durable else entry.sub_id
+                return SubscribeResult(
+                    entry.sub_id,
+                    error=_reject(
+                        ErrorCode.SUBSCRIPTION_EXISTS,
+                        f"subscription {what} exists with query {existing.query}",
                     ),
                 )
             return SubscribeResult(
-                entry.sub_id, existing.start, existing.plan.plan_hash, existing=True
+                existing.sub_id,
+                existing.start,
+                existing.plan.plan_hash,
+                existing=True,
+                acked=existing.acked,
             )
         plan = self._planner(entry.query)
         if plan.plan_hash != entry.plan_hash:
@@ -531,18 +591,149 @@ class BucketStateMachine:
                     f"bucket already has {limits.SUBSCRIPTIONS_PER_BUCKET_MAX} subscriptions",
                 ),
             )
-        start = self.emit_seq(index)
+        start = self._start_at(index, entry.start)
+        if isinstance(start, Rejection):
+            return SubscribeResult(entry.sub_id, error=start)
         sub = Subscription(
-            entry.sub_id, entry.principal, entry.query, plan, start, start, start, entry.now_ms
+            entry.sub_id,
+            entry.principal,
+            entry.query,
+            plan,
+            start,
+            start,
+            start,
+            entry.now_ms,
+            durable=entry.durable,
+            born=index,
         )
         self._expired.pop(entry.sub_id, None)  # a new incarnation of an expired sub_id
         self._add_sub(sub)
-        return SubscribeResult(entry.sub_id, start, plan.plan_hash)
+        if start.commit_index < index:
+            self._replay(index, sub, effects)
+        return SubscribeResult(entry.sub_id, start, plan.plan_hash, acked=start)
+
+    def _start_at(self, index: int, start: Start) -> EmitSeq | Rejection:
+        """Where a new subscription's stream starts (docs/core.md, "Start positions"),
+        or why it cannot."""
+        if start.kind is StartKind.LATEST:
+            return self.emit_seq(index)
+        if start.kind is StartKind.EARLIEST:
+            return self._history_after
+        if start.kind is StartKind.TIME:
+            if self._history_after.commit_index and start.time_ms <= self._history_after_ms:
+                return _reject(
+                    ErrorCode.STALE_SEQUENCE,
+                    f"changes from {start.time_ms} ms on are no longer retained (the history "
+                    f"reaches back to {self._history_after}, committed at "
+                    f"{self._history_after_ms} ms)",
+                )
+            before = self._history_after
+            for kept in self._history:
+                if kept.commit_time_ms >= start.time_ms:
+                    break
+                before = kept.emit_seq
+            return before
+        after = start.after
+        assert after is not None
+        if after.bucket_uuid != self._bucket_uuid or after >= self.emit_seq(index):
+            return _reject(
+                ErrorCode.INVALID_ARGUMENT,
+                f"start position {after} is not one of this bucket's log "
+                f"({self._bucket_uuid}, applied through {self._applied_index})",
+            )
+        if after < self._history_after:
+            return _reject(
+                ErrorCode.STALE_SEQUENCE,
+                f"start position {after} is older than the retained history (it reaches "
+                f"back to {self._history_after})",
+            )
+        return after
+
+    def _replay(self, index: int, sub: Subscription, effects: list[Effect]) -> None:
+        """A subscription starting in the past gets a row for each retained change set
+        after its start that its query matches, as if it had been subscribed then. They
+        are pending a checkpoint, as rows computed at `index` (the SUBSCRIBE's)."""
+        rows = []
+        matches = sub.plan.matches
+        for kept in self._history:
+            if kept.emit_seq <= sub.start:
+                continue
+            mine = tuple(c for c in kept.changes if matches(c.key))
+            if mine:
+                delta = Delta(mine, kept.commit_time_ms, delta_bytes(mine))
+                row = OutboxRow(sub.sub_id, kept.emit_seq, sub.head, delta)
+                rows.append(row)
+                sub.rows.append(row)
+                sub.head = kept.emit_seq
+        if rows:
+            self._pending.append(_PendingBatch(index, tuple(rows)))
+            effects.append(RowsPending(tuple(rows)))
+
+    def _apply_history_trim(self, index: int, entry: HistoryTrim) -> HistoryTrimResult:
+        dropped = 0
+        through = min(entry.through_index, index)
+        while self._history and self._history[0].emit_seq.commit_index <= through:
+            gone = self._history.popleft()
+            self._history_bytes -= gone.size_bytes
+            self._history_after, self._history_after_ms = gone.emit_seq, gone.commit_time_ms
+            dropped += 1
+        return HistoryTrimResult(dropped, self._history_after)
+
+    @property
+    def history_after(self) -> EmitSeq:
+        """The oldest position the retained history reaches back to."""
+        return self._history_after
+
+    def history_size(self) -> tuple[int, int]:
+        """(change sets, bytes) retained."""
+        return len(self._history), self._history_bytes
+
+    def retained(self) -> Sequence[RetainedChange]:
+        """The retained history, oldest first (read-only: do not change it)."""
+        return self._history
+
+    def history_page(
+        self, plan: Plan, after: EmitSeq | None, through: int | None, limit: int
+    ) -> HistoryPage:
+        """Up to `limit` (clamped as Sync's) retained change sets after `after` (None:
+        the oldest retained) and at or below log index `through` (None: all), each
+        with the changes `plan` matches. Raises `StaleSequence` for a position older
+        than the history reaches, `InvalidArgument` for one not of this bucket."""
+        limit = min(limit if limit > 0 else limits.SYNC_LIMIT_DEFAULT, limits.SYNC_LIMIT_MAX)
+        start = self._history_after if after is None else after
+        if start.bucket_uuid != self._bucket_uuid:
+            raise InvalidArgument(f"{start} is not a position of bucket {self._bucket_uuid}")
+        if start < self._history_after:
+            raise StaleSequence(
+                f"{start} is older than the retained history (it reaches back to "
+                f"{self._history_after}); read the current state with Sync instead"
+            )
+        events: list[RetainedChange] = []
+        last, more = start, False
+        for kept in self._history:
+            if kept.emit_seq <= start:
+                continue
+            if through is not None and kept.emit_seq.commit_index > through:
+                break
+            if len(events) == limit:
+                more = True
+                break
+            last = kept.emit_seq
+            mine = tuple(c for c in kept.changes if plan.matches(c.key))
+            if mine:
+                events.append(kept._replace(changes=mine, size_bytes=delta_bytes(mine)))
+        return HistoryPage(tuple(events), more, last, self._history_after)
 
     def _add_sub(self, sub: Subscription) -> None:
         self._subs[sub.sub_id] = sub
         self._queries.add(sub.sub_id, sub.plan)
         self._owned[sub.principal] = self._owned.get(sub.principal, 0) + 1
+        if sub.durable:
+            self._durable[sub.principal, sub.durable] = sub.sub_id
+
+    def durable_sub_id(self, principal: str, name: str) -> str | None:
+        """The live subscription `principal` named `name`, if any."""
+        return self._durable.get((principal, name))
 
     def _remove_sub(self, sub: Subscription, *, expired: bool = False) -> None:
         """Delete a subscription: its rows go with it, checkpointed or not (no holder
@@ -552,6 +743,8 @@ class BucketStateMachine:
         remembered (bounded), so that its Reconnect is STALE_SEQUENCE."""
         self._queries.remove(sub.sub_id, sub.plan)
         del self._subs[sub.sub_id]
+        if sub.durable:
+            del self._durable[sub.principal, sub.durable]
         left = self._owned[sub.principal] - 1
         if left:
             self._owned[sub.principal] = left
@@ -569,7 +762,9 @@ class BucketStateMachine:
             return len(self._subs)
         return self._owned.get(principal, 0)
 
-    def _apply_subscribe_batch(self, index: int, entry: SubscribeBatch) -> SubscribeBatchResult:
+    def _apply_subscribe_batch(
+        self, index: int, entry: SubscribeBatch, effects: list[Effect]
+    ) -> SubscribeBatchResult:
         """Each SUBSCRIBE in order, as if each were an entry of its own at `index`. Every
         new subscription's plan is checked first: a divergence raises `PlanMismatch`
         before anything changed (the replica quarantines itself)."""
@@ -585,7 +780,9 @@ class BucketStateMachine:
                     )
             seen.add(subscribe.sub_id)
         return SubscribeBatchResult(
-            tuple(self._apply_subscribe(index, subscribe) for subscribe in entry.subscribes)
+            tuple(
+                self._apply_subscribe(index, subscribe, effects) for subscribe in entry.subscribes
+            )
         )
 
     def _apply_unsubscribe(self, entry: Unsubscribe, effects: list[Effect]) -> UnsubscribeResult:
@@ -683,17 +880,17 @@ class BucketStateMachine:
                 f"committed {entry.row_count} rows digest {entry.digest:#x}, this replica "
                 f"computed {count} rows digest {digest:#x}"
             )
-        while self._pending and self._pending[0].commit_index <= entry.through_index:
-            self._pending.popleft()
-        self._outboxed_through = entry.through_index
         live = []
-        for row in moving:
-            sub = self._subs.get(row.sub_id)
-            # A row older than the subscription's start was computed for an earlier
-            # incarnation of a reused sub_id (UNSUBSCRIBE, then SUBSCRIBE again): it is
-            # not on this stream's chain.
-            if sub is not None and row.emit_seq > sub.start:
-                live.append(row)
+        while self._pending and self._pending[0].commit_index <= entry.through_index:
+            batch = self._pending.popleft()
+            for row in batch.rows:
+                sub = self._subs.get(row.sub_id)
+                # A row computed before the subscription's SUBSCRIBE applied was an
+                # earlier incarnation's of a reused sub_id (UNSUBSCRIBE, then SUBSCRIBE
+                # again): it is not on this stream's chain.
+                if sub is not None and batch.commit_index >= sub.born:
+                    live.append(row)
+        self._outboxed_through = entry.through_index
         if live:
             effects.append(RowsOutboxed(tuple(live)))
         return OutboxWriteResult(rows=len(live))
@@ -987,11 +1184,15 @@ class BucketStateMachine:
                 s.acked,
                 s.last_active_ms,
                 tuple(s.rows),
+                s.durable,
+                s.born,
             )
             for s in self.subscriptions()
         ]
         pending = [(b.commit_index, b.rows) for b in self._pending]
         expired = [[sub_id, owner] for sub_id, owner in self._expired.items()]
+        history = tuple(self._history)
+        reaches = [self._history_after.pack(), self._history_after_ms]
         head = [
             SNAPSHOT_FORMAT_VERSION,
             self._bucket_uuid,
@@ -1005,7 +1206,7 @@ class BucketStateMachine:
         def make() -> bytes:
             packer = msgpack.Packer(use_bin_type=True, autoreset=False)
             pack = packer.pack
-            packer.pack_array_header(len(head) + 5)
+            packer.pack_array_header(len(head) + 7)
             for item in head:
                 pack(item)
             packer.pack_array_header(len(records))
@@ -1015,7 +1216,8 @@ class BucketStateMachine:
             for producer in producers:
                 pack(producer)
             packer.pack_array_header(len(subs))
-            for sub_id, who, query, plan_hash, start, head_, acked, active, rows in subs:
+            for sub in subs:
+                sub_id, who, query, plan_hash, start, head_, acked, active, rows, name, born = sub
                 pack(
                     [
                         sub_id,
@@ -1028,12 +1230,24 @@ class BucketStateMachine:
                         acked.pack(),
                         active,
                         [row.pack() for row in rows],
+                        name,
+                        born,
                     ]
                 )
             packer.pack_array_header(len(pending))
             for commit_index, batch in pending:
                 pack([commit_index, [row.pack() for row in batch]])
             pack(expired)
+            packer.pack_array_header(len(history))
+            for kept in history:
+                pack(
+                    [
+                        kept.emit_seq.pack(),
+                        kept.commit_time_ms,
+                        [change.pack() for change in kept.changes],
+                    ]
+                )
+            pack(reaches)
             return packer.bytes()
 
         return make
@@ -1044,18 +1258,18 @@ class BucketStateMachine:
 
     @classmethod
     def restore(cls, data: bytes, *, planner: Planner = plan_query) -> BucketStateMachine:
-        """The state `snapshot()` made (format 2, or 1: see SNAPSHOT_FORMAT_VERSION)."""
+        """The state `snapshot()` made (format 3, or 2 or 1: see SNAPSHOT_FORMAT_VERSION)."""
         try:
             raw = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
             version = raw[0]
         except Exception as exc:
             raise SnapshotError(f"snapshot is not readable: {exc}") from None
-        if version not in (1, SNAPSHOT_FORMAT_VERSION) or isinstance(version, bool):
+        if version not in (1, 2, SNAPSHOT_FORMAT_VERSION) or isinstance(version, bool):
             raise SnapshotError(
-                f"snapshot format {version!r}; this build reads 1 and {SNAPSHOT_FORMAT_VERSION}"
+                f"snapshot format {version!r}; this build reads 1 to {SNAPSHOT_FORMAT_VERSION}"
             )
         try:
-            if len(raw) != (11 if version == 1 else 12):
+            if len(raw) != {1: 11, 2: 12}.get(version, 14):
                 raise ValueError(f"{len(raw)} fields")
             _, uuid, epoch, applied, outboxed, holder, lease_index, kv, producers, subs = raw[:10]
             pending = raw[10]
@@ -1067,11 +1281,38 @@ class BucketStateMachine:
                 producers, subs, expired = _from_version_1(producers, subs)
             else:
                 expired = raw[11]
+            if version < 3:  # no durable names, no history before format 3
+                subs = [[*sub, "", sub[5][2]] for sub in subs]  # born at its start
+                sm._history_after = sm.emit_seq(applied)
+                sm._history_after_ms = max(
+                    [0, *(p[4] for p in producers), *(sub[8] for sub in subs)]
+                )
+            else:
+                for emit, when, changes in raw[12]:
+                    made = tuple(Change(k, OpKind(op), v, ver) for k, op, v, ver in changes)
+                    size = delta_bytes(made)
+                    sm._history.append(RetainedChange(EmitSeq(*emit), when, made, size))
+                    sm._history_bytes += size
+                after, sm._history_after_ms = raw[13]
+                sm._history_after = EmitSeq(*after)
             for pid, p_epoch, last_seq, results, p_active in producers:
                 producer = _Producer(p_epoch, p_active, last_seq)
                 producer.results = ProducerResults.restore(results, last_seq)
                 sm._producers[pid] = producer
-            for sub_id, principal, kind, arg, plan_hash, start, head, acked, active, rows in subs:
+            for (
+                sub_id,
+                principal,
+                kind,
+                arg,
+                plan_hash,
+                start,
+                head,
+                acked,
+                active,
+                rows,
+                name,
+                born,
+            ) in subs:
                 query = Query(QueryKind(kind), arg)
                 plan = planner(query)
                 if plan.plan_hash != plan_hash:
@@ -1090,6 +1331,8 @@ class BucketStateMachine:
                         EmitSeq(*acked),
                         active,
                         deque(_unpack_row(r) for r in rows),
+                        name,
+                        born,
                     )
                 )
             sm._expired = {sub_id: owner for sub_id, owner in expired}

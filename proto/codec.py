@@ -22,11 +22,13 @@ from sevendb.outbox.entries import (
     ExpectKind,
     Op,
     ProducerRef,
+    Start,
+    StartKind,
     check_key,
     op_kind,
 )
-from sevendb.outbox.errors import ErrorCode
-from sevendb.outbox.model import AckStatus, Delta, ReconnectStatus
+from sevendb.outbox.errors import ErrorCode, InvalidArgument
+from sevendb.outbox.model import AckStatus, Change, Delta, ReconnectStatus
 from sevendb.outbox.query import Query, QueryKind
 from sevendb.proto import sevendb_pb2 as pb
 
@@ -39,6 +41,9 @@ ERROR_CODE_KEY: Final = "sevendb-error"
 STREAM_SUPERSEDED: Final = "STREAM_SUPERSEDED"
 """`sevendb-error` of a subscription stream fenced by a newer stream of the same
 subscription (status FAILED_PRECONDITION): another consumer resumed it."""
+DURABLE_IN_USE: Final = "DURABLE_IN_USE"
+"""`sevendb-error` of a Subscribe naming a durable subscription that has a stream
+attached (status FAILED_PRECONDITION): a second live consumer is refused."""
 RETRY_AFTER_KEY: Final = "sevendb-retry-after-ms"
 """Trailer of a RESOURCE_EXHAUSTED answer: wait this many milliseconds (a decimal
 integer) before trying again."""
@@ -69,6 +74,7 @@ STATUS_OF: Final[dict[ErrorCode, grpc.StatusCode]] = {
     ErrorCode.SUBSCRIPTION_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
     ErrorCode.NOT_OWNER: grpc.StatusCode.PERMISSION_DENIED,
     ErrorCode.STALE_SUBSCRIPTION: grpc.StatusCode.OUT_OF_RANGE,
+    ErrorCode.STALE_SEQUENCE: grpc.StatusCode.OUT_OF_RANGE,
     ErrorCode.REGRESSIVE_ACK: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorCode.DUPLICATE_ACK: grpc.StatusCode.INVALID_ARGUMENT,
     ErrorCode.FUTURE_ACK: grpc.StatusCode.INVALID_ARGUMENT,
@@ -122,13 +128,41 @@ def seq_from_pb(msg: pb.EmitSeq) -> EmitSeq:
 # ---- changes, ops, queries ---------------------------------------------------------------
 
 
+def start_to_pb(start: Start) -> pb.StartPosition | None:
+    """A start position on the wire (None for LATEST: the field is left unset)."""
+    if start.kind is StartKind.EARLIEST:
+        return pb.StartPosition(earliest=True)
+    if start.kind is StartKind.AFTER:
+        assert start.after is not None
+        return pb.StartPosition(after=seq_to_pb(start.after))
+    if start.kind is StartKind.TIME:
+        return pb.StartPosition(time_ms=start.time_ms)
+    return None
+
+
+def start_from_pb(msg: pb.StartPosition) -> Start:
+    """A `Start` (validated: an empty position is `InvalidArgument`)."""
+    which = msg.WhichOneof("at")
+    if which == "earliest" and msg.earliest:
+        return Start(StartKind.EARLIEST)
+    if which == "after":
+        return Start(StartKind.AFTER, seq_from_pb(msg.after))
+    if which == "time_ms":
+        return Start(StartKind.TIME, time_ms=msg.time_ms)
+    raise InvalidArgument("a StartPosition names earliest, after or time_ms")
+
+
+def change_to_pb(c: Change) -> pb.Change:
+    return pb.Change(key=c.key, op=int(c.op), value=c.value, version=c.version)  # type: ignore[arg-type]
+
+
+def change_from_pb(c: pb.Change) -> Change:
+    return Change(c.key, op_kind(c.op), c.value, c.version)
+
+
 def delta_to_pb(delta: Delta) -> pb.Delta:
     return pb.Delta(
-        changes=[
-            pb.Change(key=c.key, op=int(c.op), value=c.value, version=c.version)  # type: ignore[arg-type]
-            for c in delta.changes
-        ],
-        commit_time_ms=delta.commit_time_ms,
+        changes=[change_to_pb(c) for c in delta.changes], commit_time_ms=delta.commit_time_ms
     )
 
 
@@ -198,6 +232,7 @@ def reconnect_request(sub_id: str, bucket: int, after: EmitSeq) -> pb.ReconnectR
 
 __all__ = [
     "ACK_STATUS",
+    "DURABLE_IN_USE",
     "ERROR_CODE_KEY",
     "LEADER_HINT_KEY",
     "OVERLOADED",
@@ -208,6 +243,8 @@ __all__ = [
     "TOO_MANY_SUBSCRIPTIONS",
     "STATUS_OF",
     "STREAM_SUPERSEDED",
+    "change_from_pb",
+    "change_to_pb",
     "delta_to_pb",
     "epoch_to_pb",
     "op_from_pb",
@@ -217,6 +254,8 @@ __all__ = [
     "query_to_pb",
     "reconnect_request",
     "seq_from_pb",
+    "start_from_pb",
+    "start_to_pb",
     "seq_to_pb",
     "trailers",
 ]

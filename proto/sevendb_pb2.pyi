@@ -39,26 +39,42 @@ class Query(_message.Message):
     def __init__(self, kind: _Optional[_Union[Query.Kind, str]] = ..., arg: _Optional[str] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("bucket", "query", "sub_id")
+    __slots__ = ("bucket", "query", "sub_id", "durable", "start")
     BUCKET_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
     bucket: int
     query: Query
     sub_id: str
-    def __init__(self, bucket: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., sub_id: _Optional[str] = ...) -> None: ...
+    durable: str
+    start: StartPosition
+    def __init__(self, bucket: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., sub_id: _Optional[str] = ..., durable: _Optional[str] = ..., start: _Optional[_Union[StartPosition, _Mapping]] = ...) -> None: ...
+
+class StartPosition(_message.Message):
+    __slots__ = ("earliest", "after", "time_ms")
+    EARLIEST_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    earliest: bool
+    after: EmitSeq
+    time_ms: int
+    def __init__(self, earliest: _Optional[bool] = ..., after: _Optional[_Union[EmitSeq, _Mapping]] = ..., time_ms: _Optional[int] = ...) -> None: ...
 
 class SubAck(_message.Message):
-    __slots__ = ("sub_id", "start_emit_seq", "bucket", "plan_hash")
+    __slots__ = ("sub_id", "start_emit_seq", "bucket", "plan_hash", "resumed")
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
     START_EMIT_SEQ_FIELD_NUMBER: _ClassVar[int]
     BUCKET_FIELD_NUMBER: _ClassVar[int]
     PLAN_HASH_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
     sub_id: str
     start_emit_seq: EmitSeq
     bucket: int
     plan_hash: int
-    def __init__(self, sub_id: _Optional[str] = ..., start_emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ..., bucket: _Optional[int] = ..., plan_hash: _Optional[int] = ...) -> None: ...
+    resumed: bool
+    def __init__(self, sub_id: _Optional[str] = ..., start_emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ..., bucket: _Optional[int] = ..., plan_hash: _Optional[int] = ..., resumed: _Optional[bool] = ...) -> None: ...
 
 class Change(_message.Message):
     __slots__ = ("key", "op", "value", "version")
@@ -439,6 +455,40 @@ class SyncResponse(_message.Message):
     next_since_key: str
     applied_index: int
     def __init__(self, items: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., has_more: _Optional[bool] = ..., next_since_commit_index: _Optional[int] = ..., next_since_key: _Optional[str] = ..., applied_index: _Optional[int] = ...) -> None: ...
+
+class HistoryRequest(_message.Message):
+    __slots__ = ("bucket", "query", "after", "through_commit_index", "limit")
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    THROUGH_COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    bucket: int
+    query: Query
+    after: EmitSeq
+    through_commit_index: int
+    limit: int
+    def __init__(self, bucket: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., after: _Optional[_Union[EmitSeq, _Mapping]] = ..., through_commit_index: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class HistoryEvent(_message.Message):
+    __slots__ = ("emit_seq", "delta")
+    EMIT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    emit_seq: EmitSeq
+    delta: Delta
+    def __init__(self, emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ..., delta: _Optional[_Union[Delta, _Mapping]] = ...) -> None: ...
+
+class HistoryResponse(_message.Message):
+    __slots__ = ("events", "more", "next_after", "retained_after")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_AFTER_FIELD_NUMBER: _ClassVar[int]
+    RETAINED_AFTER_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[HistoryEvent]
+    more: bool
+    next_after: EmitSeq
+    retained_after: EmitSeq
+    def __init__(self, events: _Optional[_Iterable[_Union[HistoryEvent, _Mapping]]] = ..., more: _Optional[bool] = ..., next_after: _Optional[_Union[EmitSeq, _Mapping]] = ..., retained_after: _Optional[_Union[EmitSeq, _Mapping]] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ("with_digests",)

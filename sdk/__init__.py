@@ -29,6 +29,7 @@ from sevendb.outbox.errors import (
     PreconditionFailed,
     ProducerFenced,
     SevenDBError,
+    StaleSequence,
     StaleSubscription,
     SubscriptionExists,
     SubscriptionNotFound,
@@ -47,6 +48,7 @@ from sevendb.sdk.errors import (
     Unauthenticated,
     Unavailable,
 )
+from sevendb.sdk.handover import Handover
 from sevendb.sdk.models import (
     ClusterLayout,
     NodeStatus,
@@ -84,6 +86,7 @@ __all__ = [
     "Event",
     "ExpectKind",
     "Expected",
+    "Handover",
     "IdempotentProducer",
     "InvalidArgument",
     "InvalidProducerEpoch",
@@ -104,6 +107,7 @@ __all__ = [
     "RetryPolicy",
     "SavedCursor",
     "SevenDBError",
+    "StaleSequence",
     "StaleSubscription",
     "StreamReset",
     "StreamResetReason",

@@ -32,9 +32,9 @@ from typing import Any, TypeVar
 import grpc
 
 from sevendb.outbox.emitseq import EmitSeq
-from sevendb.outbox.entries import ANY, ExpectKind, Op, OpKind, Write
+from sevendb.outbox.entries import ANY, ExpectKind, Op, OpKind, StartKind, Write
 from sevendb.outbox.errors import InvalidArgument, SevenDBError
-from sevendb.outbox.query import Query, QueryKind
+from sevendb.outbox.query import Query, QueryKind, plan_query
 from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
@@ -42,6 +42,7 @@ from sevendb.sdk.acks import AckPipeline
 from sevendb.sdk.cursor_store import CursorStore
 from sevendb.sdk.engine import ERROR_CODE_KEY, LEADER_HINT_KEY, RETRY_AFTER_KEY, Engine
 from sevendb.sdk.errors import ResourceExhausted, Unavailable, domain_error, retry_after_s
+from sevendb.sdk.handover import Handover
 from sevendb.sdk.models import (
     ClusterLayout,
     NodeStatus,
@@ -53,11 +54,14 @@ from sevendb.sdk.models import (
 )
 from sevendb.sdk.producer import Producer
 from sevendb.sdk.sessions import Sessions
+from sevendb.sdk.streams import Event
 from sevendb.sdk.subscription import (
+    StartAt,
     SubscribeOptions,
     Subscription,
     close_subscriptions,
     parse_query,
+    starts_for,
 )
 from sevendb.sdk.tls import SYSTEM_ROOTS, TLS, sync_channel
 from sevendb.sdk.writer import QUEUE_BYTES_MAX, QUEUE_WAIT_S, QUEUE_WRITES_MAX, WritePipeline
@@ -376,6 +380,85 @@ class Client:
                 return
             since_index, since_key = page.next_since_commit_index, page.next_since_key
 
+    def sync_then_subscribe(
+        self,
+        query: str | Query,
+        *,
+        cursor: CursorStore | str | Path | None = None,
+        name: str | None = None,
+        options: SubscribeOptions | None = None,
+        durable: str | None = None,
+    ) -> tuple[dict[str, Record], Subscription, Handover]:
+        """The keys `query` matches as they are now, then their changes: a
+        snapshot-then-stream handover with no gap and no duplicate between the two
+        (sdk/handover.py), for a start older than the retained history or an
+        application that wants the state first. Subscribes (as `subscribe`), then reads
+        the state with paged Syncs; apply the records, then of each event only
+        ``handover.fresh(event.emit_seq.commit_index, event.changes)``."""
+        parsed = parse_query(query)
+        sub = self.subscribe(parsed, cursor=cursor, name=name, options=options, durable=durable)
+        plan = plan_query(parsed)
+        read: dict[str, Record] = {}
+        for bucket in self._buckets_of(parsed):
+            read.update((r.key, r) for r in self.sync_bucket(bucket) if plan.matches(r.key))
+        return read, sub, Handover((k, r.mod_commit_index) for k, r in read.items())
+
+    def _buckets_of(self, query: Query) -> list[int]:
+        layout = self.layout()
+        if query.kind is QueryKind.KEY:
+            return [layout.bucket_of(query.arg)]
+        return list(range(layout.buckets))
+
+    def history(
+        self,
+        query: str | Query,
+        *,
+        after: StartAt = "earliest",
+        through: int = 0,
+        page_size: int = 0,
+    ) -> Iterator[Event]:
+        """The committed changes `query` matches in each bucket's retained history,
+        bucket by bucket, each in emit_seq order with its `prev_emit_seq` chain (events
+        with `sub_id` ""), in pages of `page_size` (0: the node's default). `after`:
+        ``"earliest"`` (default), an `EmitSeq` (a query of one bucket) or ``{bucket:
+        EmitSeq}``; `through`: no change committed at a higher log index (0: none).
+        Older than a bucket's history reaches: `StaleSequence` (read the state with
+        `sync_bucket` instead; docs/wire.md, "History")."""
+        parsed = parse_query(query)
+        buckets = self._buckets_of(parsed)
+        starts = starts_for(after, buckets, self.layout().bucket_uuids)
+        for bucket in buckets:
+            begin = starts[bucket]
+            if begin.kind not in (StartKind.EARLIEST, StartKind.AFTER):
+                raise InvalidArgument("history reads after 'earliest' or an emit_seq")
+            yield from self._history_bucket(bucket, parsed, begin.after, through, page_size)
+
+    def _history_bucket(
+        self, bucket: int, query: Query, after: EmitSeq | None, through: int, page_size: int
+    ) -> Iterator[Event]:
+        prev = after
+        while True:
+            request = pb.HistoryRequest(
+                bucket=bucket,
+                query=codec.query_to_pb(query),
+                after=None if after is None else codec.seq_to_pb(after),
+                through_commit_index=through,
+                limit=page_size,
+            )
+            page: pb.HistoryResponse = self._call(
+                lambda s, t, r=request: s.History(r, timeout=t, metadata=self.metadata)  # type: ignore[misc]
+            )
+            if prev is None:
+                prev = codec.seq_from_pb(page.retained_after)
+            for item in page.events:
+                at = codec.seq_from_pb(item.emit_seq)
+                changes = tuple(codec.change_from_pb(c) for c in item.delta.changes)
+                yield Event(bucket, "", at, prev, changes, item.delta.commit_time_ms)
+                prev = at
+            if not page.more:
+                return
+            after = codec.seq_from_pb(page.next_after)
+
     def producer(self, bucket_count: int | None = None) -> IdempotentProducer:
         """A producer of its own (another id, its own sequences): every `Client` write
         is idempotent already, through the client's producer. `bucket_count` is
@@ -391,21 +474,28 @@ class Client:
         cursor: CursorStore | str | Path | None = None,
         name: str | None = None,
         options: SubscribeOptions | None = None,
+        durable: str | None = None,
+        start: StartAt = None,
     ) -> Subscription:
         """Subscribe to `query` (``key:K``, ``prefix:P``, ``all`` or a `Query`) in every
         bucket it spans. With `cursor` (a file or a `CursorStore`), a restarted process
         resumes after the last event it processed; `name` tells apart several
-        subscriptions sharing one cursor file (default: the query).
+        subscriptions sharing one cursor file (default: the durable name, else the
+        query). With `durable`, the principal's subscription of that name is made or
+        resumed, its position kept by the server: any process of the principal resumes
+        it after its last acknowledged event, with no cursor file (one consumer at a
+        time: a second one raises `SubscriptionBroken`, ``DURABLE_IN_USE``). `start`
+        (`StartAt`) is where a new subscription starts: the latest by default, or in the
+        bucket's retained history (older than it reaches: `SubscriptionBroken`,
+        ``STALE_SEQUENCE``); a resumed one goes on where it was.
 
         Returns once every bucket's stream is established: a write made afterwards is
         always delivered. Raises `SubscriptionBroken` if that takes longer than the
         `RetryPolicy` deadline (30 s by default)."""
         parsed = parse_query(query)
         layout = self.layout()
-        if parsed.kind is QueryKind.KEY:
-            buckets = [layout.bucket_of(parsed.arg)]
-        else:
-            buckets = list(range(layout.buckets))
+        buckets = self._buckets_of(parsed)
+        starts = starts_for(start, buckets, layout.bucket_uuids)
         with self._lock:  # the engine and its pipeline together (a close may race)
             engine = self._loop_locked()
             if self._ack_pipeline is None:
@@ -424,6 +514,8 @@ class Client:
             name=name,
             options=options,
             ready_timeout_s=self._retry.deadline_s,
+            durable=durable,
+            starts=starts,
         )
         with self._lock:
             self._subscriptions.add(sub)

@@ -26,7 +26,7 @@ import grpc
 from grpc import aio
 
 from sevendb.outbox.emitseq import EmitSeq
-from sevendb.outbox.entries import op_kind
+from sevendb.outbox.entries import LATEST, Start, op_kind
 from sevendb.outbox.errors import ErrorCode, SevenDBError
 from sevendb.outbox.model import Change
 from sevendb.outbox.query import Query
@@ -64,8 +64,9 @@ _FATAL: Final = {
         grpc.StatusCode.FAILED_PRECONDITION,
         grpc.StatusCode.UNIMPLEMENTED,
     )
-}
-"""gRPC statuses that end a bucket stream for good, and the reason reported."""
+} | {grpc.StatusCode.OUT_OF_RANGE: BrokenReason.STALE_SEQUENCE}
+"""gRPC statuses that end a bucket stream for good, and the reason reported
+(OUT_OF_RANGE: a start position older than the bucket's retained history)."""
 
 
 class Event(NamedTuple):
@@ -132,6 +133,8 @@ class BucketStream:
     caught_up: bool = False
     ready: threading.Event = field(default_factory=threading.Event)
     """Set once the stream is subscribed (SubAck) or resumed (ReconnectAck OK)."""
+    begin: Start = LATEST
+    """Where its first Subscribe starts (a later one, after a reset: the latest)."""
     history: list[str] = field(default_factory=list)
 
 
@@ -191,8 +194,11 @@ class BucketStreams:
         options: SubscribeOptions,
         streams: dict[int, BucketStream],
         put: Callable[[list[Event] | BaseException], None],
+        durable: str = "",
     ) -> None:
         self._engine = engine
+        self.durable = durable
+        """The durable name each bucket's Subscribe carries ("" for none)."""
         self._sessions = sessions
         self._flusher = flusher
         self.query = query
@@ -313,6 +319,8 @@ class BucketStreams:
             bucket=stream.bucket,
             query=codec.query_to_pb(self.query),
             sub_id=stream.sub_id,
+            durable=self.durable,
+            start=codec.start_to_pb(stream.begin),
         )
         call = self._sessions.subscribe(target, request)
         try:
@@ -328,12 +336,20 @@ class BucketStreams:
         if first is aio.EOF or first.WhichOneof("kind") != "sub_ack":
             raise _Redirect(None)
         start = codec.seq_from_pb(first.sub_ack.start_emit_seq)
+        named = first.sub_ack.sub_id
+        if self.durable and named and named != stream.sub_id:
+            # The durable name resumed the subscription made under another id: the
+            # stream is that one's, from its acknowledged position.
+            if self._flusher.store is not None:
+                await asyncio.to_thread(self._flusher.forget_cursor, stream.sub_id)
+            stream.sub_id = named
         stream.cursor = StreamCursor(start, reorder_buffer_max=self.options.reorder_buffer_max)
         self._flusher.start(stream.bucket, stream.sub_id, start)
         if self._flusher.store is not None:
             await asyncio.to_thread(self._flusher.save, stream.bucket, stream.sub_id, start)
-        stream.subscribed = True
-        stream.history.append(f"subscribed {stream.sub_id} at {start}")
+        stream.subscribed, stream.begin = True, LATEST
+        how = "resumed durable" if first.sub_ack.resumed else "subscribed"
+        stream.history.append(f"{how} {stream.sub_id} at {start}")
         stream.ready.set()
         return call
 

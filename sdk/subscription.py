@@ -23,11 +23,19 @@ and that persist repeats at most the unpersisted events (``ack_every_events``) -
 make handling idempotent by ``emit_seq`` or persist your own state together with
 the cursor if that matters.
 
+**Durable names.** ``client.subscribe(query, durable="billing")`` makes or resumes
+the principal's subscription named "billing": its acknowledged position is the
+server's (replicated by the acks' purges), so any process of the principal resumes it
+with no cursor file, after the last *acknowledged* event (events processed after the
+last ack, at most ``ack_every_events``, come again: a cursor file, kept beside, is
+the cache that avoids that). One live consumer per name: while a stream of it is
+attached, another's subscribe raises `SubscriptionBroken` (``DURABLE_IN_USE``).
+
 **Ending.** `close()` (or leaving a ``with`` block) acknowledges what was processed
 and then *unsubscribes*: a replicated UNSUBSCRIBE, after which the node drops the
-subscription's rows. With a cursor store it *detaches* instead (the cursor exists to
-resume): the server keeps the subscription, and a later `Client.subscribe` with the
-same cursor resumes it. `detach()` says so explicitly; `unsubscribe()` ends a
+subscription's rows. With a cursor store or a durable name it *detaches* instead (it
+exists to resume): the server keeps the subscription, and a later `Client.subscribe`
+with the same cursor or name resumes it. `detach()` says so explicitly; `unsubscribe()` ends a
 subscription with a cursor too (and forgets its cursors).
 
 A query that spans buckets (a prefix, all) is one server subscription per bucket;
@@ -46,15 +54,17 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from functools import partial
 from pathlib import Path
 from typing import Final, TypeAlias
 
 from sevendb.outbox.emitseq import EmitSeq
+from sevendb.outbox.entries import LATEST, Start, StartKind
 from sevendb.outbox.errors import InvalidArgument
 from sevendb.outbox.query import Query
 from sevendb.proto.mailbox import Mailbox, mailbox
@@ -150,6 +160,46 @@ class SubscriptionStats:
     """Saves to the cursor store (0 without one)."""
 
 
+StartAt: TypeAlias = str | datetime | EmitSeq | Mapping[int, EmitSeq] | None
+"""Where a new subscription starts (`Client.subscribe(start=...)`): ``"latest"`` (or
+None: only what commits after the subscribe), ``"earliest"`` (the oldest the bucket's
+retained history reaches), a `datetime` (the first change committed at or after it),
+an `EmitSeq` (after that position: a query of one bucket), or ``{bucket: EmitSeq}``
+(after each, for every bucket the query spans)."""
+
+
+def starts_for(start: StartAt, buckets: Sequence[int], uuids: Sequence[str]) -> dict[int, Start]:
+    """Each bucket's `Start` for `start` (`StartAt`); `InvalidArgument` if it names no
+    position for a bucket, or one of another bucket."""
+    if start is None or start == "latest":
+        return dict.fromkeys(buckets, LATEST)
+    if start == "earliest":
+        return dict.fromkeys(buckets, Start(StartKind.EARLIEST))
+    if isinstance(start, datetime):
+        if start.tzinfo is None:
+            raise InvalidArgument("a start time must be timezone-aware (e.g. UTC)")
+        return dict.fromkeys(buckets, Start(StartKind.TIME, time_ms=int(start.timestamp() * 1000)))
+    if isinstance(start, EmitSeq):
+        if len(buckets) != 1:
+            raise InvalidArgument(
+                f"an emit_seq names one bucket; this query spans {len(buckets)}: give "
+                "{bucket: emit_seq} for each"
+            )
+        start = {buckets[0]: start}
+    if not isinstance(start, Mapping):
+        raise InvalidArgument(
+            "start must be 'latest', 'earliest', a datetime, an EmitSeq or {bucket: EmitSeq}, "
+            f"not {start!r}"
+        )
+    out = {}
+    for bucket in buckets:
+        after = start.get(bucket)
+        if not isinstance(after, EmitSeq) or after.bucket_uuid != uuids[bucket]:
+            raise InvalidArgument(f"start names no position of bucket {bucket} ({after!r})")
+        out[bucket] = Start(StartKind.AFTER, after)
+    return out
+
+
 def parse_query(query: str | Query) -> Query:
     """``key:K``, ``prefix:P``, ``all`` or a `Query`."""
     if isinstance(query, Query):
@@ -234,15 +284,21 @@ class Subscription:
         name: str | None = None,
         options: SubscribeOptions | None = None,
         ready_timeout_s: float = 30.0,
+        durable: str | None = None,
+        starts: Mapping[int, Start] | None = None,
     ) -> None:
+        if durable is not None and (not isinstance(durable, str) or not durable):
+            raise InvalidArgument(f"durable must be a non-empty name, not {durable!r}")
         self.query = query
-        self.name = name or str(query)
+        self.durable = durable
+        """The durable name: the server keeps this subscription's position under it."""
+        self.name = name or durable or str(query)
         self.options = opts = options or SubscribeOptions()
         self._engine = engine
         self._acks = acks
         self._metadata = metadata
         store = cursor if cursor is None or isinstance(cursor, CursorStore) else CursorStore(cursor)
-        self._keep = store is not None
+        self._keep = store is not None or durable is not None
         """Does closing keep the server's subscription (detach) or end it?"""
         self._inbox = _Inbox()
         streams: dict[int, BucketStream] = {}
@@ -272,12 +328,13 @@ class Subscription:
             stream = BucketStream(
                 bucket, c.sub_id if c else None, c is not None and c.position is not None
             )
+            stream.begin = (starts or {}).get(bucket, LATEST)
             if c is not None and c.position is not None:
                 stream.cursor = StreamCursor(c.position, reorder_buffer_max=opts.reorder_buffer_max)
                 self._flusher.start(bucket, c.sub_id, c.position)
             streams[bucket] = stream
         self._streams = BucketStreams(
-            engine, sessions, self._flusher, query, opts, streams, self._inbox.put
+            engine, sessions, self._flusher, query, opts, streams, self._inbox.put, durable or ""
         )
         started: Future[None] = engine.submit(self._streams.start())
         started.result(10)
@@ -447,14 +504,16 @@ class Subscription:
 
     def detach(self, *, ack_timeout_s: float = CLOSE_ACK_WAIT_S) -> None:
         """`close`, keeping the subscription on the server: a later `Client.subscribe`
-        with the same cursor store and name resumes after the last processed event.
-        What `close` does with a cursor store. Without one it is refused
-        (`InvalidArgument`): nothing could resume the subscription, which would only
-        hold its rows on the server until it expired."""
-        if self._flusher.store is None:
+        with the same cursor store and name, or the same durable name, resumes after
+        the last processed event. What `close` does with a cursor store or a durable
+        name. Without either it is refused (`InvalidArgument`): nothing could resume
+        the subscription, which would only hold its rows on the server until it
+        expired."""
+        if self._flusher.store is None and self.durable is None:
             raise InvalidArgument(
-                "detach keeps the subscription for a later resume, which needs its cursor: "
-                "subscribe with cursor=FILE (or close() to end it)"
+                "detach keeps the subscription for a later resume, which needs its cursor "
+                "or a durable name: subscribe with cursor=FILE or durable=NAME (or close() "
+                "to end it)"
             )
         failed = sys.exc_info()[1] is not None
         close_subscriptions([self], failed=failed, ack_timeout_s=ack_timeout_s)
@@ -586,6 +645,7 @@ __all__ = [
     "Event",
     "Recovery",
     "StreamReset",
+    "StartAt",
     "StreamResetReason",
     "SubscribeOptions",
     "Subscription",
@@ -593,4 +653,5 @@ __all__ = [
     "close_subscriptions",
     "offer_events",
     "parse_query",
+    "starts_for",
 ]

@@ -23,11 +23,14 @@ from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import (
     EpochCreate,
     ExpectKind,
+    HistoryTrim,
     InitProducer,
     Lease,
     OpKind,
     OutboxPurge,
     OutboxWrite,
+    Start,
+    StartKind,
     Subscribe,
     SubscribeBatch,
     Unsubscribe,
@@ -38,6 +41,7 @@ from sevendb.outbox.entries import (
 from sevendb.outbox.model import (
     Applied,
     EpochResult,
+    HistoryTrimResult,
     InitProducerResult,
     LeaseResult,
     OutboxRow,
@@ -115,6 +119,7 @@ class MSub:
     last_active_ms: int
     stale: bool = False
     ended: str = ""
+    durable: str = ""
     rows: list[tuple[EmitSeq, RowKey]] = field(default_factory=list)
     """Its outbox: computed (the source entry committed), not acknowledged."""
     stream: list[RowKey] = field(default_factory=list)
@@ -169,6 +174,13 @@ class Model:
         self.summaries: dict[int, Summary] = {}
         self.accepted_acks: list[tuple[str, str, EmitSeq]] = []
         self._next_incarnation = 0
+        self.history: list[tuple[EmitSeq, int, tuple[tuple[str, int, bytes, int], ...]]] = []
+        """The retained history: (emit_seq, commit time, changes) of every source entry
+        that changed something, oldest first, after `history_after`."""
+        self.history_after = EmitSeq(bucket_uuid, 1, 0)
+        self.history_after_ms = 0
+        self._replayed: list[RowKey] = []
+        """Rows the SUBSCRIBEs of the entry being applied replayed from the history."""
 
     def seq(self, index: int) -> EmitSeq:
         return EmitSeq(self.bucket_uuid, self.epoch, index)
@@ -198,9 +210,14 @@ class Model:
         elif isinstance(entry, WriteBatch):
             summary = self._write_batch(index, entry)
         elif isinstance(entry, Subscribe):
-            summary = self._subscribe(index, entry)
+            self._replayed = []
+            summary = (*self._subscribe(index, entry), tuple(self._replayed))
         elif isinstance(entry, SubscribeBatch):
-            summary = ("SB", tuple(self._subscribe(index, s) for s in entry.subscribes))
+            self._replayed = []
+            subscribed = tuple(self._subscribe(index, s) for s in entry.subscribes)
+            summary = ("SB", subscribed, tuple(self._replayed))
+        elif isinstance(entry, HistoryTrim):
+            summary = self._history_trim(index, entry)
         elif isinstance(entry, Unsubscribe):
             sub = self.subs.get(entry.sub_id)
             if sub is None or sub.ended:
@@ -262,6 +279,8 @@ class Model:
         """One row per live subscription any change matches (sub_id order): the delta of
         one committed source entry for that subscription."""
         emit = self.seq(index)
+        if changes:
+            self.history.append((emit, now_ms, tuple(changes)))
         made: list[tuple[MSub, EmitSeq, RowKey]] = []
         for sub_id in sorted(self.subs):
             sub = self.subs[sub_id]
@@ -295,14 +314,26 @@ class Model:
         return ("WB", tuple(codes), self._rows(index, changes, entry.writes[-1].now_ms))
 
     def _subscribe(self, index: int, entry: Subscribe) -> Summary:
-        existing = self.subs.get(entry.sub_id)
+        named = [
+            s
+            for s in self.live()
+            if entry.durable and (s.principal, s.durable) == (entry.principal, entry.durable)
+        ]
+        existing = named[0] if named else self.subs.get(entry.sub_id)
         if existing is not None and not existing.ended:
+            refused = None
+            query = (entry.query.kind, entry.query.arg)
             if existing.principal != entry.principal:
-                return ("S", None, False, "NOT_OWNER")
-            if (existing.kind, existing.arg) != (entry.query.kind, entry.query.arg):
-                return ("S", None, False, "SUBSCRIPTION_EXISTS")
-            return ("S", _seq(existing.start), True, None)
-        start = self.seq(index)
+                refused = "NOT_OWNER"
+            elif existing.durable != entry.durable or (existing.kind, existing.arg) != query:
+                refused = "SUBSCRIPTION_EXISTS"
+            if refused is not None:
+                return ("S", None, False, refused, entry.sub_id, None)
+            began, acked = _seq(existing.start), _seq(existing.acked)
+            return ("S", began, True, None, existing.sub_id, acked)
+        start = self._start_at(index, entry.start)
+        if isinstance(start, str):
+            return ("S", None, False, start, entry.sub_id, None)
         arg = "" if entry.query.kind is QueryKind.ALL else entry.query.arg
         self._next_incarnation += 1
         sub = MSub(
@@ -315,10 +346,61 @@ class Model:
             start,
             start,
             entry.now_ms,
+            durable=entry.durable,
         )
         self.subs[entry.sub_id] = sub
         self.incarnations[(entry.sub_id, _seq(start))] = sub
-        return ("S", _seq(start), False, None)
+        self._replay(index, sub)
+        return ("S", _seq(start), False, None, entry.sub_id, _seq(start))
+
+    def _start_at(self, index: int, start: Start) -> EmitSeq | str:
+        """docs/core.md, "Start positions": the position, or the refusal's code."""
+        if start.kind is StartKind.LATEST:
+            return self.seq(index)
+        if start.kind is StartKind.EARLIEST:
+            return self.history_after
+        if start.kind is StartKind.TIME:
+            if self.history_after.commit_index and start.time_ms <= self.history_after_ms:
+                return "STALE_SEQUENCE"
+            before = self.history_after
+            for emit, when, _ in self.history:
+                if when >= start.time_ms:
+                    break
+                before = emit
+            return before
+        after = start.after
+        assert after is not None
+        if after.bucket_uuid != self.bucket_uuid or after >= self.seq(index):
+            return "INVALID_ARGUMENT"
+        if after < self.history_after:
+            return "STALE_SEQUENCE"
+        return after
+
+    def _replay(self, index: int, sub: MSub) -> None:
+        """A subscription starting in the past: a row per retained change set after its
+        start that it matches, sendable at once (a function of committed entries;
+        pending a checkpoint all the same)."""
+        made: list[tuple[MSub, EmitSeq, RowKey]] = []
+        for emit, when, changes in self.history:
+            picked = tuple(c for c in changes if sub.matches(c[0]))
+            if emit <= sub.start or not picked:
+                continue
+            key: RowKey = (sub.sub_id, _seq(emit), _seq(sub.head), picked, when)
+            sub.head = emit
+            sub.stream.append(key)
+            sub.rows.append((emit, key))
+            self.sendable.setdefault(sub.sub_id, {})[emit] = key
+            made.append((sub, emit, key))
+            self._replayed.append(key)
+        if made:
+            self.pending.append((index, made))
+
+    def _history_trim(self, index: int, entry: HistoryTrim) -> Summary:
+        dropped = 0
+        while self.history and self.history[0][0].commit_index <= min(entry.through_index, index):
+            self.history_after, self.history_after_ms, _ = self.history.pop(0)
+            dropped += 1
+        return ("H", dropped, _seq(self.history_after))
 
     def _lease_ok(self, lease_index: int) -> bool:
         return self.lease_index != 0 and lease_index == self.lease_index
@@ -406,7 +488,8 @@ class Model:
 def _subscribed(result: SubscribeResult) -> Summary:
     code = None if result.error is None else str(result.error.code)
     start = None if result.start is None else _seq(result.start)
-    return ("S", start, result.existing, code)
+    acked = None if result.acked is None else _seq(result.acked)
+    return ("S", start, result.existing, code, result.sub_id, acked)
 
 
 def summarize(applied: Applied) -> Summary:
@@ -420,12 +503,14 @@ def summarize(applied: Applied) -> Summary:
         codes = tuple(None if r.error is None else str(r.error.code) for r in result.results)
         return ("WB", codes, tuple(rows))
     if isinstance(result, SubscribeBatchResult):
-        return ("SB", tuple(_subscribed(r) for r in result.results))
+        return ("SB", tuple(_subscribed(r) for r in result.results), tuple(rows))
+    if isinstance(result, HistoryTrimResult):
+        return ("H", result.dropped, _seq(result.retained_after))
     code = None if result.error is None else str(result.error.code)
     if isinstance(result, WriteResult):
         return ("W", code, tuple(rows))
     if isinstance(result, SubscribeResult):
-        return _subscribed(result)
+        return (*_subscribed(result), tuple(rows))
     if isinstance(result, UnsubscribeResult):
         return ("U", code)
     if isinstance(result, OutboxWriteResult):
@@ -611,6 +696,38 @@ class Checker:
         if sub.principal != principal:
             raise Violation("isolation", f"{principal} was handed {sub_id} of {sub.principal}")
         self.apps.setdefault(key, AppStream(sub_id, start, principal))
+
+    def on_durable_resume(self, principal: str, sub_id: str, start: EmitSeq, acked: EmitSeq) -> int:
+        """A client process that kept nothing (no cursor file) resumed its durable
+        subscription by name: its stream continues after `acked`, the server's
+        position. That must be one the application reached (otherwise events were
+        acknowledged that it never processed: a gap); what it processed after it
+        comes again, and is processed again (at-least-once for that tail, which the
+        client cannot drop: it kept nothing). Returns how many events that is."""
+        self.checks += 1
+        app = self.apps.get((sub_id, _seq(start)))
+        if app is None or app.principal != principal:
+            raise Violation("isolation", f"{principal} resumed durable {sub_id} it never had")
+        reached = start if app.last is None else app.last
+        if acked > reached:
+            raise Violation(
+                "effective-once",
+                f"{principal}'s durable {sub_id} resumes after {acked}; its application "
+                f"processed only up to {reached} (a gap)",
+            )
+        emits = [k[1] for k in app.processed]
+        if acked != start and _seq(acked) not in emits:
+            raise Violation(
+                "effective-once",
+                f"{principal}'s durable {sub_id} resumes after {acked}, "
+                "a position its application never processed",
+            )
+        kept = app.processed[: emits.index(_seq(acked)) + 1 if acked != start else 0]
+        again = len(app.processed) - len(kept)
+        app.processed = kept
+        app.last = acked if kept else None
+        app.active = True
+        return again
 
     def on_confirm(self, principal: str, sub_id: str, position: EmitSeq) -> None:
         """The owner says it processed everything up to `position` (ack or reconnect)."""

@@ -3,7 +3,10 @@ that processes events, persists its cursor with them, acks, and crashes.
 
 What survives a crash: the subscriptions it wants and, per subscription, the
 start and the last processed emit_seq (persisted atomically with processing).
-Everything else (cursor buffers, connections) is lost.
+Everything else (cursor buffers, connections) is lost. A durable subscription
+(`SimConfig.durable`) keeps nothing but its name: a restarted process subscribes by
+name again and resumes after the server's acknowledged position (docs/core.md,
+"Durable names").
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import TYPE_CHECKING, Final
 
 from sevendb.notifier.core import AttachStatus
 from sevendb.outbox.emitseq import EmitSeq
+from sevendb.outbox.entries import LATEST, Start
 from sevendb.outbox.model import OutboxRow, ReconnectStatus
 from sevendb.outbox.query import Query, plan_query
 from sevendb.sdk.cursor import StreamCursor
@@ -59,6 +63,12 @@ class ClientSub:
     sub_id: str
     query: Query
     state: State = State.SUBSCRIBING
+    durable: str = ""
+    """Its durable name: it keeps no position across a crash, the server does."""
+    resuming: bool = False
+    """A durable subscription subscribing by name again after a crash."""
+    begin: Start = LATEST
+    """Where a new subscription starts (docs/core.md, "Start positions")."""
     # persisted
     start: EmitSeq | None = None
     persisted: EmitSeq | None = None
@@ -85,8 +95,10 @@ class Client:
 
     # ---- workload ----------------------------------------------------------------
 
-    def subscribe(self, sub_id: str, query: Query) -> None:
-        self.subs.append(ClientSub(sub_id, query))
+    def subscribe(
+        self, sub_id: str, query: Query, durable: str = "", begin: Start = LATEST
+    ) -> None:
+        self.subs.append(ClientSub(sub_id, query, durable=durable, begin=begin))
 
     def unsubscribe(self, sub: ClientSub) -> None:
         if sub.start is not None:
@@ -110,6 +122,19 @@ class Client:
             if sub.state is State.STREAMING:
                 sub.state = State.ATTACHING
             sub.next_try_ms = 0
+            if sub.durable and sub.state is State.ATTACHING:
+                self._forget(sub)
+
+    def _forget(self, sub: ClientSub) -> None:
+        """A durable subscription's process kept nothing: it subscribes by name again,
+        under a new sub_id (the name finds the one it had)."""
+        assert sub.start is not None
+        self.sim.checker.end_stream(sub.sub_id, sub.start)
+        self.generation += 1
+        sub.sub_id = f"{sub.sub_id.split('~')[0]}~{self.generation}"
+        sub.start = sub.persisted = None
+        sub.state = State.SUBSCRIBING
+        sub.resuming = True
 
     def restart(self) -> None:
         self.alive = True
@@ -145,7 +170,15 @@ class Client:
             if sub.state is State.SUBSCRIBING:
                 sub.target = self._next_target(sub.target if sub.target else "")
                 plan_hash = plan_query(sub.query).plan_hash
-                req = SubscribeReq(sub.sub_id, self.principal, self.name, sub.query, plan_hash)
+                req = SubscribeReq(
+                    sub.sub_id,
+                    self.principal,
+                    self.name,
+                    sub.query,
+                    plan_hash,
+                    sub.durable,
+                    sub.begin,
+                )
                 self._send(now_ms, sub.target, req)
                 sub.target = ""
                 sub.next_try_ms = now_ms + SUBSCRIBE_RETRY_MS
@@ -171,10 +204,10 @@ class Client:
                     sub.last_ack_ms = now_ms
 
     def _attach(self, sub: ClientSub, now_ms: int) -> None:
-        assert sub.persisted is not None
         sub.conn = self.sim.new_conn()
         sub.target = self._next_target(sub.target)
-        self.sim.checker.on_confirm(self.principal, sub.sub_id, sub.persisted)
+        if sub.persisted is not None:
+            self.sim.checker.on_confirm(self.principal, sub.sub_id, sub.persisted)
         req = ReconnectReq(sub.sub_id, self.principal, self.name, sub.conn, sub.persisted)
         self._send(now_ms, sub.target, req)
         sub.next_try_ms = now_ms + ATTACH_RETRY_MS
@@ -216,8 +249,16 @@ class Client:
             self.sim.trace("suback-error", self.name, body.sub_id, str(result.error))
             sub.state = State.ENDED
             return
+        # A durable name's sub_id: the one sent if the name was new (a retried
+        # SUBSCRIBE whose answer was lost finds it existing: still a new one).
+        resumed = sub.resuming and result.existing and result.sub_id != sub.sub_id
+        sub.sub_id = result.sub_id
         sub.start = sub.persisted = result.start
-        self.sim.checker.on_subscribed(self.principal, sub.sub_id, result.start)
+        if resumed:
+            sub.persisted = None  # it attaches after the server's acknowledged position
+        else:
+            self.sim.checker.on_subscribed(self.principal, sub.sub_id, result.start)
+            sub.resuming = False
         sub.state = State.ATTACHING
         sub.next_try_ms = now_ms
 
@@ -225,8 +266,22 @@ class Client:
         sub = self._find(body.sub_id, body.conn)
         if sub is None or sub.state is not State.ATTACHING:
             return
-        assert sub.persisted is not None and sub.start is not None
+        assert sub.start is not None and body.after is not None
         attach = body.attach
+        if sub.resuming and attach.status is AttachStatus.ATTACHED:
+            sub.persisted = body.after
+            again = self.sim.checker.on_durable_resume(
+                self.principal, sub.sub_id, sub.start, body.after
+            )
+            self.sim.stats["durable_resumes"] += 1
+            self.sim.stats["durable_reprocessed"] += again
+            sub.resuming = False
+        if sub.persisted is None:  # a resume by name not attached yet: try again
+            if attach.status is AttachStatus.REFUSED:
+                self._forget(sub)  # it ended meanwhile: by name again (a new one)
+            else:
+                sub.next_try_ms = now_ms + RETRY_BACKOFF_MS
+            return
         self.sim.checker.on_attach(self.principal, sub.sub_id, sub.persisted, attach, True)
         if attach.status is AttachStatus.ATTACHED:
             sub.state = State.STREAMING
@@ -254,7 +309,7 @@ class Client:
             self.sim.stats["stale_resubscribes"] += 1
             self.generation += 1
             base = sub.sub_id.split("~")[0]
-            self.subscribe(f"{base}~{self.generation}", sub.query)
+            self.subscribe(f"{base}~{self.generation}", sub.query, sub.durable)
 
     def _on_events(self, body: Events, now_ms: int) -> None:
         for row in body.rows:

@@ -256,6 +256,14 @@ class SimConfig:
     emission: str = "derived"
     """The notifier hosts' emission mode (`EmissionMode`: "derived" or "literal");
     the swarm runs each with half the seeds."""
+    history_entries: int = 10_000
+    """The notifiers' `history_entries` bound of the retained history (the swarm draws 4,
+    16 or 10,000, so that HISTORY_TRIMs happen under new subscriptions starting in the
+    past)."""
+    durable: bool = False
+    """The clients' first subscriptions are durable (named) and keep nothing across a
+    crash: a restarted client resumes each by its name, from the server's position
+    (the swarm turns it on for ~40% of seeds)."""
 
     def __post_init__(self) -> None:
         if self.emission not in EMISSION_MODES:
@@ -283,6 +291,8 @@ class SimConfig:
         if rng.random() < 0.45:
             values["faults"] += ("storage",)
         values["emission"] = "literal" if rng.random() < 0.5 else "derived"
+        values["durable"] = rng.random() < 0.4
+        values["history_entries"] = rng.choice((4, 16, 10_000))
         values.update({k: v for k, v in overrides.items() if k not in ("scripted", "net")})
         plan_rng = random.Random(f"sevendb-sim-plan/{seed}")
         values["net"] = plan_network(plan_rng, values["faults"])
@@ -344,5 +354,7 @@ CLI_FIELDS: Final = (
     "window_events",
     "resend_after_ms",
     "emission",
+    "durable",
+    "history_entries",
 )
 """SimConfig fields `--set NAME=VALUE` may pin (VALUE is a Python literal)."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from sevendb.notifier.core import Attach
 from sevendb.outbox.emitseq import EmitSeq
+from sevendb.outbox.entries import LATEST, Start
 from sevendb.outbox.model import OutboxRow, SubscribeResult
 from sevendb.outbox.query import Query
 
@@ -48,15 +49,19 @@ class SubscribeReq(OwnerRequest):
     client: str
     query: Query
     plan_hash: int
+    durable: str = ""
+    start: Start = LATEST
 
 
 @dataclass(frozen=True, slots=True)
 class ReconnectReq(OwnerRequest):
-    """Attach a new stream (`conn`) after `after`, the last emit_seq processed."""
+    """Attach a new stream (`conn`) after `after`, the last emit_seq processed (None:
+    after the server's acknowledged position, a durable subscription resumed by name,
+    as the node's Subscribe does)."""
 
     client: str
     conn: int
-    after: EmitSeq
+    after: EmitSeq | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +91,10 @@ class Events(OnStream):
 
 @dataclass(frozen=True, slots=True)
 class AttachReply(OnStream):
-    """How a `ReconnectReq` went."""
+    """How a `ReconnectReq` went (`after`: where it attached)."""
 
     attach: Attach
+    after: EmitSeq | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,7 @@ def notifier_settings(config: SimConfig) -> NotifierSettings:
         stall_window_ms=config.stall_window_ms,
         idle_wait_s=IDLE_MS / 1000,
         emission_mode=EmissionMode(config.emission),
+        history_entries=config.history_entries,
     )
 
 
@@ -197,7 +198,15 @@ class SimNode:
             self.host.ack(body.sub_id, body.principal, body.up_to)
         elif isinstance(body, wire.SubscribeReq):
             now = self.sim.now_ms
-            entry = Subscribe(body.sub_id, body.principal, body.query, body.plan_hash, now)
+            entry = Subscribe(
+                body.sub_id,
+                body.principal,
+                body.query,
+                body.plan_hash,
+                now,
+                body.durable,
+                body.start,
+            )
             self._subscribes.append((body.client, entry))
         elif isinstance(body, wire.UnsubscribeReq):
             entry_u = Unsubscribe(body.sub_id, body.principal, self.sim.now_ms)
@@ -205,12 +214,17 @@ class SimNode:
 
     def _reconnect(self, body: wire.ReconnectReq) -> None:
         stream = Stream(self, body.client, body.conn, body.sub_id, self.sim.now_ms)
-        attach, _ = self.host.attach(body.sub_id, body.principal, body.after, stream)
+        if body.after is None:
+            attach, _, after = self.host.resume(body.sub_id, body.principal, stream)
+        else:
+            after = body.after
+            attach, _ = self.host.attach(body.sub_id, body.principal, after, stream)
         if attach.status is AttachStatus.ATTACHED:
             self.streams[body.sub_id] = stream
         elif attach.holder == self.name:
             attach = dataclasses.replace(attach, holder="")  # no hint: retry elsewhere
-        self._send(body.client, wire.AttachReply(body.conn, body.sub_id, self.name, attach))
+        reply = wire.AttachReply(body.conn, body.sub_id, self.name, attach, after)
+        self._send(body.client, reply)
 
     def _propose(self, entry: bytes, done: Callable[[Future[ApplyOutcome]], None] | None) -> None:
         try:
@@ -241,6 +255,6 @@ class SimNode:
             return
         result = applied.result
         results = result.results if isinstance(result, SubscribeBatchResult) else (result,)
-        for (client, _), one in zip(waiting, results, strict=True):
-            if isinstance(one, SubscribeResult):
-                self._send(client, wire.SubAck(one.sub_id, one))
+        for (client, entry), one in zip(waiting, results, strict=True):
+            if isinstance(one, SubscribeResult):  # (a durable name: `one` has its sub_id)
+                self._send(client, wire.SubAck(entry.sub_id, one))

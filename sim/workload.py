@@ -7,6 +7,7 @@ Every choice comes from the simulation's one random generator, in a fixed order.
 
 from __future__ import annotations
 
+import random
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Final
 
@@ -19,6 +20,8 @@ from sevendb.outbox.entries import (
     Expected,
     Op,
     OpKind,
+    Start,
+    StartKind,
     Write,
     WriteBatch,
 )
@@ -42,6 +45,9 @@ class Workload:
         self.sim = sim
         self.writes_left = sim.config.writes
         self.ended_subs: list[tuple[Client, str, Query]] = []
+        self._starts = random.Random(f"sevendb-sim-starts/{sim.config.seed}")
+        """Where new subscriptions start: drawn apart from the run's generator, so that
+        every other choice of a seed stayed as it was when starts came."""
 
     def step(self) -> None:
         """One tick of the fault phase's workload."""
@@ -56,7 +62,9 @@ class Workload:
             client = rng.choice(list(self.sim.clients.values()))
             client.generation += 1
             client.subscribe(
-                f"s{client.name[1:]}.n{client.generation}", Query.parse(rng.choice(QUERIES))
+                f"s{client.name[1:]}.n{client.generation}",
+                Query.parse(rng.choice(QUERIES)),
+                begin=self._start(),
             )
             self.sim.stats["new_subs"] += 1
         if cfg.enabled("unsubscribe") and rng.random() < (0.01 if cfg.reuse_sub_ids else 0.002):
@@ -73,6 +81,19 @@ class Workload:
                 self.ended_subs.pop(0)
                 client.subscribe(sub_id, query)
                 self.sim.stats["reused_sub_ids"] += 1
+
+    def _start(self) -> Start:
+        """Latest, earliest, after a committed change set, or from a time."""
+        kinds = (StartKind.LATEST, StartKind.EARLIEST, StartKind.AFTER, StartKind.TIME)
+        kind = self._starts.choice(kinds)
+        self.sim.stats[f"start_{kind.name.lower()}"] += 1
+        model = self.sim.checker.model
+        if kind is StartKind.AFTER:
+            seen = [emit for emit, _, _ in model.history] or [model.history_after]
+            return Start(kind, self._starts.choice(seen))
+        if kind is StartKind.TIME:
+            return Start(kind, time_ms=self._starts.randint(0, self.sim.now_ms))
+        return Start(kind)
 
     def _write(self) -> None:
         rng = self.sim.rng

@@ -104,7 +104,8 @@ class Simulation:
         for i in range(config.clients):
             client = Client(self, f"c{i}", f"p{i}")
             for j in range(config.subs_per_client):
-                client.subscribe(f"s{i}.{j}", Query.parse(self.rng.choice(QUERIES)))
+                durable = f"d{j}" if config.durable else ""
+                client.subscribe(f"s{i}.{j}", Query.parse(self.rng.choice(QUERIES)), durable)
             self.clients[client.name] = client
         malicious = any(e.action == "mallory" for e in config.scripted)
         self.bucket_uuid = BUCKET

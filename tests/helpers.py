@@ -73,9 +73,13 @@ class Driver:
     def init_producer(self, pid: int) -> Applied:
         return self.apply(InitProducer(pid, self.tick()))
 
-    def subscribe(self, sub_id: str, query: str, principal: str = "alice") -> Applied:
+    def subscribe(
+        self, sub_id: str, query: str, principal: str = "alice", *, durable: str = ""
+    ) -> Applied:
         q = Query.parse(query)
-        return self.apply(Subscribe(sub_id, principal, q, plan_query(q).plan_hash, self.tick()))
+        return self.apply(
+            Subscribe(sub_id, principal, q, plan_query(q).plan_hash, self.tick(), durable)
+        )
 
     def unsubscribe(self, sub_id: str, principal: str = "alice") -> Applied:
         return self.apply(Unsubscribe(sub_id, principal, self.tick()))
@@ -112,6 +116,17 @@ def replay(
     return sm
 
 
+def version_2_snapshot(sm: BucketStateMachine) -> bytes:
+    """`sm`'s snapshot as a build before durable names and the retained history wrote
+    it (format 2): each subscription without its name, no history. `sm` must hold no
+    durable subscription."""
+    raw = msgpack.unpackb(sm.snapshot(), raw=False)
+    assert raw[0] == 3 and len(raw) == 14
+    assert all(s[10] == "" and s[11] == s[5][2] for s in raw[9]), "format 2 has no names"
+    subs = [s[:10] for s in raw[9]]
+    return bytes(msgpack.packb([2, *raw[1:9], subs, *raw[10:12]], use_bin_type=True))
+
+
 def version_1_snapshot(sm: BucketStateMachine, stale: tuple[list[Any], ...] = ()) -> bytes:
     """`sm`'s snapshot as a build before lifecycles and the derived emission mode wrote
     it (format 1): producers without a time, each subscription with a stale flag and
@@ -119,7 +134,7 @@ def version_1_snapshot(sm: BucketStateMachine, stale: tuple[list[Any], ...] = ()
     expired subscriptions remembered. `stale` adds subscriptions marked stale, each in
     format 2's shape (`[sub_id, principal, kind, arg, plan_hash, start, head, acked,
     last_active_ms, rows]`)."""
-    raw = msgpack.unpackb(sm.snapshot(), raw=False)
+    raw = msgpack.unpackb(version_2_snapshot(sm), raw=False)
     assert raw[0] == 2 and len(raw) == 12
     outboxed = raw[4]
     producers = [p[:4] for p in raw[8]]

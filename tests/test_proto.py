@@ -128,6 +128,7 @@ def test_sub_ack_seed_fields() -> None:
         "start_emit_seq": 2,
         "bucket": 3,
         "plan_hash": 4,
+        "resumed": 5,
     }
 
 
@@ -172,6 +173,7 @@ def test_service_methods() -> None:
         "WriteStream": ("WriteManyRequest", "WriteStreamResponse", True, True),
         "Get": ("GetRequest", "GetResponse", False, False),
         "Sync": ("SyncRequest", "SyncResponse", False, False),
+        "History": ("HistoryRequest", "HistoryResponse", False, False),
         "InitProducer": ("InitProducerRequest", "InitProducerResponse", False, False),
         "Subscribe": ("SubscribeRequest", "StreamMessage", False, True),
         "Reconnect": ("ReconnectRequest", "StreamMessage", False, True),
@@ -381,6 +383,20 @@ MESSAGES: dict[str, Message] = {
         next_since_commit_index=44,
         next_since_key="user:1",
         applied_index=45,
+    ),
+    "StartPosition": pb.StartPosition(after=emit_seq(40)),
+    "HistoryRequest": pb.HistoryRequest(
+        bucket=17,
+        query=pb.Query(kind=pb.Query.PREFIX, arg="user:"),
+        after=emit_seq(40),
+        through_commit_index=90,
+    ),
+    "HistoryEvent": pb.HistoryEvent(emit_seq=emit_seq(44), delta=pb.Delta(commit_time_ms=5)),
+    "HistoryResponse": pb.HistoryResponse(
+        events=[pb.HistoryEvent(emit_seq=emit_seq(44), delta=pb.Delta(commit_time_ms=5))],
+        more=True,
+        next_after=emit_seq(44),
+        retained_after=emit_seq(3),
     ),
     "BackupRequest": pb.BackupRequest(bucket=3),
     "BackupChunk": pb.BackupChunk(

@@ -34,6 +34,7 @@ CORE = [
     *sorted((ROOT / "outbox").glob("*.py")),
     ROOT / "sdk" / "cursor.py",
     ROOT / "sdk" / "progress.py",
+    ROOT / "sdk" / "handover.py",
     ROOT / "notifier" / "core.py",
 ]
 

@@ -45,6 +45,7 @@ PUBLIC = [
     "Event",
     "ExpectKind",
     "Expected",
+    "Handover",
     "IdempotentProducer",
     "InvalidArgument",
     "InvalidProducerEpoch",
@@ -65,6 +66,7 @@ PUBLIC = [
     "RetryPolicy",
     "SavedCursor",
     "SevenDBError",
+    "StaleSequence",
     "StaleSubscription",
     "StreamReset",
     "StreamResetReason",
@@ -181,7 +183,7 @@ def test_every_public_error_derives_from_sevendb_error() -> None:
         if inspect.isclass(getattr(sevendb.sdk, name))
         and issubclass(getattr(sevendb.sdk, name), BaseException)
     ]
-    assert len(errors) == 19
+    assert len(errors) == 20  # StaleSequence: a start or history older than the window
     assert all(issubclass(e, SevenDBError) for e in errors)
     assert all(issubclass(e, SevenDBError) for e in ERROR_TYPES.values())
 

@@ -44,6 +44,7 @@ def run(seed: int, **overrides: Any) -> tuple[Simulation, Report]:
         "reorder_buffer_max": 4,
         "window_events": 8,
         "resend_after_ms": 400,
+        "durable": False,
     }
     values.update(overrides)
     sim = Simulation(SimConfig.from_seed(seed, **values), keep_trace=True)
@@ -233,6 +234,95 @@ def test_rec_02_reconnect_after_purge_and_compaction_is_stale_and_resubscribes(
     ended = [a for a in apps(sim) if not a.active]
     fresh = [a for a in apps(sim) if "~" in a.sub_id]
     assert ended and fresh and all(a.processed for a in fresh)
+
+
+def test_durable_clients_that_keep_nothing_resume_by_name_after_the_servers_ack(
+    mode: str,
+) -> None:
+    """Clients whose subscriptions are durable keep no position across a crash: each
+    restart subscribes by name, the server's acknowledged position is where the stream
+    resumes, and the checker holds it to that (a position past what the application
+    processed is a gap; what it processed after the ack comes again)."""
+    sim, report = run(
+        23,
+        scripted=(
+            Scripted(400, "crash_clients", 100),
+            Scripted(900, "crash_client", 150, 1),
+            Scripted(1_400, "crash_clients", 100),
+        ),
+        durable=True,
+        subs_per_client=2,
+        emission=mode,
+    )
+    assert report.stats["durable_resumes"] >= 4
+    assert report.stats.get("stale_resubscribes", 0) == 0
+    for app in apps(sim):  # one stream per name: resumed, never made anew
+        assert app.active and "~" not in app.sub_id and app.processed
+    assert len(apps(sim)) == 4
+
+
+def test_a_durable_resume_attaches_after_an_ack_applied_since_its_subscribe() -> None:
+    """Seed 10004 (literal): a restarted client's SUBSCRIBE by name answered acked=10,
+    then the old stream's last acks were purged before it attached: attaching after
+    the answer's position was STALE_SEQUENCE. The holder now reads the position as it
+    attaches (`BucketNotifier.resume`), as the node's Subscribe does."""
+    config = SimConfig.from_seed(10004, emission="literal")
+    assert config.durable
+    report = Simulation(config).run()
+    assert report.ok, report.describe()
+    assert report.stats["durable_resumes"] >= 2
+
+
+def test_a_lagging_holder_does_not_take_a_past_start_for_an_unknown_subscription() -> None:
+    """Seed 78 (rendezvous): a subscription starting in the past (at 8, its SUBSCRIBE
+    at 56) reconnected to a holder that had not applied the SUBSCRIBE: its position was
+    below what that holder applied, so it answered SUBSCRIPTION_NOT_FOUND (the SDK would
+    have subscribed afresh: a gap). The core now answers BEHIND for a subscription it
+    does not hold; only a current replica (after the node's read barrier) says
+    not-found."""
+    report = Simulation(SimConfig.from_seed(78)).run()
+    assert report.ok, report.describe()
+    assert report.stats["start_time"] == 1
+
+
+def test_the_checker_refuses_a_durable_resume_past_what_was_processed() -> None:
+    from sevendb.outbox.emitseq import EmitSeq
+    from sevendb.sim.checker import Violation
+
+    sim, _ = run(24, durable=True, writes=20)
+    app = next(a for a in apps(sim) if a.processed)
+    last = EmitSeq(*cast(tuple[str, int, int], app.processed[-1][1]))
+    beyond = EmitSeq(last.bucket_uuid, last.epoch_counter, last.commit_index + 1)
+    with pytest.raises(Violation, match="gap"):
+        sim.checker.on_durable_resume(app.principal, app.sub_id, app.start, beyond)
+    first = EmitSeq(*cast(tuple[str, int, int], app.processed[0][1]))
+    processed = len(app.processed)
+    again = sim.checker.on_durable_resume(app.principal, app.sub_id, app.start, first)
+    assert again == processed - 1 and emits(app) == [app.processed[0][1]]
+    assert app.last == first
+
+
+def test_subscriptions_starting_in_the_past_replay_the_retained_history(mode: str) -> None:
+    """New subscriptions start earliest, after a committed position or from a time,
+    while the holder trims the history to 8 change sets: the model replays the same
+    rows the core does, and each application processes its stream, replayed part and
+    live part, exactly once."""
+    sim, report = run(
+        50, writes=80, fault_ms=3_000, faults=("new_subs",), history_entries=8, emission=mode
+    )
+    assert report.stats["start_after"] + report.stats["start_earliest"] >= 2
+    trims = [e for e in trace(sim, "commit") if "HISTORY_TRIM" in str(e)]
+    assert trims
+    from sevendb.outbox.entries import Subscribe, SubscribeBatch
+
+    def in_the_past(app: AppStream) -> bool:
+        """Its start is not its SUBSCRIBE's own position."""
+        index = app.start.commit_index
+        entry = decode_entry(sim.checker.committed[index][1]) if index else None
+        return not isinstance(entry, Subscribe | SubscribeBatch)
+
+    past = [a for a in apps(sim) if in_the_past(a) and a.processed]
+    assert len(past) >= 2
 
 
 # ---- MIG-01 ----------------------------------------------------------------------------

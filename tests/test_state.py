@@ -672,7 +672,7 @@ def test_a_format_1_snapshot_restores_with_its_pending_rows_in_the_outbox() -> N
     d.set("k2")
     d.unsubscribe("gone")
     raw = msgpack.unpackb(d.sm.snapshot(), raw=False)
-    assert raw[0] == 2
+    assert raw[0] == 3
     stale = [["gone", *raw[9][0][1:9], []]]  # "s" as it was, under another name
     restored = BucketStateMachine.restore(version_1_snapshot(d.sm, tuple(stale)))
     assert restored.outbox_rows("s") == d.rows("s") and len(d.rows("s")) == 2

@@ -23,6 +23,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -548,6 +549,29 @@ def event_lines(event: Event) -> list[str]:
     ]
 
 
+def _start_at(text: str) -> str | datetime:
+    """`--start`: latest, earliest or an ISO 8601 time (UTC unless it says)."""
+    if text in ("latest", "earliest"):
+        return text
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--start takes latest, earliest or an ISO 8601 time, not {text!r}"
+        ) from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    count = 0
+    with _client(args) as client:
+        for event in client.history(args.query, page_size=args.page_size):
+            print("\n".join(event_lines(event)), flush=True)
+            count += 1
+    _progress(f"{count} event(s) retained")
+    return 0
+
+
 def cmd_subscribe(args: argparse.Namespace) -> int:
     from sevendb.sdk import Recovery, StreamReset, SubscribeOptions
 
@@ -559,12 +583,18 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
 
     options = SubscribeOptions(on_reset=on_reset, on_stale=Recovery(args.on_stale))
     delivered = 0
-    # Leaving the block closes the subscription: with --cursor it stays on the server
-    # for the next run to resume, without one it is ended. An event is processed
-    # (acked) once printed: interrupted while printing, it comes again.
+    # Leaving the block closes the subscription: with --cursor or --durable it stays on
+    # the server for the next run to resume, without either it is ended. An event is
+    # processed (acked) once printed: interrupted while printing, it comes again.
     with (
         _client(args) as client,
-        client.subscribe(args.query, cursor=args.cursor, options=options) as sub,
+        client.subscribe(
+            args.query,
+            cursor=args.cursor,
+            options=options,
+            durable=args.durable,
+            start=_start_at(args.start),
+        ) as sub,
     ):
         _progress(f"subscribed to {args.query} in {sub.stats().buckets} bucket(s)")
         try:
@@ -1037,6 +1067,19 @@ def _add_client_commands(
         help="cursor file: a restarted command resumes after its last event (without one, "
         "the subscription ends when the command does)",
     )
+    subscribe.add_argument(
+        "--durable",
+        metavar="NAME",
+        help="the principal's durable subscription NAME: made or resumed, its position "
+        "kept by the server (any run resumes it after its last acknowledged event, with "
+        "no cursor file; one consumer at a time)",
+    )
+    subscribe.add_argument(
+        "--start",
+        default="latest",
+        help="where a new subscription starts: latest (default), earliest (the oldest "
+        "retained change) or an ISO 8601 time",
+    )
     subscribe.add_argument("--count", type=int, help="exit after this many events (default: never)")
     subscribe.add_argument(
         "--idle-exit",
@@ -1051,6 +1094,17 @@ def _add_client_commands(
         help="when a stream cannot be resumed (default: start afresh and say so on stderr)",
     )
     subscribe.set_defaults(fn=cmd_subscribe)
+    history = sub.add_parser(
+        "history",
+        parents=[client_common],
+        help="print the retained history of QUERY (key:K, prefix:P or all): one JSON line "
+        "per change, bucket by bucket",
+    )
+    history.add_argument("query", help="key:K, prefix:P or all")
+    history.add_argument(
+        "--page-size", type=int, default=0, help="change sets per request (default: the node's)"
+    )
+    history.set_defaults(fn=cmd_history)
 
 
 def _add_auth_commands(

@@ -39,6 +39,7 @@ from sevendb.cluster.server.overload import RateLimiter, ServerLimits
 from sevendb.notifier.host import BucketNotifier
 from sevendb.outbox.entries import Entry, OutboxPurge, encode_entry
 from sevendb.outbox.errors import Rejection
+from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 
 FORWARD_KEY: Final = "sevendb-forwarded"
@@ -268,8 +269,14 @@ class Edge:
         try:
             answer = await rpc(request, timeout=FORWARD_TIMEOUT_S, metadata=tuple(forwarded))
         except aio.AioRpcError as exc:
+            # The answer's domain error goes back with it (a forwarded History older
+            # than the window is STALE_SEQUENCE, not a bare OUT_OF_RANGE).
+            error = dict(exc.trailing_metadata() or ()).get(codec.ERROR_CODE_KEY)
             raise Failure(
-                exc.code(), exc.details() or "forwarded call failed", leader=target
+                exc.code(),
+                exc.details() or "forwarded call failed",
+                leader=target,
+                error=error if isinstance(error, str) else None,
             ) from None
         assert isinstance(answer, reply), answer
         return answer

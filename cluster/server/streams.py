@@ -11,7 +11,10 @@ current (a read barrier): a lagging holder answers after catching up, and a
 position beyond the log is INVALID_SEQUENCE, never an endless retry. A principal
 holding `principal_subscriptions_max` subscriptions in a bucket is refused a new one
 (RESOURCE_EXHAUSTED, `TOO_MANY_SUBSCRIPTIONS`); a stream the notifier ends for a
-slow subscriber ends UNAVAILABLE with `SLOW_SUBSCRIBER` (docs/wire.md).
+slow subscriber ends UNAVAILABLE with `SLOW_SUBSCRIBER` (docs/wire.md). A Subscribe
+with a durable name resumes the principal's subscription of that name after its
+acknowledged position, and is refused FAILED_PRECONDITION `DURABLE_IN_USE` while a
+stream of it is attached (one live consumer per name).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from sevendb.cluster.server.sinks import (
 from sevendb.notifier.core import SLOW_SUBSCRIBER, Attach, AttachStatus
 from sevendb.notifier.host import BucketNotifier
 from sevendb.outbox.emitseq import EmitSeq
-from sevendb.outbox.entries import Subscribe
+from sevendb.outbox.entries import LATEST, Subscribe
 from sevendb.outbox.errors import SevenDBError
 from sevendb.outbox.model import OutboxRow, ReconnectStatus, SubscribeResult
 from sevendb.outbox.query import plan_query
@@ -87,14 +90,19 @@ class Streams:
             leader=hint if hint != me else None,
         )
 
-    def _check_room(self, notifier: BucketNotifier, principal: str, sub_id: str) -> None:
+    def _check_room(
+        self, notifier: BucketNotifier, principal: str, sub_id: str, durable: str
+    ) -> None:
         """Refuse a new subscription to a principal holding its most in the bucket (a
-        repeated Subscribe of one it holds is let through: it is idempotent)."""
+        repeated Subscribe of one it holds, or one naming a durable subscription it
+        holds, is let through: it makes nothing new)."""
         most = self._edge.limits.principal_subscriptions_max
         try:
             full = notifier.replica.read(
                 lambda sm: (
-                    sm.subscription(sub_id) is None and sm.subscription_count(principal) >= most
+                    sm.subscription(sub_id) is None
+                    and not (durable and sm.durable_sub_id(principal, durable))
+                    and sm.subscription_count(principal) >= most
                 )
             )
         except ReplicaUnavailable as exc:
@@ -130,17 +138,42 @@ class Streams:
         sub_id = request.sub_id or secrets.token_hex(16)
         try:
             query = codec.query_from_pb(request.query)
-            entry = Subscribe(sub_id, principal, query, plan_query(query).plan_hash, now_ms())
+            start = codec.start_from_pb(request.start) if request.HasField("start") else LATEST
+            entry = Subscribe(
+                sub_id,
+                principal,
+                query,
+                plan_query(query).plan_hash,
+                now_ms(),
+                request.durable,
+                start,
+            )
         except SevenDBError as exc:
             raise Failure.domain(exc) from None
         except ValueError as exc:
             raise Failure.invalid(f"bad query: {exc}") from None
         notifier = self._holder(bucket)
-        self._check_room(notifier, principal, sub_id)
+        self._check_room(notifier, principal, sub_id, entry.durable)
         result, _ = await self._edge.commit(bucket, entry, SubscribeResult)
-        assert result.start is not None
+        assert result.start is not None and result.acked is not None
+        resumed = result.existing and bool(entry.durable)
+        if resumed and result.sub_id != sub_id and self.attached(bucket, result.sub_id):
+            raise Failure(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"durable subscription {entry.durable!r} has a live consumer (a stream is "
+                f"attached in bucket {bucket}); one consumer at a time",
+                error=codec.DURABLE_IN_USE,
+            )
+        # A durable name resumes its subscription after what was acknowledged (read
+        # as it attaches: a purge may have applied since the SUBSCRIBE); a new
+        # subscription (or a retried Subscribe of one) starts at its start.
+        sub_id = result.sub_id
         sink = StreamSink(asyncio.get_running_loop())
-        attach, _ = notifier.attach(sub_id, principal, result.start, sink)
+        if resumed:
+            attach, _, after = notifier.resume(sub_id, principal, sink)
+        else:
+            after = result.start
+            attach, _ = notifier.attach(sub_id, principal, after, sink)
         if attach.status is not AttachStatus.ATTACHED:
             # The lease moved between the proposal and now: the client reconnects.
             raise Failure(
@@ -152,9 +185,10 @@ class Streams:
         self._fence(bucket, sub_id, sink)
         ack = pb.SubAck(
             sub_id=sub_id,
-            start_emit_seq=codec.seq_to_pb(result.start),
+            start_emit_seq=codec.seq_to_pb(after),
             bucket=bucket,
             plan_hash=result.plan_hash,
+            resumed=resumed,
         )
         opening = [pb.StreamMessage(sub_ack=ack)]
         async for message in self._pump(notifier, sub_id, sink, None, new_batch, push, opening):
