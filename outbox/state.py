@@ -80,7 +80,9 @@ SNAPSHOT_FORMAT_VERSION: Final = 2
 """2: producers carry when they were last active, subscriptions no longer carry a
 stale flag (the expired subscriptions remembered follow the pending rows), and a
 subscription's rows include those computed and not yet checkpointed (1 kept them
-only in the pending batches). Version 1 snapshots are still read (`restore`)."""
+only in the pending batches). Version 1 snapshots are still read (`restore`). A
+producer's owner is a sixth field of its item, absent when it has none: a state
+without owners snapshots as before."""
 
 
 @dataclass(slots=True)
@@ -126,6 +128,8 @@ class _Producer:
     results: ProducerResults = field(default_factory=ProducerResults)
     """The results of its last sequences, `last_seq` last (a producer's sequences
     apply only in order, so these are consecutive)."""
+    owner: str = ""
+    """The principal whose INIT_PRODUCER made it (empty: made by an older build)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +144,14 @@ class _PendingBatch:
 
 def _reject(code: ErrorCode, message: str) -> Rejection:
     return Rejection(code, message)
+
+
+def _not_owner(producer_id: int, principal: str) -> Rejection:
+    return _reject(
+        ErrorCode.PERMISSION_DENIED,
+        f"producer {producer_id} belongs to another principal: {principal or 'this caller'} "
+        "lacks ownership of it (init a producer id of your own)",
+    )
 
 
 def _refused(commit: EmitSeq, *, error: Rejection) -> tuple[WriteResult, list[Change]]:
@@ -323,6 +335,8 @@ class BucketStateMachine:
                         f"producer {ref.producer_id} is not initialised in this bucket",
                     ),
                 )
+            if producer.owner and entry.principal != producer.owner:
+                return _refused(commit, error=_not_owner(ref.producer_id, entry.principal))
             if ref.epoch < producer.epoch:
                 return _refused(
                     commit,
@@ -469,6 +483,11 @@ class BucketStateMachine:
 
     def _apply_init_producer(self, entry: InitProducer) -> InitProducerResult:
         producer = self._producers.get(entry.producer_id)
+        if producer is not None and producer.owner and entry.principal != producer.owner:
+            # Someone else's producer: re-initialising it would fence its owner.
+            return InitProducerResult(
+                entry.producer_id, producer.epoch, _not_owner(entry.producer_id, entry.principal)
+            )
         if producer is None:
             if len(self._producers) >= limits.PRODUCERS_PER_BUCKET_MAX:
                 return InitProducerResult(
@@ -478,9 +497,11 @@ class BucketStateMachine:
                         f"bucket already tracks {limits.PRODUCERS_PER_BUCKET_MAX} producers",
                     ),
                 )
-            self._producers[entry.producer_id] = _Producer(0, entry.now_ms)
+            self._producers[entry.producer_id] = _Producer(0, entry.now_ms, owner=entry.principal)
             return InitProducerResult(entry.producer_id, 0)
-        self._producers[entry.producer_id] = _Producer(producer.epoch + 1, entry.now_ms)
+        self._producers[entry.producer_id] = _Producer(
+            producer.epoch + 1, entry.now_ms, owner=entry.principal
+        )
         return InitProducerResult(entry.producer_id, producer.epoch + 1)
 
     def idle_producers(self, now_ms: int, idle_ms: int) -> tuple[int, ...]:
@@ -974,6 +995,7 @@ class BucketStateMachine:
         records = self._data.copy()
         producers = [
             (pid, p.epoch, p.last_seq, p.results.packed(), p.last_active_ms)
+            + ((p.owner,) if p.owner else ())
             for pid, p in sorted(self._producers.items())
         ]
         subs = [
@@ -1067,8 +1089,8 @@ class BucketStateMachine:
                 producers, subs, expired = _from_version_1(producers, subs)
             else:
                 expired = raw[11]
-            for pid, p_epoch, last_seq, results, p_active in producers:
-                producer = _Producer(p_epoch, p_active, last_seq)
+            for pid, p_epoch, last_seq, results, p_active, *owner in producers:
+                producer = _Producer(p_epoch, p_active, last_seq, owner=_owner(owner))
                 producer.results = ProducerResults.restore(results, last_seq)
                 sm._producers[pid] = producer
             for sub_id, principal, kind, arg, plan_hash, start, head, acked, active, rows in subs:
@@ -1103,6 +1125,16 @@ class BucketStateMachine:
         except Exception as exc:
             raise SnapshotError(f"snapshot content is invalid: {exc}") from None
         return sm
+
+
+def _owner(rest: list[Any]) -> str:
+    """A snapshot's producer owner: a sixth field, absent for an unowned producer."""
+    if not rest:
+        return ""
+    (owner,) = rest
+    if not isinstance(owner, str) or not owner:
+        raise ValueError(f"producer owner {owner!r}")
+    return owner
 
 
 def _from_version_1(

@@ -54,6 +54,7 @@ PUBLIC = [
     "Op",
     "OpKind",
     "OutOfOrderSequence",
+    "PermissionDenied",
     "PreconditionFailed",
     "ProducerFenced",
     "Query",
@@ -181,7 +182,7 @@ def test_every_public_error_derives_from_sevendb_error() -> None:
         if inspect.isclass(getattr(sevendb.sdk, name))
         and issubclass(getattr(sevendb.sdk, name), BaseException)
     ]
-    assert len(errors) == 19
+    assert len(errors) == 20
     assert all(issubclass(e, SevenDBError) for e in errors)
     assert all(issubclass(e, SevenDBError) for e in ERROR_TYPES.values())
 

@@ -50,14 +50,15 @@ class Writes:
         for batcher in self._batchers.values():
             batcher.close()
 
-    def _parse(self, request: pb.WriteRequest) -> tuple[int, Write]:
-        """Validate one write and find its bucket (raises Failure)."""
+    def _parse(self, request: pb.WriteRequest, principal: str) -> tuple[int, Write]:
+        """Validate one write and find its bucket (raises Failure). A producer's write
+        carries its principal: only the producer's owner may use it (the core checks)."""
         try:
             ops = tuple(codec.op_from_pb(op) for op in request.ops)
             producer = (
                 codec.producer_from_pb(request.producer) if request.HasField("producer") else None
             )
-            entry = Write(ops, producer, now_ms())
+            entry = Write(ops, producer, now_ms(), principal if producer is not None else "")
         except SevenDBError as exc:
             raise Failure.domain(exc) from None
         except ValueError as exc:
@@ -144,7 +145,7 @@ class Writes:
             out.versions.add(key=key, version=version)
 
     async def write(self, request: pb.WriteRequest, call: Call) -> pb.WriteResponse:
-        bucket, entry = self._parse(request)
+        bucket, entry = self._parse(request, call.principal)
         batcher = self._batcher(bucket)
         done: Outcome | pb.WriteResponse
         if batcher is None:
@@ -168,7 +169,7 @@ class Writes:
         forwards: list[Awaitable[pb.WriteResponse]] = []
         for write in request.writes:
             try:
-                bucket, entry = self._parse(write)
+                bucket, entry = self._parse(write, call.principal)
             except Failure as failure:
                 plan.append(failure)
                 continue
@@ -294,7 +295,8 @@ class Writes:
         bucket = request.bucket
         # Ids are minted at the edge (randomness stays out of the core).
         pid = request.producer_id or (secrets.randbits(62) | 1)
-        result, _ = await self._edge.commit(bucket, InitProducer(pid, now_ms()), InitProducerResult)
+        entry = InitProducer(pid, now_ms(), call.principal)
+        result, _ = await self._edge.commit(bucket, entry, InitProducerResult)
         return pb.InitProducerResponse(producer_id=pid, producer_epoch=result.epoch, bucket=bucket)
 
 
