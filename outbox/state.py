@@ -10,6 +10,7 @@ an entry that names it, judged against the time that entry carries
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -826,6 +827,22 @@ class BucketStateMachine:
 
     def __len__(self) -> int:
         return len(self._data)
+
+    def key_range(
+        self, start: str, end: str, prefix: str, after: str, limit: int
+    ) -> tuple[tuple[KeyValue, ...], bool]:
+        """Up to `limit` keys in [`start`, `end`) (`end` "": no bound) starting with
+        `prefix` and after `after`, in key order; and whether more follow. One pass
+        over the keys (no index kept in key order: a range costs O(keys))."""
+
+        def wanted(key: str) -> bool:
+            return (
+                key >= start and key > after and key.startswith(prefix) and (not end or key < end)
+            )
+
+        keys = heapq.nsmallest(limit + 1, filter(wanted, self._data))
+        page = tuple(KeyValue(k, *self._data[k]) for k in keys[:limit])
+        return page, len(keys) > limit
 
     def sync_page(self, since_index: int = 0, since_key: str = "", limit: int = 0) -> SyncPage:
         """Current state ordered by (mod_index, key), strictly after the cursor.

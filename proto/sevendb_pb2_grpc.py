@@ -60,6 +60,11 @@ class SevenDBStub:
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.SyncRequest.SerializeToString,
                 response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.SyncResponse.FromString,
                 _registered_method=True)
+        self.Range = channel.unary_unary(
+                '/sevendb.v1.SevenDB/Range',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.RangeRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.RangeResponse.FromString,
+                _registered_method=True)
         self.InitProducer = channel.unary_unary(
                 '/sevendb.v1.SevenDB/InitProducer',
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.InitProducerRequest.SerializeToString,
@@ -202,6 +207,13 @@ class SevenDBServicer:
 
     def Sync(self, request, context):
         """Page through a bucket's current state by modification index.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Range(self, request, context):
+        """Read keys by prefix or key range, in key order, across every bucket.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -381,6 +393,11 @@ def add_SevenDBServicer_to_server(servicer, server):
                     servicer.Sync,
                     request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.SyncRequest.FromString,
                     response_serializer=sevendb_dot_proto_dot_sevendb__pb2.SyncResponse.SerializeToString,
+            ),
+            'Range': grpc.unary_unary_rpc_method_handler(
+                    servicer.Range,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.RangeRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.RangeResponse.SerializeToString,
             ),
             'InitProducer': grpc.unary_unary_rpc_method_handler(
                     servicer.InitProducer,
@@ -624,6 +641,33 @@ class SevenDB:
             '/sevendb.v1.SevenDB/Sync',
             sevendb_dot_proto_dot_sevendb__pb2.SyncRequest.SerializeToString,
             sevendb_dot_proto_dot_sevendb__pb2.SyncResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Range(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sevendb.v1.SevenDB/Range',
+            sevendb_dot_proto_dot_sevendb__pb2.RangeRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.RangeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -51,6 +51,7 @@ from sevendb.sdk.errors import (
 from sevendb.sdk.models import (
     ClusterLayout,
     NodeStatus,
+    RangePage,
     Record,
     ReplicaStatus,
     WriteResult,
@@ -99,6 +100,7 @@ __all__ = [
     "ProducerFenced",
     "Query",
     "QueryKind",
+    "RangePage",
     "Record",
     "Recovery",
     "ReplicaStatus",

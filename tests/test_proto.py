@@ -172,6 +172,7 @@ def test_service_methods() -> None:
         "WriteStream": ("WriteManyRequest", "WriteStreamResponse", True, True),
         "Get": ("GetRequest", "GetResponse", False, False),
         "Sync": ("SyncRequest", "SyncResponse", False, False),
+        "Range": ("RangeRequest", "RangeResponse", False, False),
         "InitProducer": ("InitProducerRequest", "InitProducerResponse", False, False),
         "Subscribe": ("SubscribeRequest", "StreamMessage", False, True),
         "Reconnect": ("ReconnectRequest", "StreamMessage", False, True),
@@ -381,6 +382,13 @@ MESSAGES: dict[str, Message] = {
         next_since_commit_index=44,
         next_since_key="user:1",
         applied_index=45,
+    ),
+    "RangeRequest": pb.RangeRequest(
+        prefix="user:", limit=50, page_token="k1.dXNlcjox", serializable=True, bucket=2
+    ),
+    "RangeResponse": pb.RangeResponse(
+        items=[pb.KeyValue(key="user:1", value=b"alice", version=9, mod_commit_index=44)],
+        next_page_token="k1.dXNlcjox",
     ),
     "BackupRequest": pb.BackupRequest(bucket=3),
     "BackupChunk": pb.BackupChunk(

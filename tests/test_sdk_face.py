@@ -59,6 +59,7 @@ PUBLIC = [
     "ProducerFenced",
     "Query",
     "QueryKind",
+    "RangePage",
     "Record",
     "Recovery",
     "ReplicaStatus",

@@ -65,6 +65,7 @@ class NodeService:
             "InitProducer": Route(writes.init_producer, replica_of=_bucket),
             "Get": Route(reads.get),
             "Sync": Route(reads.sync),
+            "Range": Route(reads.range),
             "Subscribe": Route(streams.subscribe_call),
             "Reconnect": Route(streams.reconnect_call),
             "Session": Route(self.sessions.session),

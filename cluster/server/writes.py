@@ -20,6 +20,7 @@ from typing import Final
 
 import grpc
 
+from sevendb.cluster.common.acl import Permission
 from sevendb.cluster.raft.replica import ReplicaUnavailable
 from sevendb.cluster.server.batcher import BatcherFull, Outcome, WriteBatcher, write_size
 from sevendb.cluster.server.edge import PROPOSE_TIMEOUT_S, Call, Edge, now_ms
@@ -51,8 +52,9 @@ class Writes:
             batcher.close()
 
     def _parse(self, request: pb.WriteRequest, principal: str) -> tuple[int, Write]:
-        """Validate one write and find its bucket (raises Failure). A producer's write
-        carries its principal: only the producer's owner may use it (the core checks)."""
+        """Validate one write, check that `principal` may write its keys, and find its
+        bucket (raises Failure). A producer's write carries its principal: only the
+        producer's owner may use it (the core checks)."""
         try:
             ops = tuple(codec.op_from_pb(op) for op in request.ops)
             producer = (
@@ -63,6 +65,8 @@ class Writes:
             raise Failure.domain(exc) from None
         except ValueError as exc:
             raise Failure.invalid(f"bad op: {exc}") from None
+        for op in ops:
+            self._edge.allow(principal, Permission.WRITE, op.key)
         count = len(self._edge.spec.buckets)
         bucket = bucket_of(ops[0].key, count)
         if len(ops) > 1:
@@ -293,6 +297,7 @@ class Writes:
         self, request: pb.InitProducerRequest, call: Call
     ) -> pb.InitProducerResponse:
         bucket = request.bucket
+        self._edge.allow(call.principal, Permission.IDEMPOTENT_WRITE)
         # Ids are minted at the edge (randomness stays out of the core).
         pid = request.producer_id or (secrets.randbits(62) | 1)
         entry = InitProducer(pid, now_ms(), call.principal)
