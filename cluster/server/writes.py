@@ -123,6 +123,8 @@ class Writes:
             raise done
         if isinstance(done, WriteResult) and done.error is not None:
             raise Failure.rejected(done.error)
+        if isinstance(done, WriteResult) and done.duplicate and self._edge.metrics is not None:
+            self._edge.metrics.duplicates_answered(bucket, 1)  # counted where it was batched
         assert isinstance(done, WriteResult | pb.WriteResponse), done
         return done
 
