@@ -494,3 +494,6 @@ def test_cli_range_and_delete(live: LocalCluster) -> None:
     # The SDK inits its producer first: a principal with no write grant at all is
     # refused there, told which grant includes the permission.
     refused.one_line_error("PermissionDenied", "lacks the idempotent_write permission", "write")
+    watch = _cli(live, "subscribe", "prefix:clr/", "--count", "1", token=live.token("writer"))
+    assert watch.code == 1
+    watch.one_line_error("PERMISSION_DENIED", "lacks the read permission on every key under")
