@@ -896,3 +896,20 @@ def test_a_single_change_makes_the_rows_the_general_matching_makes(
         fast.subscribe(f"s{i}", query)
     assert [fast.set(key).effects for key in keys] == slow_rows
     assert fast.sm.digest() == general.sm.digest()
+
+
+def test_key_range_reads_keys_in_order_as_they_were_when_asked() -> None:
+    d = Driver()
+    for key in ("b/2", "a/1", "b/1", "c", "b/3", "a/2"):
+        d.set(key, key.encode())
+    later = d.sm.key_range_later("", "", "b/", "", 2)
+    d.set("b/0")  # after the call: not in its answer
+    d.delete("b/1")
+    page, more = later()
+    assert [(kv.key, kv.value) for kv in page] == [("b/1", b"b/1"), ("b/2", b"b/2")] and more
+    page, more = d.sm.key_range_later("", "", "b/", "b/2", 2)()
+    assert [kv.key for kv in page] == ["b/3"] and not more
+    page, more = d.sm.key_range_later("a/2", "b/3", "", "", 10)()
+    assert [kv.key for kv in page] == ["a/2", "b/0", "b/2"] and not more
+    page, _ = d.sm.key_range_later("", "", "", "", 100)()
+    assert [kv.key for kv in page] == ["a/1", "a/2", "b/0", "b/2", "b/3", "c"]

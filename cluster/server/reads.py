@@ -120,9 +120,10 @@ class Reads:
             await edge.read_barrier(bucket)
         prefix, start, end = request.prefix, request.start, request.end
         try:
-            page, more = replica.read(lambda sm: sm.key_range(start, end, prefix, after, limit))
+            make = replica.read(lambda sm: sm.key_range_later(start, end, prefix, after, limit))
         except ReplicaUnavailable as exc:
             raise edge.unavailable(bucket, exc) from None
+        page, more = await asyncio.to_thread(make)  # the scan holds neither lock nor loop
         readable = edge.readable(call.principal)
         items = [
             pb.KeyValue(key=i.key, value=i.value, version=i.version, mod_commit_index=i.mod_index)
