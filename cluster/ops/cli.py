@@ -1088,28 +1088,7 @@ def _add_client_commands(
     get = sub.add_parser("get", parents=[client_common], help="read KEY")
     get.add_argument("key", help="the key")
     get.set_defaults(fn=cmd_get)
-    delete = sub.add_parser("delete", parents=[client_common], help="delete KEY")
-    delete.add_argument("key", help="the key")
-    _add_expect_version(delete)
-    delete.set_defaults(fn=cmd_delete)
-    ranged = sub.add_parser(
-        "range",
-        parents=[client_common],
-        help="read the keys under --prefix or in [--start, --end): one JSON line each",
-    )
-    ranged.add_argument("--prefix", default="", help="the keys starting with it")
-    ranged.add_argument("--start", default="", help="the first key (inclusive)")
-    ranged.add_argument("--end", default="", help="the end (exclusive; default: none)")
-    ranged.add_argument(
-        "--limit", type=int, default=0, help="keys per page (default: the node's, 100)"
-    )
-    ranged.add_argument("--max", type=int, default=None, help="stop after this many keys")
-    ranged.add_argument(
-        "--serializable",
-        action="store_true",
-        help="read without a read barrier (faster; may miss the latest writes)",
-    )
-    ranged.set_defaults(fn=cmd_range)
+    _add_kv_commands(sub, client_common)
     token = sub.add_parser(
         "token",
         parents=[common],
@@ -1150,6 +1129,34 @@ def _add_client_commands(
         help="when a stream cannot be resumed (default: start afresh and say so on stderr)",
     )
     subscribe.set_defaults(fn=cmd_subscribe)
+
+
+def _add_kv_commands(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """delete and range."""
+    delete = sub.add_parser("delete", parents=[common], help="delete KEY")
+    delete.add_argument("key", help="the key")
+    _add_expect_version(delete)
+    delete.set_defaults(fn=cmd_delete)
+    ranged = sub.add_parser(
+        "range",
+        parents=[common],
+        help="read the keys under --prefix or in [--start, --end): one JSON line each",
+    )
+    ranged.add_argument("--prefix", default="", help="the keys starting with it")
+    ranged.add_argument("--start", default="", help="the first key (inclusive)")
+    ranged.add_argument("--end", default="", help="the end (exclusive; default: none)")
+    ranged.add_argument(
+        "--limit", type=int, default=0, help="keys per page (default: the node's, 100)"
+    )
+    ranged.add_argument("--max", type=int, default=None, help="stop after this many keys")
+    ranged.add_argument(
+        "--serializable",
+        action="store_true",
+        help="read without a read barrier (faster; may miss the latest writes)",
+    )
+    ranged.set_defaults(fn=cmd_range)
 
 
 def _add_expect_version(parser: argparse.ArgumentParser) -> None:
