@@ -172,11 +172,16 @@ class Write:
     ops: tuple[Op, ...]
     producer: ProducerRef | None = None
     now_ms: int = 0
+    principal: str = ""
+    """Who wrote it, when it names a producer: only the producer's owner may use it
+    (`InitProducer.principal`). Empty otherwise (and in entries of older builds)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.ops, tuple) or not self.ops:
             raise InvalidArgument("a write needs at least one op")
         _check_int(self.now_ms, "now_ms")
+        if self.principal:
+            _check_str(self.principal, "principal", limits.PRINCIPAL_BYTES_MAX)
         if len(self.ops) == 1 and isinstance(self.ops[0], Op):
             return  # one op: its own checks bound its value below the write's limit
         if len(self.ops) > limits.OPS_PER_WRITE_MAX:
@@ -419,10 +424,16 @@ class HistoryTrim:
 class InitProducer:
     producer_id: int
     now_ms: int = 0
+    principal: str = ""
+    """Who asks: the first INIT_PRODUCER of an id makes its principal the producer's
+    owner, and only the owner may init (fence) it again or write with it. Empty in
+    entries of older builds (an unowned producer: the next principal to init it owns it)."""
 
     def __post_init__(self) -> None:
         _check_int(self.producer_id, "producer_id", lo=1)
         _check_int(self.now_ms, "now_ms")
+        if self.principal:
+            _check_str(self.principal, "principal", limits.PRINCIPAL_BYTES_MAX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -524,6 +535,8 @@ def _write_fields(entry: Write) -> list[object]:
         if entry.producer is None
         else [entry.producer.producer_id, entry.producer.epoch, entry.producer.sequence]
     )
+    if entry.principal:
+        return [ops, producer, entry.now_ms, entry.principal]
     return [ops, producer, entry.now_ms]
 
 
@@ -579,6 +592,8 @@ def _fields(entry: Entry) -> list[object]:
         return [entry.holder, entry.now_ms]
     if isinstance(entry, HistoryTrim):
         return [entry.through_index, entry.now_ms]
+    if entry.principal:
+        return [entry.producer_id, entry.now_ms, entry.principal]
     return [entry.producer_id, entry.now_ms]
 
 
@@ -628,14 +643,18 @@ def _decode_op(raw: object) -> Op:
 
 
 def _decode_write(f: list[object]) -> Write:
-    _arity(f, 3, "WRITE")
+    """Three fields, or four with the principal of a producer's write (an empty
+    fourth is not canonical, and refused)."""
+    if len(f) != 4 or not f[3]:
+        _arity(f, 3, "WRITE")
     ops = [_decode_op(raw) for raw in _as_list(f[0], "ops", limits.OPS_PER_WRITE_MAX)]
     producer = None
     if f[1] is not None:
         p = _as_list(f[1], "producer", 3)
         _arity(p, 3, "producer")
         producer = ProducerRef(p[0], p[1], p[2])  # type: ignore[arg-type]
-    return Write(tuple(ops), producer, f[2])  # type: ignore[arg-type]
+    principal = f[3] if len(f) == 4 else ""
+    return Write(tuple(ops), producer, f[2], principal)  # type: ignore[arg-type]
 
 
 def _decode_subscribe(f: list[object]) -> Subscribe:
@@ -660,7 +679,7 @@ def _decode_fields(kind: EntryType, f: list[object]) -> Entry:
     if kind is EntryType.WRITE_BATCH:
         _arity(f, 1, "WRITE_BATCH")
         writes = _as_list(f[0], "writes", limits.WRITES_PER_BATCH_MAX)
-        return WriteBatch(tuple(_decode_write(_as_list(w, "write", 3)) for w in writes))
+        return WriteBatch(tuple(_decode_write(_as_list(w, "write", 4)) for w in writes))
     if kind is EntryType.SUBSCRIBE:
         return _decode_subscribe(f)
     if kind is EntryType.SUBSCRIBE_BATCH:
@@ -686,7 +705,8 @@ def _decode_fields(kind: EntryType, f: list[object]) -> Entry:
     if kind is EntryType.HISTORY_TRIM:
         _arity(f, 2, "HISTORY_TRIM")
         return HistoryTrim(*f)  # type: ignore[arg-type]
-    _arity(f, 2, "INIT_PRODUCER")
+    if len(f) != 3 or not f[2]:  # the principal is optional; an empty one not canonical
+        _arity(f, 2, "INIT_PRODUCER")
     return InitProducer(*f)  # type: ignore[arg-type]
 
 

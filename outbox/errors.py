@@ -39,6 +39,7 @@ class ErrorCode(StrEnum):
     STALE_RANGE = "STALE_RANGE"
     STALE_EPOCH = "STALE_EPOCH"
     STALE_SEQUENCE = "STALE_SEQUENCE"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
     # The client's own errors (sevendb.sdk.errors); a node never sends these.
     UNAVAILABLE = "UNAVAILABLE"
     UNAUTHENTICATED = "UNAUTHENTICATED"
@@ -135,6 +136,13 @@ class NotOwner(SevenDBError):
     code = ErrorCode.NOT_OWNER
 
 
+class PermissionDenied(SevenDBError):
+    """The principal lacks the permission the message names (an access-control rule,
+    or a producer id another principal owns). Nothing changed."""
+
+    code = ErrorCode.PERMISSION_DENIED
+
+
 class StaleSubscription(SevenDBError):
     """The subscription was dropped for stalling past the window: resubscribe."""
 
@@ -198,6 +206,7 @@ ERROR_TYPES: dict[ErrorCode, type[SevenDBError]] = {
         SubscriptionNotFound,
         SubscriptionExists,
         NotOwner,
+        PermissionDenied,
         StaleSubscription,
         StaleSequence,
         RegressiveAck,

@@ -10,6 +10,7 @@ an entry that names it, judged against the time that entry carries
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -98,7 +99,9 @@ commit time it reaches back to). 2: producers
 carry when they were last active, subscriptions no longer carry a stale flag (the
 expired subscriptions remembered follow the pending rows), and a subscription's rows
 include those computed and not yet checkpointed (1 kept them only in the pending
-batches). Versions 1 and 2 are still read (`restore`)."""
+batches). Versions 1 and 2 are still read (`restore`).
+A producer's owner is a sixth field of its item, absent when it has none: a state
+without owners snapshots as before."""
 
 
 @dataclass(slots=True)
@@ -149,6 +152,8 @@ class _Producer:
     results: ProducerResults = field(default_factory=ProducerResults)
     """The results of its last sequences, `last_seq` last (a producer's sequences
     apply only in order, so these are consecutive)."""
+    owner: str = ""
+    """The principal whose INIT_PRODUCER made it (empty: made by an older build)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +168,14 @@ class _PendingBatch:
 
 def _reject(code: ErrorCode, message: str) -> Rejection:
     return Rejection(code, message)
+
+
+def _not_owner(producer_id: int, principal: str) -> Rejection:
+    return _reject(
+        ErrorCode.PERMISSION_DENIED,
+        f"producer {producer_id} belongs to another principal: {principal or 'this caller'} "
+        "lacks ownership of it (init a producer id of your own)",
+    )
 
 
 def _refused(commit: EmitSeq, *, error: Rejection) -> tuple[WriteResult, list[Change]]:
@@ -360,6 +373,8 @@ class BucketStateMachine:
                         f"producer {ref.producer_id} is not initialised in this bucket",
                     ),
                 )
+            if producer.owner and entry.principal != producer.owner:
+                return _refused(commit, error=_not_owner(ref.producer_id, entry.principal))
             if ref.epoch < producer.epoch:
                 return _refused(
                     commit,
@@ -511,6 +526,11 @@ class BucketStateMachine:
 
     def _apply_init_producer(self, entry: InitProducer) -> InitProducerResult:
         producer = self._producers.get(entry.producer_id)
+        if producer is not None and producer.owner and entry.principal != producer.owner:
+            # Someone else's producer: re-initialising it would fence its owner.
+            return InitProducerResult(
+                entry.producer_id, producer.epoch, _not_owner(entry.producer_id, entry.principal)
+            )
         if producer is None:
             if len(self._producers) >= limits.PRODUCERS_PER_BUCKET_MAX:
                 return InitProducerResult(
@@ -520,9 +540,11 @@ class BucketStateMachine:
                         f"bucket already tracks {limits.PRODUCERS_PER_BUCKET_MAX} producers",
                     ),
                 )
-            self._producers[entry.producer_id] = _Producer(0, entry.now_ms)
+            self._producers[entry.producer_id] = _Producer(0, entry.now_ms, owner=entry.principal)
             return InitProducerResult(entry.producer_id, 0)
-        self._producers[entry.producer_id] = _Producer(producer.epoch + 1, entry.now_ms)
+        self._producers[entry.producer_id] = _Producer(
+            producer.epoch + 1, entry.now_ms, owner=entry.principal
+        )
         return InitProducerResult(entry.producer_id, producer.epoch + 1)
 
     def idle_producers(self, now_ms: int, idle_ms: int) -> tuple[int, ...]:
@@ -1003,6 +1025,27 @@ class BucketStateMachine:
     def __len__(self) -> int:
         return len(self._data)
 
+    def key_range_later(
+        self, start: str, end: str, prefix: str, after: str, limit: int
+    ) -> Callable[[], tuple[tuple[KeyValue, ...], bool]]:
+        """Up to `limit` keys in [`start`, `end`) (`end` "": no bound) starting with
+        `prefix` and after `after`, in key order, and whether more follow: as the state
+        is now, computed when the returned function is called (in another thread,
+        while this one applies on: only the key dict is copied now, ~3 ms per 100k
+        keys). The scan is O(keys): no index is kept in key order."""
+        data = self._data.copy()
+
+        def make() -> tuple[tuple[KeyValue, ...], bool]:
+            wanted = [
+                k
+                for k in data
+                if k.startswith(prefix) and k > after and k >= start and (not end or k < end)
+            ]
+            keys = heapq.nsmallest(limit + 1, wanted)
+            return tuple(KeyValue(k, *data[k]) for k in keys[:limit]), len(keys) > limit
+
+        return make
+
     def sync_page(self, since_index: int = 0, since_key: str = "", limit: int = 0) -> SyncPage:
         """Current state ordered by (mod_index, key), strictly after the cursor.
 
@@ -1171,6 +1214,7 @@ class BucketStateMachine:
         records = self._data.copy()
         producers = [
             (pid, p.epoch, p.last_seq, p.results.packed(), p.last_active_ms)
+            + ((p.owner,) if p.owner else ())
             for pid, p in sorted(self._producers.items())
         ]
         subs = [
@@ -1295,8 +1339,8 @@ class BucketStateMachine:
                     sm._history_bytes += size
                 after, sm._history_after_ms = raw[13]
                 sm._history_after = EmitSeq(*after)
-            for pid, p_epoch, last_seq, results, p_active in producers:
-                producer = _Producer(p_epoch, p_active, last_seq)
+            for pid, p_epoch, last_seq, results, p_active, *owner in producers:
+                producer = _Producer(p_epoch, p_active, last_seq, owner=_owner(owner))
                 producer.results = ProducerResults.restore(results, last_seq)
                 sm._producers[pid] = producer
             for (
@@ -1346,6 +1390,16 @@ class BucketStateMachine:
         except Exception as exc:
             raise SnapshotError(f"snapshot content is invalid: {exc}") from None
         return sm
+
+
+def _owner(rest: list[Any]) -> str:
+    """A snapshot's producer owner: a sixth field, absent for an unowned producer."""
+    if not rest:
+        return ""
+    (owner,) = rest
+    if not isinstance(owner, str) or not owner:
+        raise ValueError(f"producer owner {owner!r}")
+    return owner
 
 
 def _from_version_1(

@@ -490,6 +490,32 @@ class HistoryResponse(_message.Message):
     retained_after: EmitSeq
     def __init__(self, events: _Optional[_Iterable[_Union[HistoryEvent, _Mapping]]] = ..., more: _Optional[bool] = ..., next_after: _Optional[_Union[EmitSeq, _Mapping]] = ..., retained_after: _Optional[_Union[EmitSeq, _Mapping]] = ...) -> None: ...
 
+class RangeRequest(_message.Message):
+    __slots__ = ("prefix", "start", "end", "limit", "page_token", "serializable", "bucket")
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SERIALIZABLE_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    prefix: str
+    start: str
+    end: str
+    limit: int
+    page_token: str
+    serializable: bool
+    bucket: int
+    def __init__(self, prefix: _Optional[str] = ..., start: _Optional[str] = ..., end: _Optional[str] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ..., serializable: _Optional[bool] = ..., bucket: _Optional[int] = ...) -> None: ...
+
+class RangeResponse(_message.Message):
+    __slots__ = ("items", "next_page_token")
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[KeyValue]
+    next_page_token: str
+    def __init__(self, items: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ("with_digests",)
     WITH_DIGESTS_FIELD_NUMBER: _ClassVar[int]

@@ -65,6 +65,11 @@ class SevenDBStub:
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.HistoryRequest.SerializeToString,
                 response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.HistoryResponse.FromString,
                 _registered_method=True)
+        self.Range = channel.unary_unary(
+                '/sevendb.v1.SevenDB/Range',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.RangeRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.RangeResponse.FromString,
+                _registered_method=True)
         self.InitProducer = channel.unary_unary(
                 '/sevendb.v1.SevenDB/InitProducer',
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.InitProducerRequest.SerializeToString,
@@ -214,6 +219,13 @@ class SevenDBServicer:
 
     def History(self, request, context):
         """Page through a bucket's retained history of changes matching a query.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Range(self, request, context):
+        """Read keys by prefix or key range, in key order, across every bucket.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -398,6 +410,11 @@ def add_SevenDBServicer_to_server(servicer, server):
                     servicer.History,
                     request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.HistoryRequest.FromString,
                     response_serializer=sevendb_dot_proto_dot_sevendb__pb2.HistoryResponse.SerializeToString,
+            ),
+            'Range': grpc.unary_unary_rpc_method_handler(
+                    servicer.Range,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.RangeRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.RangeResponse.SerializeToString,
             ),
             'InitProducer': grpc.unary_unary_rpc_method_handler(
                     servicer.InitProducer,
@@ -668,6 +685,33 @@ class SevenDB:
             '/sevendb.v1.SevenDB/History',
             sevendb_dot_proto_dot_sevendb__pb2.HistoryRequest.SerializeToString,
             sevendb_dot_proto_dot_sevendb__pb2.HistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Range(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sevendb.v1.SevenDB/Range',
+            sevendb_dot_proto_dot_sevendb__pb2.RangeRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.RangeResponse.FromString,
             options,
             channel_credentials,
             insecure,

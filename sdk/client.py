@@ -46,6 +46,7 @@ from sevendb.sdk.handover import Handover
 from sevendb.sdk.models import (
     ClusterLayout,
     NodeStatus,
+    RangePage,
     Record,
     ReplicaStatus,
     WriteResult,
@@ -362,6 +363,40 @@ class Client:
         if not response.found:
             return None
         return Record(key, response.value, response.version, response.mod_commit_index)
+
+    def range(
+        self,
+        *,
+        prefix: str = "",
+        start: str = "",
+        end: str = "",
+        limit: int = 0,
+        page_token: str = "",
+        serializable: bool = False,
+    ) -> RangePage:
+        """Current keys in key order across every bucket: those starting with `prefix`,
+        or those in [`start`, `end`) (`end` empty: no end); at most `limit` (0: the
+        node's default) per page; pass `next_page_token` back for the next page.
+        Linearizable (it sees every write acknowledged before the call) unless
+        `serializable`, which reads without a read barrier (may miss the latest
+        writes). Keys the principal may not read are left out (docs/security.md)."""
+        if prefix and (start or end):
+            raise InvalidArgument("range: a prefix or start..end, not both")
+        request = pb.RangeRequest(
+            prefix=prefix,
+            start=start,
+            end=end,
+            limit=limit,
+            page_token=page_token,
+            serializable=serializable,
+        )
+        response: pb.RangeResponse = self._call(
+            lambda s, t: s.Range(request, timeout=t, metadata=self.metadata)
+        )
+        records = tuple(
+            Record(i.key, i.value, i.version, i.mod_commit_index) for i in response.items
+        )
+        return RangePage(records, response.next_page_token)
 
     def sync_bucket(self, bucket: int, *, page_size: int = 0) -> Iterator[Record]:
         """Every key of a bucket, in pages of `page_size` (0: the node's default),

@@ -8,6 +8,7 @@ so ``except SevenDBError`` catches them all:
     │   InvalidProducerEpoch,                 these are never retried
     │   OutOfOrderSequence, DuplicateSequence
     ├── SubscriptionNotFound, SubscriptionExists, NotOwner, StaleSubscription
+    ├── PermissionDenied    the principal lacks the permission the message names
     ├── (acks and node-internal entries: RegressiveAck, DuplicateAck, FutureAck,
     │    StaleLease, StaleRange, StaleEpoch; an application does not meet them)
     ├── Unavailable          no node answered within the retry budget (may have committed)

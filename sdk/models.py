@@ -78,6 +78,15 @@ class Record:
 
 
 @dataclass(frozen=True, slots=True)
+class RangePage:
+    """One page of `Client.range`: records in key order, and the token of the next
+    page (empty: the range is done)."""
+
+    records: tuple[Record, ...]
+    next_page_token: str
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterLayout:
     """What `ClusterInfo` says: buckets (uuid, replica nodes) and nodes."""
 
@@ -138,6 +147,7 @@ class NodeStatus:
 __all__ = [
     "ClusterLayout",
     "NodeStatus",
+    "RangePage",
     "Record",
     "ReplicaStatus",
     "WriteResult",

@@ -5,14 +5,16 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
+from sevendb.cluster.common.acl import Grant, Permission
 from sevendb.cluster.common.topology import ClusterSpec
 from sevendb.cluster.ops.admin import ClusterAdmin
 from sevendb.cluster.ops.local import (
@@ -49,6 +51,40 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         time.sleep(interval_s)
+
+
+class RawStream:
+    """A raw server stream (a gRPC call) read in a thread: its messages, then how it
+    ended."""
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+        self.messages: list[Any] = []
+        self.error: grpc.RpcError | None = None
+        self.ended = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            for message in self.call:
+                self.messages.append(message)
+        except grpc.RpcError as exc:
+            self.error = exc
+        finally:
+            self.ended.set()
+
+    def first(self) -> Any:
+        """Its first message (None if it ended without one)."""
+        wait_for(lambda: self.messages or self.ended.is_set(), 30, "the stream's first answer")
+        return self.messages[0] if self.messages else None
+
+    def code(self) -> grpc.StatusCode:
+        """OK once it answered; the status it ended with if it ended without a message."""
+        self.first()
+        return self.error.code() if self.error is not None else grpc.StatusCode.OK  # type: ignore[no-any-return]
+
+    def events(self) -> list[pb.DataEvent]:
+        return [e for m in list(self.messages) if m.HasField("events") for e in m.events.events]
 
 
 @dataclass
@@ -92,6 +128,14 @@ class LocalCluster:
 
     def token(self, principal: str = "default") -> str:
         return local_token(self.data_dir, principal)
+
+    def grant_all(self, *principals: str) -> None:
+        """Let each of `principals` read and write every key (a local cluster lets
+        only its default principal in: docs/security.md, "Access control")."""
+        with self.admin() as admin:
+            for principal in principals:
+                for permission in (Permission.READ, Permission.WRITE):
+                    admin.grant(Grant(principal, permission))
 
     def client(self, retry: RetryPolicy | None = None, principal: str = "default") -> Client:
         return Client(

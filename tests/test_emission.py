@@ -428,6 +428,7 @@ def test_a_killed_client_process_resumes_from_its_cursor(
 
 
 def test_another_principal_cannot_reconnect_ack_or_unsubscribe(cluster: LocalCluster) -> None:
+    cluster.grant_all("alice")
     with cluster.client(principal="alice") as alice:
         collector = Collector(alice.subscribe("key:secret"))
         alice.put("secret", b"1")

@@ -69,9 +69,11 @@ SAMPLES: list[Entry] = [
     EpochCreate(2, 11),
     Lease("node-1", 12),
     InitProducer(77, 13),
+    InitProducer(77, 13, "alice"),
+    Write((Op(OpKind.SET, "k"),), ProducerRef(9, 1, 4), 123, "alice"),
     WriteBatch(
         (
-            Write((Op(OpKind.SET, "a"),), ProducerRef(1, 0, 0), 5),
+            Write((Op(OpKind.SET, "a"),), ProducerRef(1, 0, 0), 5, "alice"),
             Write((Op(OpKind.DEL, "b"),), None, 6),
         )
     ),

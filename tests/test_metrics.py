@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sevendb.cluster.common.auth import auth_metadata
 from sevendb.cluster.ops.local import log_file
 from sevendb.cluster.server.metrics import FAMILIES
+from sevendb.outbox.keys import bucket_of
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 from sevendb.sdk import SubscribeOptions
@@ -96,6 +97,7 @@ def test_every_family_with_its_labels(cluster: LocalCluster, tmp_path: Path) -> 
                 )
 
             assert wait_for(streams_open, 10, "an open stream to show") >= 1
+    _write_twice(cluster, "m/dup")  # one duplicate answered
     found: dict[str, tuple[str, set[str]]] = {}
     merged: Samples = {}
     for node_id in cluster.spec.node_ids:
@@ -124,6 +126,24 @@ def test_every_family_with_its_labels(cluster: LocalCluster, tmp_path: Path) -> 
     assert total(merged, "sevendb_raft_journal_bytes_written_total") > 0
     assert total(merged, "process_resident_memory_bytes") > 0
     assert total(merged, "sevendb_process_threads") > 3
+    # Idempotent producers: the client's (one per bucket it wrote to) and this test's;
+    # the retried write counted once, by the node that answered it.
+    assert total(merged, "sevendb_idempotent_producers") >= 2
+    assert total(merged, "sevendb_producer_duplicates_total") == 1
+
+
+def _write_twice(cluster: LocalCluster, key: str) -> None:
+    """A producer's write sent twice with the same sequence: applied once, the second
+    answered as a duplicate."""
+    stub = cluster.stub(cluster.spec.nodes[0].grpc_address)
+    md = auth_metadata(cluster.token())
+    bucket = bucket_of(key, len(cluster.spec.buckets))
+    made = stub.InitProducer(pb.InitProducerRequest(bucket=bucket), metadata=md, timeout=10)
+    ref = pb.ProducerRef(producer_id=made.producer_id, producer_epoch=made.producer_epoch)
+    write = pb.WriteRequest(ops=[pb.Op(key=key, value=b"once")], producer=ref)
+    first = stub.Write(write, metadata=md, timeout=10)
+    again = stub.Write(write, metadata=md, timeout=10)
+    assert not first.duplicate and again.duplicate
 
 
 def test_a_refused_call_is_counted_under_its_code(cluster: LocalCluster) -> None:

@@ -465,6 +465,8 @@ def test_refusals_across_hosts_change_nothing(d: Deployment) -> None:
     admin_token = ClientConfig.load(d.client_toml).token
     assert admin_token is not None
     d.sevendb("write", "refusal/x", "before")
+    for principal in ("alice", "mallory"):  # a `cluster init` cluster grants nobody
+        d.sevendb("acl", "grant", principal, "read", "--prefix", "refusal/")
     other_ca = d.root / "other-ca.pem"
     from sevendb.cluster.common.tls import new_ca
 

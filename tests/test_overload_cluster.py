@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
-from cluster_harness import LocalCluster, wait_for
+from cluster_harness import LocalCluster, RawStream, wait_for
 
 from sevendb.cluster.ops import cli
 from sevendb.outbox.keys import bucket_of
@@ -58,6 +57,7 @@ def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         "SEVENDB_NOTIFIER_SLOW_STREAM_MS": str(SLOW_STREAM_MS),
     }
     with _cluster(tmp_path_factory.mktemp("limited") / "data", env) as cluster:
+        cluster.grant_all("hasty", "patient", "collector", "someone-else", "slowpoke", "owner")
         yield cluster
 
 
@@ -69,6 +69,7 @@ def expiring(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]
         "SEVENDB_NOTIFIER_PRODUCER_IDLE_MS": str(PRODUCER_IDLE_MS),
     }
     with _cluster(tmp_path_factory.mktemp("expiring") / "data", env) as cluster:
+        cluster.grant_all("app")
         yield cluster
 
 
@@ -100,36 +101,13 @@ def _trailers(error: grpc.RpcError) -> dict[str, str]:
     return {k: v for k, v in error.trailing_metadata() or ()}  # type: ignore[attr-defined]
 
 
-class _Stream:
-    """A raw subscription stream read in a thread: its messages, then how it ended."""
-
-    def __init__(self, call: Any) -> None:
-        self.call = call
-        self.messages: list[pb.StreamMessage] = []
-        self.error: grpc.RpcError | None = None
-        self.ended = threading.Event()
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self) -> None:
-        try:
-            for message in self.call:
-                self.messages.append(message)
-        except grpc.RpcError as exc:
-            self.error = exc
-        finally:
-            self.ended.set()
-
-    def events(self) -> list[pb.DataEvent]:
-        return [e for m in list(self.messages) if m.HasField("events") for e in m.events.events]
-
-
 def _subscribe(
     cluster: LocalCluster, principal: str, sub_id: str, prefix: str, *, keep: bool = False
-) -> _Stream:
+) -> RawStream:
     request = pb.SubscribeRequest(
         bucket=BUCKET, sub_id=sub_id, query=pb.Query(kind=pb.Query.PREFIX, arg=prefix)
     )
-    stream = _Stream(_stub(cluster).Subscribe(request, metadata=_auth(cluster, principal)))
+    stream = RawStream(_stub(cluster).Subscribe(request, metadata=_auth(cluster, principal)))
     wait_for(lambda: stream.messages or stream.ended.is_set(), 30, f"{sub_id}'s SubAck")
     if not keep:
         stream.call.cancel()
@@ -217,7 +195,7 @@ def test_a_subscriber_that_stops_acknowledging_has_its_stream_ended_and_resumes(
     request = pb.ReconnectRequest(
         sub_id="slow-1", last_processed_emit_seq=first.emit_seq, bucket=BUCKET
     )
-    resumed = _Stream(_stub(limited).Reconnect(request, metadata=_auth(limited, "slowpoke")))
+    resumed = RawStream(_stub(limited).Reconnect(request, metadata=_auth(limited, "slowpoke")))
     wait_for(lambda: len(resumed.events()) >= 5, 30, "the events after the first")
     assert resumed.messages[0].reconnect_ack.status == pb.ReconnectAck.OK
     got = [c.key for e in resumed.events() for c in e.delta.changes]

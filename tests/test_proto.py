@@ -174,6 +174,7 @@ def test_service_methods() -> None:
         "Get": ("GetRequest", "GetResponse", False, False),
         "Sync": ("SyncRequest", "SyncResponse", False, False),
         "History": ("HistoryRequest", "HistoryResponse", False, False),
+        "Range": ("RangeRequest", "RangeResponse", False, False),
         "InitProducer": ("InitProducerRequest", "InitProducerResponse", False, False),
         "Subscribe": ("SubscribeRequest", "StreamMessage", False, True),
         "Reconnect": ("ReconnectRequest", "StreamMessage", False, True),
@@ -397,6 +398,13 @@ MESSAGES: dict[str, Message] = {
         more=True,
         next_after=emit_seq(44),
         retained_after=emit_seq(3),
+    ),
+    "RangeRequest": pb.RangeRequest(
+        prefix="user:", limit=50, page_token="k1.dXNlcjox", serializable=True, bucket=2
+    ),
+    "RangeResponse": pb.RangeResponse(
+        items=[pb.KeyValue(key="user:1", value=b"alice", version=9, mod_commit_index=44)],
+        next_page_token="k1.dXNlcjox",
     ),
     "BackupRequest": pb.BackupRequest(bucket=3),
     "BackupChunk": pb.BackupChunk(

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import BUCKET, Driver
 
+from sevendb.cluster.common.acl import Acl
 from sevendb.cluster.common.auth import Keyring
 from sevendb.cluster.common.bundle import ClusterSecrets
 from sevendb.cluster.common.topology import ClusterSpec, NodeSpec, new_cluster
@@ -85,6 +86,10 @@ class _Node:
     @property
     def keyring(self) -> Keyring:
         return self.secrets.keyring()
+
+    @property
+    def acl(self) -> Acl:
+        return Acl()
 
 
 def test_every_method_of_the_service_has_a_route_and_no_route_is_extra() -> None:

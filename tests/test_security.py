@@ -90,6 +90,7 @@ def test_token_keys_rotate_and_retire_and_principals_are_revoked_on_every_node(
     accepted until it is retired, then refused on every node; a revoked principal's
     earlier tokens are refused everywhere, a token minted afterwards is not."""
     cluster = own_cluster
+    cluster.grant_all("alice", "bob")  # `_get` reads a key
     old = cluster.token("alice")  # the secrets file's key
     bob = cluster.token("bob")
     with cluster.admin() as admin:
@@ -133,6 +134,7 @@ def test_minting_through_the_cluster_needs_the_admin(shared_cluster: LocalCluste
         assert invalid.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     carol = stub.MintToken(request, metadata=admin, timeout=10)
     assert carol.expires_ms - time.time() * 1000 < 61_000
+    cluster.grant_all("carol")  # `_everywhere` reads a key
     assert _everywhere(cluster, carol.token) == {grpc.StatusCode.OK}
 
 
@@ -290,6 +292,7 @@ def test_with_client_certificates_required_a_certificate_names_the_principal(
         alice = TLS(ca.cert_pem, alice_cert.cert_pem, alice_cert.key_pem)
         assert cluster.tls is not None
         admin = cluster.tls  # client.toml's: the CA and the admin certificate
+        cluster.grant_all("alice")
         endpoints = [n.grpc_address for n in cluster.spec.nodes]
         fast = RetryPolicy(deadline_s=3, call_timeout_s=1)
         with (

@@ -14,6 +14,7 @@ from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import (
     NOT_EXISTS,
     Expected,
+    InitProducer,
     Op,
     OpKind,
     OutboxPurge,
@@ -138,6 +139,37 @@ def test_producer_rejections(ref: ProducerRef, code: ErrorCode) -> None:
     result = write_result(d, "k", producer=ref)
     assert result.error is not None and result.error.code is code
     assert d.sm.get("k") is None
+
+
+def test_a_producer_belongs_to_the_principal_that_made_it() -> None:
+    """Issue 29: another principal can neither re-init (fence) a producer id nor write
+    with it (its write would use up the owner's sequence); the owner still can."""
+    d = Driver()
+    made = d.apply(InitProducer(7, d.tick(), "alice")).result
+    assert made == InitProducerResult(7, 0)
+    denied = d.apply(InitProducer(7, d.tick(), "mallory")).result
+    assert isinstance(denied, InitProducerResult) and denied.error is not None
+    assert denied.error.code is ErrorCode.PERMISSION_DENIED and "ownership" in denied.error.message
+    op = (Op(OpKind.SET, "k", b"m"),)
+    stolen = d.apply(Write(op, ProducerRef(7, 0, 0), d.tick(), "mallory")).result
+    assert isinstance(stolen, WriteResult) and stolen.error is not None
+    assert stolen.error.code is ErrorCode.PERMISSION_DENIED and d.sm.get("k") is None
+    mine = d.apply(Write(op, ProducerRef(7, 0, 0), d.tick(), "alice")).result
+    assert isinstance(mine, WriteResult) and mine.error is None and not mine.duplicate
+    assert d.apply(InitProducer(7, d.tick(), "alice")).result == InitProducerResult(7, 1)
+
+
+def test_producer_owners_survive_a_snapshot() -> None:
+    d = Driver()
+    d.apply(InitProducer(7, d.tick(), "alice"))
+    d.init_producer(8)  # unowned (an older build's entry): snapshots as before
+    restored = Driver(BucketStateMachine.restore(d.sm.snapshot()))
+    assert restored.sm.snapshot() == d.sm.snapshot()
+    denied = restored.apply(InitProducer(7, restored.tick(), "mallory")).result
+    assert isinstance(denied, InitProducerResult) and denied.error is not None
+    assert restored.apply(InitProducer(8, restored.tick(), "bob")).result == InitProducerResult(
+        8, 1
+    )
 
 
 def test_reinit_bumps_epoch_and_fences_the_old_instance() -> None:
@@ -864,3 +896,20 @@ def test_a_single_change_makes_the_rows_the_general_matching_makes(
         fast.subscribe(f"s{i}", query)
     assert [fast.set(key).effects for key in keys] == slow_rows
     assert fast.sm.digest() == general.sm.digest()
+
+
+def test_key_range_reads_keys_in_order_as_they_were_when_asked() -> None:
+    d = Driver()
+    for key in ("b/2", "a/1", "b/1", "c", "b/3", "a/2"):
+        d.set(key, key.encode())
+    later = d.sm.key_range_later("", "", "b/", "", 2)
+    d.set("b/0")  # after the call: not in its answer
+    d.delete("b/1")
+    page, more = later()
+    assert [(kv.key, kv.value) for kv in page] == [("b/1", b"b/1"), ("b/2", b"b/2")] and more
+    page, more = d.sm.key_range_later("", "", "b/", "b/2", 2)()
+    assert [kv.key for kv in page] == ["b/3"] and not more
+    page, more = d.sm.key_range_later("a/2", "b/3", "", "", 10)()
+    assert [kv.key for kv in page] == ["a/2", "b/0", "b/2"] and not more
+    page, _ = d.sm.key_range_later("", "", "", "", 100)()
+    assert [kv.key for kv in page] == ["a/1", "a/2", "b/0", "b/2", "b/3", "c"]

@@ -112,6 +112,10 @@ class ClusterSpec:
     migrations: tuple[MigrationSpec, ...] = ()
     meta_uuid: str = ""
     """The metadata group's identity (its bucket uuid)."""
+    full_access: tuple[str, ...] = ()
+    """Principals the genesis allows every key (read, write, idempotent producers:
+    `sevendb.cluster.common.acl`); `sevendb cluster up` names its default principal,
+    `sevendb cluster init` nobody. Left out of the JSON when empty."""
 
     def node(self, node_id: str) -> NodeSpec:
         for node in self.nodes:
@@ -195,6 +199,8 @@ class ClusterSpec:
         """The spec as JSON with a checksum of its content, so that a damaged copy
         that still parses (a flipped digit of a port) is refused rather than used."""
         body = {"format": SPEC_FORMAT_VERSION, **asdict(self)}
+        if not self.full_access:
+            del body["full_access"]
         return json.dumps({**body, "checksum": _checksum(body)}, indent=2)
 
     @classmethod
@@ -240,6 +246,7 @@ class ClusterSpec:
                     for m in raw.get("migrations", ())
                 ),
                 meta_uuid=str(raw.get("meta_uuid", "")),
+                full_access=tuple(str(p) for p in raw.get("full_access", ())),
             )
         except ConfigError:
             raise

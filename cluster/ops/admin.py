@@ -26,6 +26,13 @@ from typing import Final, TypeVar
 
 import grpc
 
+from sevendb.cluster.common.acl import (
+    Acl,
+    Grant,
+    full_access,
+    grant_record,
+    revoke_record,
+)
 from sevendb.cluster.common.auth import (
     DEFAULT_PRINCIPAL,
     KEY_PREFIX,
@@ -316,3 +323,53 @@ class ClusterAdmin:
         if wait:
             self.wait_converged(version, self.read().spec)
         return now
+
+    # ---- access control (docs/security.md, "Access control") ---------------------------
+
+    def acl(self) -> Acl:
+        """The grants in force (the genesis's and the metadata's)."""
+        return _acl_of(self.read())
+
+    def grant(self, grant: Grant, *, wait: bool = True) -> bool:
+        """Grant `grant` on every node; False if it was in force already (nothing written)."""
+        return self._change_grant(grant, add=True, wait=wait)
+
+    def revoke_grant(self, grant: Grant, *, wait: bool = True) -> bool:
+        """Take `grant` back on every node; False if it was not in force."""
+        return self._change_grant(grant, add=False, wait=wait)
+
+    def _change_grant(self, grant: Grant, *, add: bool, wait: bool) -> bool:
+        """A grant of the genesis is taken back by a ``revoked`` record (and given
+        again by deleting it); any other is a record of its own. Compare-and-set on
+        the record's version: two operators never both win."""
+        meta = self.read()
+        if (grant in _acl_of(meta).grants) == add:
+            return False
+        held = meta.records.get(grant.key)
+        expected = held[1] if held is not None else 0
+        if (grant in full_access_of(meta.genesis)) == add:
+            version = self._delete_record(grant.key, expected)
+        elif add:
+            version = self._set_record(grant_record(grant, _now_ms()), expected)
+        else:
+            version = self._set_record(revoke_record(grant), expected)
+        if wait:
+            self.wait_converged(version, meta.spec)
+        return True
+
+    def _delete_record(self, key: str, expected_version: int) -> int:
+        op = pb.MetaOp(key=key, delete=True, expected_version=expected_version)
+        request = pb.MetaWriteRequest(ops=[op])
+        response: pb.MetaWriteResponse = self.any_node(
+            lambda s: s.MetaWrite(request, metadata=self.metadata, timeout=self.timeout_s)
+        )
+        return response.version
+
+
+def _acl_of(meta: ClusterMeta) -> Acl:
+    return Acl.build(meta.genesis.full_access, {k: v for k, (v, _) in meta.records.items()})
+
+
+def full_access_of(genesis: ClusterSpec) -> frozenset[Grant]:
+    """The grants a genesis makes."""
+    return frozenset(g for p in genesis.full_access for g in full_access(p))

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from sevendb.cluster.common.bundle import ClientConfig
     from sevendb.cluster.common.topology import MigrationSpec
     from sevendb.cluster.ops.admin import ClusterAdmin
-    from sevendb.sdk import TLS, Client, Event
+    from sevendb.sdk import TLS, Client, Event, Record
 
 DEFAULT_DATA = ".sevendb"
 DEFAULT_PRINCIPAL = "default"
@@ -443,17 +443,57 @@ def cmd_get(args: argparse.Namespace) -> int:
     if record is None:
         print(f"{args.key}: not found", file=sys.stderr)
         return 1
-    print(
-        json.dumps(
-            {
-                "key": record.key,
-                "value": record.value.decode(errors="replace"),
-                "version": record.version,
-                "mod_commit_index": record.mod_commit_index,
-            }
-        )
-    )
+    print(_record_json(record))
     return 0
+
+
+def _record_json(record: Record) -> str:
+    return json.dumps(
+        {
+            "key": record.key,
+            "value": record.value.decode(errors="replace"),
+            "version": record.version,
+            "mod_commit_index": record.mod_commit_index,
+        }
+    )
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    """Delete KEY (a no-op if it is absent, unless --expect-version says otherwise)."""
+    with _client(args) as client:
+        result = client.delete(args.key, expected_version=args.expect_version)
+    print(json.dumps({"key": args.key, "deleted": True, "committed": str(result.committed)}))
+    return 0
+
+
+def cmd_range(args: argparse.Namespace) -> int:
+    """The keys under --prefix or in [--start, --end), one JSON line each, in key
+    order, page by page (--limit per page), up to --max lines."""
+    from sevendb.outbox.errors import InvalidArgument
+
+    if args.prefix and (args.start or args.end):
+        raise InvalidArgument("range: --prefix or --start/--end, not both")
+    if args.limit < 0 or (args.max is not None and args.max < 1):
+        raise InvalidArgument("range: --limit must be >= 0 and --max >= 1")
+    printed, token = 0, ""
+    with _client(args) as client:
+        while True:
+            page = client.range(
+                prefix=args.prefix,
+                start=args.start,
+                end=args.end,
+                limit=args.limit,
+                page_token=token,
+                serializable=args.serializable,
+            )
+            for record in page.records:
+                if args.max is not None and printed >= args.max:
+                    return 0
+                print(_record_json(record))
+                printed += 1
+            token = page.next_page_token
+            if not token:
+                return 0
 
 
 def cmd_token(args: argparse.Namespace) -> int:
@@ -503,6 +543,36 @@ def cmd_auth(args: argparse.Namespace) -> int:
                 f"the tokens and certificates of {args.name} issued before {at} ms are "
                 "refused by every node; new ones work"
             )
+    return 0
+
+
+def cmd_acl(args: argparse.Namespace) -> int:
+    """`sevendb acl grant|revoke PRINCIPAL PERMISSION [--prefix P]` and `acl list
+    [PRINCIPAL]` (admin; docs/security.md, "Access control")."""
+    from sevendb.cluster.common.acl import AclError, Grant, permission_of
+    from sevendb.outbox.errors import InvalidArgument
+
+    grant = None
+    try:
+        if args.action != "list":
+            grant = Grant(args.principal, permission_of(args.permission), args.prefix)
+        elif args.principal is not None:
+            Grant(args.principal, permission_of("read"))  # checks the name
+    except AclError as exc:
+        raise InvalidArgument(str(exc)) from None
+    with _admin(args) as admin, _refusal():
+        if grant is None:
+            grants = admin.acl().of_principal(args.principal)
+            for g in grants:
+                print(g.describe())
+            if not grants:
+                print("no grants" + (f" for {args.principal}" if args.principal else ""))
+        elif args.action == "grant":
+            done = admin.grant(grant)
+            print(f"granted: {grant.describe()}" if done else f"already: {grant.describe()}")
+        else:
+            done = admin.revoke_grant(grant)
+            print(f"revoked: {grant.describe()}" if done else f"no such grant: {grant.describe()}")
     return 0
 
 
@@ -1030,17 +1100,13 @@ def _add_client_commands(
         help="the value; @FILE: a file's bytes; -: standard input's; @@...: a value that "
         "starts with @",
     )
-    write.add_argument(
-        "--expect-version",
-        type=int,
-        default=None,
-        help="only if KEY is at this version; 0: only if KEY does not exist",
-    )
+    _add_expect_version(write)
     write.add_argument("--if-absent", action="store_true", help="fail if the key exists")
     write.set_defaults(fn=cmd_write)
     get = sub.add_parser("get", parents=[client_common], help="read KEY")
     get.add_argument("key", help="the key")
     get.set_defaults(fn=cmd_get)
+    _add_kv_commands(sub, client_common)
     token = sub.add_parser(
         "token",
         parents=[common],
@@ -1107,6 +1173,69 @@ def _add_client_commands(
     history.set_defaults(fn=cmd_history)
 
 
+def _add_kv_commands(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """delete and range."""
+    delete = sub.add_parser("delete", parents=[common], help="delete KEY")
+    delete.add_argument("key", help="the key")
+    _add_expect_version(delete)
+    delete.set_defaults(fn=cmd_delete)
+    ranged = sub.add_parser(
+        "range",
+        parents=[common],
+        help="read the keys under --prefix or in [--start, --end): one JSON line each",
+    )
+    ranged.add_argument("--prefix", default="", help="the keys starting with it")
+    ranged.add_argument("--start", default="", help="the first key (inclusive)")
+    ranged.add_argument("--end", default="", help="the end (exclusive; default: none)")
+    ranged.add_argument(
+        "--limit", type=int, default=0, help="keys per page (default: the node's, 100)"
+    )
+    ranged.add_argument("--max", type=int, default=None, help="stop after this many keys")
+    ranged.add_argument(
+        "--serializable",
+        action="store_true",
+        help="read without a read barrier (faster; may miss the latest writes)",
+    )
+    ranged.set_defaults(fn=cmd_range)
+
+
+def _add_expect_version(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--expect-version",
+        type=int,
+        default=None,
+        help="only if KEY is at this version; 0: only if KEY does not exist",
+    )
+
+
+def _add_acl_commands(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """`sevendb acl grant|revoke|list`."""
+    acl = sub.add_parser(
+        "acl", help="who may read, write and administer what (admin; docs/security.md)"
+    ).add_subparsers(dest="action", required=True)
+    for action, what in (("grant", "give"), ("revoke", "take back")):
+        parser = acl.add_parser(
+            action, parents=[common], help=f"{what} PRINCIPAL the PERMISSION (on --prefix)"
+        )
+        parser.add_argument("principal", help="the principal")
+        parser.add_argument(
+            "permission",
+            help="read or write (on the keys under --prefix), idempotent_write or admin "
+            "(on the cluster)",
+        )
+        parser.add_argument(
+            "--prefix", default="", help="read/write: the keys starting with it (default: all)"
+        )
+        parser.set_defaults(fn=cmd_acl)
+    listing = acl.add_parser("list", parents=[common], help="the grants in force")
+    listing.add_argument("principal", nargs="?", help="only this principal's")
+    listing.set_defaults(fn=cmd_acl)
+
+
 def _add_auth_commands(
     sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> None:
@@ -1124,6 +1253,7 @@ def _add_auth_commands(
         "revoke", parents=[common], help="refuse NAME's tokens and certificates issued before now"
     )
     revoke.add_argument("name", help="the principal")
+    _add_acl_commands(sub, common)
     auth.choices["keys"].set_defaults(fn=cmd_auth)
     for parser in (auth.choices["rotate-key"], retire, revoke):
         parser.set_defaults(fn=cmd_auth)

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -281,7 +281,11 @@ def create_local_cluster(
         )
         for i in range(nodes)
     ]
-    spec = new_cluster(nodes=specs, buckets=buckets, replicas=replicas)
+    # A local cluster is for its user: the default principal may use every key.
+    spec = replace(
+        new_cluster(nodes=specs, buckets=buckets, replicas=replicas),
+        full_access=(DEFAULT_PRINCIPAL,),
+    )
     if bucket_uuids:
         spec = with_bucket_uuids(spec, bucket_uuids)
     secrets = ClusterSecrets.new()
@@ -318,6 +322,10 @@ def cluster_up(
         progress(
             f"created cluster {spec.cluster_id}: {nodes} nodes, {buckets} buckets, "
             f"{replicas} replicas each, in {data_dir}"
+        )
+        progress(
+            f"access: principal {DEFAULT_PRINCIPAL!r} may read and write every key and init "
+            f"producers (a local cluster's grant); others need `sevendb acl grant`"
         )
     else:
         progress(f"restarting the cluster in {data_dir}")

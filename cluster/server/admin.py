@@ -24,12 +24,13 @@ from sevendb.proto import sevendb_pb2 as pb
 
 
 def require_admin(call: Call) -> None:
-    """PERMISSION_DENIED unless the caller is the admin."""
-    if call.principal != ADMIN_PRINCIPAL:
-        raise Failure(
-            grpc.StatusCode.PERMISSION_DENIED,
+    """PERMISSION_DENIED unless the caller may administer the cluster (the admin
+    principal, or a principal granted the admin permission)."""
+    if not call.admin:
+        raise Failure.denied(
+            f"principal {call.principal!r} lacks the admin permission on the cluster: "
             f"administration needs the {ADMIN_PRINCIPAL!r} principal "
-            f"(`sevendb token {ADMIN_PRINCIPAL}`)",
+            f"(`sevendb token {ADMIN_PRINCIPAL}`) or `sevendb acl grant {call.principal} admin`"
         )
 
 

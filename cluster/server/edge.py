@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeVar
@@ -20,6 +20,7 @@ import grpc
 from google.protobuf.message import Message
 from grpc import aio
 
+from sevendb.cluster.common.acl import Acl, Denied, Permission
 from sevendb.cluster.common.auth import (
     AUTH_METADATA_KEY,
     NODE_PRINCIPAL,
@@ -40,6 +41,7 @@ from sevendb.notifier.host import BucketNotifier
 from sevendb.outbox.entries import Entry, OutboxPurge, encode_entry
 from sevendb.outbox.errors import Rejection
 from sevendb.proto import codec
+from sevendb.outbox.query import Query, QueryKind
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 
 FORWARD_KEY: Final = "sevendb-forwarded"
@@ -78,6 +80,8 @@ class Call:
     metadata: Sequence[tuple[str, Any]]
     method: str
     """The RPC's name (what `Edge.forward` calls on another node)."""
+    admin: bool = False
+    """The principal may administer the cluster (``admin``, or granted ``admin``)."""
 
 
 class NodeHost(Protocol):
@@ -97,6 +101,11 @@ class NodeHost(Protocol):
     @property
     def keyring(self) -> Keyring:
         """The token keys and revocations in force (they follow the metadata)."""
+        ...
+
+    @property
+    def acl(self) -> Acl:
+        """The access-control grants in force (they follow the metadata)."""
         ...
 
     @property
@@ -172,6 +181,37 @@ class Edge:
             return principal
         except (AuthError, ConfigError) as exc:
             raise Failure(grpc.StatusCode.UNAUTHENTICATED, str(exc)) from None
+
+    # ---- access control (docs/security.md, "Access control") --------------------------
+
+    @property
+    def acl(self) -> Acl:
+        return self.node.acl
+
+    def allow(self, principal: str, permission: Permission, key: str = "") -> None:
+        """PERMISSION_DENIED, naming the permission, unless `principal` has it (on `key`)."""
+        try:
+            self.node.acl.check(principal, permission, key)
+        except Denied as exc:
+            raise Failure.denied(str(exc)) from None
+
+    def allow_query(self, principal: str, query: Query) -> None:
+        """PERMISSION_DENIED unless `principal` may read every key `query` selects: a
+        subscription is refused rather than filtered (docs/security.md)."""
+        try:
+            if query.kind is QueryKind.KEY:
+                self.node.acl.check(principal, Permission.READ, query.arg)
+            else:
+                self.node.acl.check_prefix(principal, query.arg)
+        except Denied as exc:
+            raise Failure.denied(str(exc)) from None
+
+    def readable(self, principal: str) -> Callable[[str], bool]:
+        """Which keys `principal` may read now (a filter)."""
+        acl = self.node.acl
+        if acl.allows(principal, Permission.READ, ""):  # every key: no check per key
+            return lambda _key: True
+        return lambda key: acl.allows(principal, Permission.READ, key)
 
     # ---- where a bucket is served ------------------------------------------------------
 

@@ -60,6 +60,11 @@ class Failure(Exception):
         return cls(codec.STATUS_OF[exc.code], str(exc), error=str(exc.code))
 
     @classmethod
+    def denied(cls, message: str) -> Failure:
+        """PERMISSION_DENIED by access control; `message` names the missing permission."""
+        return cls(grpc.StatusCode.PERMISSION_DENIED, message, error="PERMISSION_DENIED")
+
+    @classmethod
     def invalid(cls, message: str) -> Failure:
         return cls(grpc.StatusCode.INVALID_ARGUMENT, message)
 

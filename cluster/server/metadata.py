@@ -12,14 +12,15 @@ from typing import Final
 import grpc
 from grpc import aio
 
+from sevendb.cluster.common.acl import ACL_PREFIX, AclError, check_record
 from sevendb.cluster.common.auth import (
-    ADMIN_PRINCIPAL,
     KEY_PREFIX,
     NODE_PRINCIPAL,
     PRIVILEGED,
     AuthError,
     Token,
 )
+from sevendb.cluster.server.admin import require_admin
 from sevendb.cluster.server.edge import FORWARD_KEY, FORWARD_TIMEOUT_S, Call, Edge, now_ms
 from sevendb.cluster.server.errors import Failure
 from sevendb.cluster.server.meta import MetaMember, cas_op
@@ -28,14 +29,6 @@ from sevendb.outbox.replica import ReplicaUnavailable
 from sevendb.proto import sevendb_pb2 as pb
 
 WAIT_MS_MAX: Final = 30_000
-
-
-def require_admin(call: Call) -> None:
-    if call.principal != ADMIN_PRINCIPAL:
-        raise Failure(
-            grpc.StatusCode.PERMISSION_DENIED,
-            f"administration needs the {ADMIN_PRINCIPAL!r} principal",
-        )
 
 
 class Metadata:
@@ -50,13 +43,13 @@ class Metadata:
         state = view.state
         if request.after_version and state.version <= request.after_version and wait_s > 0:
             state = await asyncio.to_thread(view.wait_newer, request.after_version, wait_s)
-        keys_too = call.principal in PRIVILEGED
+        everything = call.principal in PRIVILEGED or call.admin
         return pb.MetaReadResponse(
             version=state.version,
             records=[
                 pb.MetaRecord(key=k, value=v, version=ver)
                 for k, (v, ver) in sorted(state.records.items())
-                if keys_too or not k.startswith(KEY_PREFIX)
+                if everything or not k.startswith((KEY_PREFIX, ACL_PREFIX))
             ],
             genesis=view.genesis.to_json(),
         )
@@ -66,6 +59,12 @@ class Metadata:
         member: MetaMember | None = self._edge.node.meta
         if member is None:
             return await self._forward(call, request)
+        try:
+            for op in request.ops:
+                if op.key.startswith(ACL_PREFIX):
+                    check_record(op.key, None if op.delete else op.value)
+        except AclError as exc:
+            raise Failure.invalid(f"access-control record: {exc}") from None
         try:
             ops = [
                 cas_op(op.key, None if op.delete else op.value, op.expected_version)

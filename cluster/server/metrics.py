@@ -14,6 +14,11 @@ docs/operations.md lists every family with its labels; in short:
   ``events_sent`` and ``emit_latency`` come from the bucket's lease holder (the
   subscription counts from its leader); applied entries and purges are counted by
   every replica.
+* **Idempotent producers** (seed 003): ``sevendb_idempotent_producers{bucket}``
+  (the producers the bucket remembers, from its leader: each initialised and not yet
+  forgotten for idleness) and ``sevendb_producer_duplicates_total{bucket}`` (writes
+  this node answered as duplicates of a sequence already committed: a client's
+  retry, applied once).
 * **Raft**, per local replica (``bucket`` is the bucket's number, or ``meta`` for
   the metadata group): ``sevendb_raft_term``, ``_is_leader``, ``_has_leader``,
   ``_has_quorum``, ``_quarantined``, ``_leader_changes_total``,
@@ -106,6 +111,9 @@ FAMILIES: Final[Mapping[str, tuple[str, tuple[str, ...]]]] = {
     "sevendb_events_sent_total": ("counter", _B),
     "sevendb_subscriptions": ("gauge", _B),
     "sevendb_subscriptions_stalled": ("gauge", _B),
+    # idempotent producers (seed 003)
+    "sevendb_idempotent_producers": ("gauge", _B),
+    "sevendb_producer_duplicates_total": ("counter", _B),
     # Raft, per local replica
     "sevendb_raft_term": ("gauge", _B),
     "sevendb_raft_is_leader": ("gauge", _B),
@@ -297,9 +305,9 @@ class _DiskCollector(Collector):
 
 
 class _SubscriptionCollector(Collector):
-    """Live and stalled subscriptions of the buckets this node leads, read from the
-    core at scrape time (stalled: rows to acknowledge and no ack within the stall
-    window, docs/core.md)."""
+    """Live and stalled subscriptions, and idempotent producers, of the buckets this
+    node leads, read from the core at scrape time (stalled: rows to acknowledge and
+    no ack within the stall window, docs/core.md)."""
 
     def __init__(self, replicas: ReplicaSource, stall_window_ms: int) -> None:
         self._replicas = replicas
@@ -315,23 +323,30 @@ class _SubscriptionCollector(Collector):
             "Subscriptions with rows to acknowledge and no ack within the stall window "
             "(from the leader)",
         )
+        producers = _per_bucket(
+            GaugeMetricFamily,
+            "idempotent_producers",
+            "Idempotent producers the bucket remembers (from the leader)",
+        )
         now_ms = time.time_ns() // 1_000_000
         window = self._window_ms
         for label, replica in self._replicas():
             if label == "meta" or not replica.is_leader:
                 continue
             try:
-                count, stuck = replica.read(
+                count, stuck, producing = replica.read(
                     lambda sm: (
                         len(sm.subscriptions_by_id()),
                         len(stalled_subscriptions(sm, now_ms, window)),
+                        sm.producer_count(),
                     )
                 )
             except ReplicaUnavailable:
                 continue
             live.add_metric([label], count)
             stalled.add_metric([label], stuck)
-        yield from (live, stalled)
+            producers.add_metric([label], producing)
+        yield from (live, stalled, producers)
 
 
 class _ArchiveCollector(Collector):
@@ -492,6 +507,13 @@ class NodeMetrics:
         self.events = Counter(
             "events_sent", "Events handed to client streams", ["bucket"], namespace=ns, registry=r
         )
+        self.duplicates = Counter(
+            "producer_duplicates",
+            "Writes answered as duplicates of a producer sequence already committed",
+            ["bucket"],
+            namespace=ns,
+            registry=r,
+        )
         self._add_grpc_and_process(node_id)
         self._buckets: dict[int, _BucketSeries] = {}
         self._lock = threading.Lock()
@@ -588,6 +610,9 @@ class NodeMetrics:
 
     def reconnected(self, status: str) -> None:
         self.reconnects.labels(status).inc()
+
+    def duplicates_answered(self, bucket: int, count: int) -> None:
+        self.duplicates.labels(str(bucket)).inc(count)
 
 
 __all__ = [

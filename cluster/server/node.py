@@ -27,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from sevendb.cluster.archive.writer import ArchiveWriter
+from sevendb.cluster.common.acl import ACL_PREFIX, Acl
 from sevendb.cluster.common.auth import NODE_PRINCIPAL, Keyring, auth_metadata
 from sevendb.cluster.common.backup import read_image, read_manifest
 from sevendb.cluster.common.bundle import ClusterSecrets, NodeTLS, load_node_tls
@@ -136,6 +137,7 @@ class Node:
         """How this node reaches others' client ports: TLS presenting its certificate."""
         self.view = ClusterView(ClusterSpec.load(settings.genesis), self.home)
         self._keyring = (self.view.state.version, self._keyring_of(self.view.state))
+        self._acl = (self.view.state.version, self._acl_of(self.view.state))
         self.draining = False
         self._follower: MetaFollower | None = self._new_follower()
         if self.node_id not in self.view.spec.node_ids:  # joined after the genesis
@@ -192,6 +194,21 @@ class Node:
 
     def _keyring_of(self, state: MetaState) -> Keyring:
         return self.secrets.keyring({k: v for k, (v, _) in state.records.items()})
+
+    @property
+    def acl(self) -> Acl:
+        """The access-control grants in force: the genesis's and the metadata's
+        ``acl/`` records, as of the view's version."""
+        state = self.view.state
+        version, acl = self._acl
+        if version != state.version:
+            acl = self._acl_of(state)
+            self._acl = (state.version, acl)
+        return acl
+
+    def _acl_of(self, state: MetaState) -> Acl:
+        records = {k: v for k, (v, _) in state.records.items() if k.startswith(ACL_PREFIX)}
+        return Acl.build(self.view.genesis.full_access, records)
 
     def _node_metadata(self) -> tuple[tuple[str, str], ...]:
         """A fresh node token, for this node's own calls to other nodes."""

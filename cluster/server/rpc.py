@@ -179,7 +179,8 @@ class _Guard:
         principal = (
             self._edge.principal(metadata, context) if self._route.auth is Auth.TOKEN else ""
         )
-        return Call(context, principal, metadata, self._name)
+        admin = bool(principal) and self._edge.acl.is_admin(principal)
+        return Call(context, principal, metadata, self._name, admin)
 
     def _parse(self, raw: bytes, context: Ctx) -> Any:
         try:

@@ -66,6 +66,7 @@ class NodeService:
             "Get": Route(reads.get),
             "Sync": Route(reads.sync),
             "History": Route(reads.history),
+            "Range": Route(reads.range),
             "Subscribe": Route(streams.subscribe_call),
             "Reconnect": Route(streams.reconnect_call),
             "Session": Route(self.sessions.session),

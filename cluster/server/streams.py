@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc
 
+from sevendb.cluster.common.acl import Permission
 from sevendb.cluster.raft.replica import ReplicaUnavailable
 from sevendb.cluster.server.edge import Call, Edge, now_ms
 from sevendb.cluster.server.errors import Failure
@@ -152,6 +153,7 @@ class Streams:
             raise Failure.domain(exc) from None
         except ValueError as exc:
             raise Failure.invalid(f"bad query: {exc}") from None
+        self._edge.allow_query(principal, query)
         notifier = self._holder(bucket)
         self._check_room(notifier, principal, sub_id, entry.durable)
         result, _ = await self._edge.commit(bucket, entry, SubscribeResult)
@@ -191,7 +193,8 @@ class Streams:
             resumed=resumed,
         )
         opening = [pb.StreamMessage(sub_ack=ack)]
-        async for message in self._pump(notifier, sub_id, sink, None, new_batch, push, opening):
+        pump = self._pump(principal, notifier, sub_id, sink, None, new_batch, push, opening)
+        async for message in pump:
             yield message
 
     async def reconnect(
@@ -215,6 +218,7 @@ class Streams:
             yield pb.StreamMessage(reconnect_ack=pb.ReconnectAck(status=status))
             return
         notifier = self._holder(bucket)
+        self._allow_resume(principal, notifier, request.sub_id)
         sink = StreamSink(asyncio.get_running_loop())
         attach, head = await self._attach(notifier, request.sub_id, principal, after, sink)
         if attach.status is AttachStatus.NOT_HOLDER:
@@ -252,7 +256,7 @@ class Streams:
             opening.append(pb.StreamMessage(caught_up=caught_up))
         catch_up_head = head if head > after else None
         async for message in self._pump(
-            notifier, request.sub_id, sink, catch_up_head, new_batch, push, opening
+            principal, notifier, request.sub_id, sink, catch_up_head, new_batch, push, opening
         ):
             yield message
 
@@ -287,6 +291,7 @@ class Streams:
 
     async def _pump(
         self,
+        principal: str,
         notifier: BucketNotifier,
         sub_id: str,
         sink: StreamSink,
@@ -300,7 +305,10 @@ class Streams:
         client leaves, and detached however it ends. With `push` (a Session's
         stream), events are handed to it where the rows land on the loop, without
         waking this generator's task for every delivery: the generator then only
-        waits for the stream to close."""
+        waits for the stream to close. Every change is checked against the principal's
+        read permission as it leaves: one it may no longer read (a grant revoked since
+        it subscribed) ends the stream PERMISSION_DENIED before anything of its batch
+        is sent."""
         encode = Encoder(self._events, sub_id, catch_up_head, new_batch)
         try:
             for first in opening:
@@ -308,12 +316,14 @@ class Streams:
             if push is not None:
 
                 def deliver(rows: Sequence[OutboxRow]) -> None:
+                    self._check_readable(principal, sub_id, rows)
                     for message in encode(rows):
                         push(message)
 
                 reason = await sink.push_to(deliver)
             else:
                 while not isinstance(item := await sink.get(), str):
+                    self._check_readable(principal, sub_id, item)
                     for message in encode(item):
                         yield message
                 reason = item
@@ -323,6 +333,24 @@ class Streams:
             notifier.detach(sub_id, sink)
             if self._attached.get((notifier.bucket, sub_id)) is sink:
                 del self._attached[notifier.bucket, sub_id]
+
+    def _allow_resume(self, principal: str, notifier: BucketNotifier, sub_id: str) -> None:
+        """PERMISSION_DENIED if `principal` may no longer read what its subscription
+        selects (a grant revoked since it subscribed)."""
+        try:
+            sub = notifier.replica.read(lambda sm: sm.subscription(sub_id))
+        except ReplicaUnavailable as exc:
+            raise self._edge.unavailable(notifier.bucket, exc) from None
+        if sub is not None and sub.principal == principal:  # another's: NOT_OWNER below
+            self._edge.allow_query(principal, sub.query)
+
+    def _check_readable(self, principal: str, sub_id: str, rows: Sequence[OutboxRow]) -> None:
+        """PERMISSION_DENIED if a change of `rows` is of a key `principal` may not read."""
+        readable = self._edge.readable(principal)
+        for row in rows:
+            for change in row.delta.changes:
+                if not readable(change.key):
+                    self._edge.allow(principal, Permission.READ, change.key)  # raises
 
     def _closed(
         self, notifier: BucketNotifier, sub_id: str, sink: StreamSink, reason: str

@@ -16,7 +16,6 @@ from typing import TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from sevendb.cluster.common.auth import ADMIN_PRINCIPAL
 from sevendb.cluster.raft.replica import BucketReplica, ReplicaUnavailable
 from sevendb.cluster.server.edge import Call, Edge, now_ms
 from sevendb.cluster.server.errors import Failure
@@ -67,7 +66,7 @@ class SubscriptionAdmin:
         self, request: pb.ListSubscriptionsRequest, call: Call
     ) -> pb.ListSubscriptionsResponse:
         bucket = request.bucket
-        admin = call.principal == ADMIN_PRINCIPAL
+        admin = call.admin
         owner = (request.owner or None) if admin else call.principal
 
         def page(sm: BucketStateMachine) -> tuple[list[SubscriptionInfo], bool]:
@@ -114,7 +113,7 @@ class SubscriptionAdmin:
         info = self._read(
             replica, request.bucket, lambda sm: lifecycle.subscription_info(sm, request.sub_id)
         )
-        if info is None or (call.principal != ADMIN_PRINCIPAL and info.principal != call.principal):
+        if info is None or (not call.admin and info.principal != call.principal):
             raise Failure(
                 grpc.StatusCode.NOT_FOUND,
                 f"no subscription {request.sub_id} in bucket {request.bucket}",

@@ -20,6 +20,7 @@ from typing import Final
 
 import grpc
 
+from sevendb.cluster.common.acl import Permission
 from sevendb.cluster.raft.replica import ReplicaUnavailable
 from sevendb.cluster.server.batcher import BatcherFull, Outcome, WriteBatcher, write_size
 from sevendb.cluster.server.edge import PROPOSE_TIMEOUT_S, Call, Edge, now_ms
@@ -50,18 +51,22 @@ class Writes:
         for batcher in self._batchers.values():
             batcher.close()
 
-    def _parse(self, request: pb.WriteRequest) -> tuple[int, Write]:
-        """Validate one write and find its bucket (raises Failure)."""
+    def _parse(self, request: pb.WriteRequest, principal: str) -> tuple[int, Write]:
+        """Validate one write, check that `principal` may write its keys, and find its
+        bucket (raises Failure). A producer's write carries its principal: only the
+        producer's owner may use it (the core checks)."""
         try:
             ops = tuple(codec.op_from_pb(op) for op in request.ops)
             producer = (
                 codec.producer_from_pb(request.producer) if request.HasField("producer") else None
             )
-            entry = Write(ops, producer, now_ms())
+            entry = Write(ops, producer, now_ms(), principal if producer is not None else "")
         except SevenDBError as exc:
             raise Failure.domain(exc) from None
         except ValueError as exc:
             raise Failure.invalid(f"bad op: {exc}") from None
+        for op in ops:
+            self._edge.allow(principal, Permission.WRITE, op.key)
         count = len(self._edge.spec.buckets)
         bucket = bucket_of(ops[0].key, count)
         if len(ops) > 1:
@@ -118,6 +123,8 @@ class Writes:
             raise done
         if isinstance(done, WriteResult) and done.error is not None:
             raise Failure.rejected(done.error)
+        if isinstance(done, WriteResult) and done.duplicate and self._edge.metrics is not None:
+            self._edge.metrics.duplicates_answered(bucket, 1)  # counted where it was batched
         assert isinstance(done, WriteResult | pb.WriteResponse), done
         return done
 
@@ -144,7 +151,7 @@ class Writes:
             out.versions.add(key=key, version=version)
 
     async def write(self, request: pb.WriteRequest, call: Call) -> pb.WriteResponse:
-        bucket, entry = self._parse(request)
+        bucket, entry = self._parse(request, call.principal)
         batcher = self._batcher(bucket)
         done: Outcome | pb.WriteResponse
         if batcher is None:
@@ -168,7 +175,7 @@ class Writes:
         forwards: list[Awaitable[pb.WriteResponse]] = []
         for write in request.writes:
             try:
-                bucket, entry = self._parse(write)
+                bucket, entry = self._parse(write, call.principal)
             except Failure as failure:
                 plan.append(failure)
                 continue
@@ -292,9 +299,11 @@ class Writes:
         self, request: pb.InitProducerRequest, call: Call
     ) -> pb.InitProducerResponse:
         bucket = request.bucket
+        self._edge.allow(call.principal, Permission.IDEMPOTENT_WRITE)
         # Ids are minted at the edge (randomness stays out of the core).
         pid = request.producer_id or (secrets.randbits(62) | 1)
-        result, _ = await self._edge.commit(bucket, InitProducer(pid, now_ms()), InitProducerResult)
+        entry = InitProducer(pid, now_ms(), call.principal)
+        result, _ = await self._edge.commit(bucket, entry, InitProducerResult)
         return pb.InitProducerResponse(producer_id=pid, producer_epoch=result.epoch, bucket=bucket)
 
 
