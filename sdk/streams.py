@@ -11,10 +11,10 @@ was seen already. Events ready for the application go to the subscription's inbo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import random
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -130,7 +130,7 @@ class BucketStream:
     duplicates: int = 0
     reconnects: int = 0
     caught_up: bool = False
-    ready: threading.Event = field(default_factory=threading.Event)
+    ready: bool = False
     """Set once the stream is subscribed (SubAck) or resumed (ReconnectAck OK)."""
     history: list[str] = field(default_factory=list)
 
@@ -201,6 +201,10 @@ class BucketStreams:
         self._put = put
         self.closed = False
         """Set when the subscription closes: no stream starts again."""
+        self.failure: BaseException | None = None
+        """The error that ended the subscription (also put to the application)."""
+        self._changed: asyncio.Event | None = None
+        """Set when a stream becomes ready or the subscription fails (`wait_ready`)."""
 
     def target_of(self, bucket: int) -> str:
         """The node a bucket's acks go to: its stream's."""
@@ -209,6 +213,40 @@ class BucketStreams:
     async def start(self) -> None:
         for stream in self.streams.values():
             stream.task = asyncio.get_running_loop().create_task(self._run_stream(stream))
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Until every bucket's stream is established (so that a write made afterwards
+        is always delivered); raises the error that ended the subscription, or
+        `SubscriptionBroken` after `timeout_s`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        changed = self._changed = self._changed or asyncio.Event()
+        while missing := [s for s in self.streams.values() if not s.ready]:
+            if self.failure is not None:
+                raise self.failure
+            left = deadline - loop.time()
+            if left <= 0:
+                stream = missing[0]
+                raise SubscriptionBroken(
+                    f"bucket {stream.bucket}: no stream within {timeout_s:g} s "
+                    f"(last: {stream.history[-1] if stream.history else 'no answer'})",
+                    BrokenReason.UNAVAILABLE,
+                )
+            changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), left)
+
+    def _ready(self, stream: BucketStream) -> None:
+        stream.ready = True
+        if self._changed is not None:
+            self._changed.set()
+
+    def _broken(self, error: SubscriptionBroken) -> None:
+        """The subscription ends with `error` (the application's next read raises it)."""
+        self.failure = error
+        self._put(error)
+        if self._changed is not None:
+            self._changed.set()
 
     async def stop(self) -> None:
         self.closed = True
@@ -237,7 +275,7 @@ class BucketStreams:
             except aio.AioRpcError as exc:
                 fatal = _FATAL.get(exc.code())
                 if fatal is not None:
-                    self._put(
+                    self._broken(
                         SubscriptionBroken(
                             f"bucket {stream.bucket}: {exc.code().name}: {exc.details()}", fatal
                         )
@@ -253,13 +291,13 @@ class BucketStreams:
                     await asyncio.sleep(backoff * (0.5 + random.random()))
                     backoff = min(backoff * 2, opts.backoff_max_s)
             except SubscriptionBroken as exc:
-                self._put(exc)
+                self._broken(exc)
                 return
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a bug: surface it, never spin silently
                 log.exception("bucket %d stream failed", stream.bucket)
-                self._put(
+                self._broken(
                     SubscriptionBroken(f"bucket {stream.bucket}: {exc!r}", BrokenReason.INTERNAL)
                 )
                 return
@@ -334,7 +372,7 @@ class BucketStreams:
             await asyncio.to_thread(self._flusher.save, stream.bucket, stream.sub_id, start)
         stream.subscribed = True
         stream.history.append(f"subscribed {stream.sub_id} at {start}")
-        stream.ready.set()
+        self._ready(stream)
         return call
 
     async def _reconnect(self, stream: BucketStream, target: str) -> SessionStream | None:
@@ -351,7 +389,7 @@ class BucketStreams:
         if status == pb.ReconnectAck.OK:
             stream.cursor.resumed(stream.cursor.released)  # keep what was released
             stream.history.append(f"resumed {stream.sub_id} after {after}")
-            stream.ready.set()
+            self._ready(stream)
             return call
         call.cancel()
         reason = StreamResetReason(pb.ReconnectAck.Status.Name(status))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import grpc
+from sdk_facade import make_client
 
 from sevendb.cluster.common.topology import ClusterSpec
 from sevendb.cluster.ops.admin import ClusterAdmin
@@ -93,8 +94,13 @@ class LocalCluster:
     def token(self, principal: str = "default") -> str:
         return local_token(self.data_dir, principal)
 
-    def client(self, retry: RetryPolicy | None = None, principal: str = "default") -> Client:
-        return Client(
+    def client(
+        self, retry: RetryPolicy | None = None, principal: str = "default", kind: str = "sync"
+    ) -> Client:
+        """A `Client`; with `kind` "async" an `AsyncClient` behind the same calls
+        (tests/sdk_facade.py), for tests parametrised over both."""
+        return make_client(
+            kind,
             [n.grpc_address for n in self.spec.nodes],
             token=self.token(principal),
             tls=self.tls,
