@@ -48,6 +48,7 @@ from sevendb.sdk.errors import (
     retry_after_s,
 )
 from sevendb.sdk.flusher import Flusher
+from sevendb.sdk.progress import Partial, undone_changes
 from sevendb.sdk.sessions import Sessions, SessionStream
 
 if TYPE_CHECKING:
@@ -69,7 +70,13 @@ _FATAL: Final = {
 
 
 class Event(NamedTuple):
-    """One committed change set of one bucket, delivered once and in order per bucket.
+    """One log entry of one bucket - the committed changes it made, in order -
+    delivered once and in order per bucket. Writes committed together (one atomic
+    write, or concurrent writes the leader batched into one entry) are one event
+    with several changes under one `emit_seq` (docs/emission.md, "Event
+    granularity"). With `SubscribeOptions(per_change=True)` an event is one change
+    alone: `changes` holds it, `change_index` is its place in the entry and `entry_changes`
+    the entry's size.
 
     Immutable; a named tuple because one is built per delivered event (half the cost
     of a frozen dataclass)."""
@@ -80,6 +87,23 @@ class Event(NamedTuple):
     prev_emit_seq: EmitSeq
     changes: tuple[Change, ...]
     commit_time_ms: int
+    change_index: int | None = None
+    """Per-change delivery: this change's place in its entry (None: the whole entry)."""
+    entry_changes: int = 0
+    """Per-change delivery: how many changes its entry has (0: the whole entry)."""
+
+    @property
+    def position(self) -> tuple[EmitSeq, int]:
+        """``(emit_seq, i)``: a change's position in its bucket's stream, ordered;
+        for a whole entry, that of its last change."""
+        index = len(self.changes) - 1 if self.change_index is None else self.change_index
+        return self.emit_seq, index
+
+    @property
+    def last_of_entry(self) -> bool:
+        """Is this the whole entry, or its last change (processing it completes the
+        entry, which is then acknowledged)?"""
+        return self.change_index is None or self.change_index + 1 >= self.entry_changes
 
 
 class StreamResetReason(StrEnum):
@@ -133,6 +157,28 @@ class BucketStream:
     ready: bool = False
     """Set once the stream is subscribed (SubAck) or resumed (ReconnectAck OK)."""
     history: list[str] = field(default_factory=list)
+    skip: Partial | None = None
+    """Per-change delivery: the changes of an entry a resumed process had processed
+    (from its cursor), not to be delivered again."""
+
+
+def split_changes(event: Event, skip: Partial | None) -> list[Event]:
+    """Per-change delivery: an entry as one event per change, without those `skip`
+    says were processed already (`undone_changes`)."""
+    size = len(event.changes)
+    return [
+        Event(
+            event.bucket,
+            event.sub_id,
+            event.emit_seq,
+            event.prev_emit_seq,
+            (event.changes[i],),
+            event.commit_time_ms,
+            i,
+            size,
+        )
+        for i in undone_changes(event.emit_seq, size, skip)
+    ]
 
 
 def _event(bucket: int, ev: pb.DataEvent) -> Event:
@@ -257,6 +303,9 @@ class BucketStreams:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _hand_over(self, ready: list[Event]) -> None:
+        if self.options.per_change:
+            streams = self.streams
+            ready = [c for e in ready for c in split_changes(e, streams[e.bucket].skip)]
         self._put(ready)
         self._flusher.handed(len(ready))
 
@@ -405,7 +454,7 @@ class BucketStreams:
                 BrokenReason(reason.value),
             )
         old = stream.sub_id
-        stream.sub_id, stream.subscribed, stream.cursor = None, False, None
+        stream.sub_id, stream.subscribed, stream.cursor, stream.skip = None, False, None, None
         self._flusher.forget(stream.bucket)  # nothing of it is persisted or acked again
         if self._flusher.store is not None:
             await asyncio.to_thread(self._flusher.forget_cursor, old)

@@ -119,6 +119,11 @@ class SubscribeOptions:
     reorder_buffer_max: int = 1024
     backoff_initial_s: float = 0.05
     backoff_max_s: float = 2.0
+    per_change: bool = False
+    """Deliver each change of a log entry as an event of its own (`Event.change_index`),
+    processed and acked one at a time; the entry is acknowledged to the node once
+    all its changes are processed, and a process resumed mid-entry skips the changes
+    it had processed (docs/emission.md, "Event granularity")."""
 
     def __post_init__(self) -> None:
         for name, kind in (("on_stale", Recovery), ("on_invalid", Recovery), ("ack", AckMode)):
@@ -197,6 +202,17 @@ class _Inbox:
                         self._waiter = None
 
 
+_Position: TypeAlias = tuple[EmitSeq, int, int]
+"""(emit_seq, i, size): a change's place in its stream (a whole entry's: its last)."""
+
+
+def _position(event: Event) -> _Position:
+    if event.change_index is None:
+        size = len(event.changes)
+        return event.emit_seq, size - 1, size
+    return event.emit_seq, event.change_index, event.entry_changes
+
+
 def _wake(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -257,7 +273,9 @@ class Subscription:
         self._batch: collections.deque[Event] = collections.deque()
         self._last: Event | None = None
         """AUTO: the event in the application's hands (processed when it asks again)."""
-        self._outstanding = Outstanding() if opts.ack is AckMode.EXPLICIT else None
+        self._outstanding: Outstanding[_Position] | None = (
+            Outstanding() if opts.ack is AckMode.EXPLICIT else None
+        )
         self._ack_lock = threading.Lock()
         saved = {c.bucket: c for c in (store.named(self.name) if store else [])}
         for bucket in buckets:
@@ -267,7 +285,8 @@ class Subscription:
             )
             if c is not None and c.position is not None:
                 stream.cursor = StreamCursor(c.position, reorder_buffer_max=opts.reorder_buffer_max)
-                self._flusher.start(bucket, c.sub_id, c.position)
+                stream.skip = c.partial if opts.per_change else None
+                self._flusher.start(bucket, c.sub_id, c.position, stream.skip)
             streams[bucket] = stream
         self._streams = BucketStreams(
             engine, sessions, self._flusher, query, opts, streams, self._inbox.put
@@ -370,7 +389,7 @@ class Subscription:
             self._last = event
         else:
             with self._ack_lock:
-                self._outstanding.handed(event.bucket, event.sub_id, event.emit_seq)
+                self._outstanding.handed(event.bucket, event.sub_id, _position(event))
         return event
 
     def _take(self, item: list[Event] | BaseException | None) -> None:
@@ -383,7 +402,8 @@ class Subscription:
     def _mark_processed(self) -> None:
         last, self._last = self._last, None
         if last is not None:
-            self._flusher.processed(last.bucket, last.sub_id, last.emit_seq)
+            emit_seq, index, size = _position(last)
+            self._flusher.processed_change(last.bucket, last.sub_id, emit_seq, index, size)
 
     def ack(self, event: Event) -> None:
         """`AckMode.EXPLICIT`: the application finished `event` (any order, any
@@ -391,9 +411,12 @@ class Subscription:
         acknowledged once every event before it was acked too."""
         outstanding = self._explicit("ack")
         with self._ack_lock:
-            found, position, covered = outstanding.ack(event.bucket, event.sub_id, event.emit_seq)
+            found, position, covered = outstanding.ack(event.bucket, event.sub_id, _position(event))
             if position is not None:
-                self._flusher.processed(event.bucket, event.sub_id, position, covered)
+                emit_seq, index, size = position
+                self._flusher.processed_change(
+                    event.bucket, event.sub_id, emit_seq, index, size, covered
+                )
         if found is Acked.UNKNOWN:
             raise InvalidArgument(
                 f"ack: no event at {event.emit_seq} of bucket {event.bucket} was handed out "
@@ -412,7 +435,7 @@ class Subscription:
         if not delay_s >= 0:
             raise InvalidArgument(f"nak: delay_s must be >= 0, not {delay_s!r}")
         with self._ack_lock:
-            waiting = outstanding.is_open(event.bucket, event.sub_id, event.emit_seq)
+            waiting = outstanding.is_open(event.bucket, event.sub_id, _position(event))
         if not waiting:
             raise InvalidArgument(
                 f"nak: the event at {event.emit_seq} of bucket {event.bucket} is not awaiting "
@@ -423,7 +446,7 @@ class Subscription:
                 loop = self._engine.loop
                 self._engine.mailbox.post(loop.call_later, delay_s, self._inbox.put, [event])
 
-    def _explicit(self, what: str) -> Outstanding:
+    def _explicit(self, what: str) -> Outstanding[_Position]:
         if self._outstanding is None:
             raise InvalidArgument(
                 f"{what}() is for SubscribeOptions(ack=AckMode.EXPLICIT); with AckMode.AUTO an "
