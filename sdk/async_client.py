@@ -256,10 +256,20 @@ class AsyncClient:
         await self._close(failed=exc is not None)
 
     def _loop(self) -> Engine:
-        """The engine, on the running loop (made on first use)."""
-        if self._engine is None:
-            self._engine = Engine(self._endpoints, self._tls, asyncio.get_running_loop())
-        return self._engine
+        """The engine, on the running loop (made on first use); refused on another
+        loop (its channels and tasks belong to the first)."""
+        engine = self._engine
+        if engine is not None and engine.threaded:
+            return engine  # a `Client`'s: its calls come from any thread
+        loop = asyncio.get_running_loop()
+        if engine is None:
+            engine = self._engine = Engine(self._endpoints, self._tls, loop)
+        elif engine.loop is not loop:
+            raise InvalidArgument(
+                "an AsyncClient belongs to the event loop it first ran on; make one per "
+                "loop (or close it first)"
+            )
+        return engine
 
     async def _call(self, fn: Callable[[pb_grpc.SevenDBStub, float], Awaitable[T]]) -> T:
         """`fn(stub, timeout)` retried per the `RetryPolicy`: every attempt ends by

@@ -77,6 +77,11 @@ class Engine:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
+    @property
+    def threaded(self) -> bool:
+        """Does the loop run in a thread of the engine's own (a `Client`'s)?"""
+        return self._thread is not None
+
     def on_loop_thread(self) -> bool:
         """Is the caller on the loop's thread (a callback)? It must not wait on the loop."""
         return threading.get_ident() == self._loop_ident

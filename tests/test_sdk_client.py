@@ -5,6 +5,7 @@ with a `sevendb-retry-after-ms` trailer (a rate limit) is retried after that lon
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
@@ -20,8 +21,10 @@ from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 from sevendb.sdk import (
+    AsyncClient,
     BrokenReason,
     ErrorCode,
+    InvalidArgument,
     NodeStatus,
     ReplicaStatus,
     ResourceExhausted,
@@ -257,3 +260,31 @@ def test_a_rate_limit_past_the_retry_budget_is_resource_exhausted(kind: str) -> 
             client.put("k", b"v")
     assert get.value.retry_after_s == 0.2 and put.value.retry_after_s == 0.2
     assert get.value.code is ErrorCode.RESOURCE_EXHAUSTED
+
+
+# ---- AsyncClient only -------------------------------------------------------------------
+
+
+def test_a_client_with_nothing_to_reach_is_unavailable_in_time() -> None:
+    async def main() -> None:
+        retry = RetryPolicy(deadline_s=1.0, call_timeout_s=0.5)
+        async with AsyncClient(["127.0.0.1:1"], tls=None, retry=retry) as client:
+            with pytest.raises(Unavailable, match="cannot reach the cluster"):
+                await client.get("k")
+            with pytest.raises(InvalidArgument, match="query must be"):
+                await client.subscribe("orders/")
+
+    asyncio.run(main())
+
+
+def test_an_async_client_used_on_a_second_loop_is_refused() -> None:
+    """Its channels and tasks belong to the loop it first ran on."""
+    client = AsyncClient(["127.0.0.1:1"], tls=None, retry=RetryPolicy(deadline_s=0.3))
+
+    async def get() -> None:
+        await client.get("k")
+
+    with pytest.raises(Unavailable):  # the first loop: the engine is made on it
+        asyncio.run(get())
+    with pytest.raises(InvalidArgument, match="belongs to the event loop it first ran on"):
+        asyncio.run(get())
