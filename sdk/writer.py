@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import heapq
 import itertools
 import random
@@ -261,7 +262,13 @@ class WritePipeline(Generic[T]):
             self._room_async.append(room)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(room, left)
-        return await asyncio.wrap_future(self.submit(request, bucket, producer))
+        answer: asyncio.Future[T] = loop.create_future()
+        # The pipeline settles writes on this loop: the answer is set right there
+        # (`asyncio.wrap_future` would wake the loop through its self-pipe per write).
+        self.submit(request, bucket, producer).add_done_callback(
+            functools.partial(_answer, answer)
+        )
+        return await answer
 
     def _full(self) -> str:
         """Under `_inbox_lock`: why a write does not fit."""
@@ -811,6 +818,19 @@ class WritePipeline(Generic[T]):
         self._route(pending, targets)
         for target in targets:
             self._kick(target)
+
+
+def _answer(answer: asyncio.Future[T], settled: Future[T]) -> None:
+    """Hand a settled write's outcome to the coroutine awaiting it (on the loop,
+    where writes are settled)."""
+    if answer.done():  # the coroutine was cancelled
+        return
+    if settled.cancelled():
+        answer.cancel()
+    elif (error := settled.exception()) is not None:
+        answer.set_exception(error)
+    else:
+        answer.set_result(settled.result())
 
 
 def _size(request: pb.WriteRequest, producer: Producer | None) -> int:
