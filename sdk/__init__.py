@@ -9,6 +9,9 @@
             for event in sub:
                 ...   # an exception here leaves the event unacked: it comes again
 
+In a coroutine, `AsyncClient` offers the same calls as coroutines on the caller's
+own loop (`await client.put(...)`, ``async for event in sub``): docs/sdk.md.
+
 The names below (`__all__`) are the public API; the modules under this package are
 how it is built and may change. Every error is a `SevenDBError` (the tree:
 `sevendb.sdk.errors`); nothing public takes or returns a protobuf message.
@@ -38,6 +41,7 @@ from sevendb.outbox.errors import (
 )
 from sevendb.outbox.model import Change
 from sevendb.outbox.query import Query, QueryKind
+from sevendb.sdk.async_client import AsyncClient, AsyncIdempotentProducer
 from sevendb.sdk.client import Client, IdempotentProducer, RetryPolicy, WriteQueue
 from sevendb.sdk.cursor_store import CursorStore, SavedCursor
 from sevendb.sdk.errors import (
@@ -74,6 +78,8 @@ from sevendb.sdk.tls import TLS
 
 __all__ = [
     "AckMode",
+    "AsyncClient",
+    "AsyncIdempotentProducer",
     "BrokenReason",
     "Change",
     "Client",

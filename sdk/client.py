@@ -14,47 +14,51 @@ Every write is idempotent: the client is a producer (`sevendb.sdk.producer`), so
 write retried after a lost answer, a timeout or a failover never applies twice.
 Every error is a `SevenDBError` (the tree: `sevendb.sdk.errors`); what a call takes
 and returns is in `sevendb.sdk.models`, never a protobuf message.
+
+The work is done by the same core as `AsyncClient` (`sevendb.sdk.async_client`), on
+an asyncio loop in a background thread (`sevendb.sdk.engine`): each call here runs
+the coroutine there and waits for it. Writes go straight to the thread-safe write
+pipeline, so `write_async` keeps many in flight from one thread.
 """
 
 from __future__ import annotations
 
-import random
 import sys
 import threading
-import time
-import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-import grpc
-
 from sevendb.outbox.emitseq import EmitSeq
-from sevendb.outbox.entries import ANY, ExpectKind, Op, OpKind, StartKind, Write
-from sevendb.outbox.errors import InvalidArgument, SevenDBError
+from sevendb.outbox.entries import Op, StartKind
+from sevendb.outbox.errors import InvalidArgument
 from sevendb.outbox.query import Query, QueryKind, plan_query
 from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
-from sevendb.proto import sevendb_pb2_grpc as pb_grpc
-from sevendb.sdk.acks import AckPipeline
+from sevendb.sdk.async_client import (
+    AsyncClient,
+    RetryPolicy,
+    WriteQueue,
+    write_bucket,
+    write_request,
+)
+from sevendb.sdk.async_client import (
+    _op_pb as _op_pb,
+)
 from sevendb.sdk.cursor_store import CursorStore
-from sevendb.sdk.engine import ERROR_CODE_KEY, LEADER_HINT_KEY, RETRY_AFTER_KEY, Engine
-from sevendb.sdk.errors import ResourceExhausted, Unavailable, domain_error, retry_after_s
+from sevendb.sdk.engine import Engine
 from sevendb.sdk.handover import Handover
 from sevendb.sdk.models import (
     ClusterLayout,
     NodeStatus,
     RangePage,
     Record,
-    ReplicaStatus,
     WriteResult,
     delete_op,
     set_op,
 )
 from sevendb.sdk.producer import Producer
-from sevendb.sdk.sessions import Sessions
 from sevendb.sdk.streams import Event
 from sevendb.sdk.subscription import (
     StartAt,
@@ -64,98 +68,10 @@ from sevendb.sdk.subscription import (
     parse_query,
     starts_for,
 )
-from sevendb.sdk.tls import SYSTEM_ROOTS, TLS, sync_channel
-from sevendb.sdk.writer import QUEUE_BYTES_MAX, QUEUE_WAIT_S, QUEUE_WRITES_MAX, WritePipeline
+from sevendb.sdk.tls import SYSTEM_ROOTS, TLS
+from sevendb.sdk.writer import WritePipeline
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How long and how often to retry UNAVAILABLE (leader changes, restarts) and
-    RESOURCE_EXHAUSTED with a retry-after (rate limits). `deadline_s` bounds a call
-    or a write, all attempts included; it also bounds how long `Client.subscribe`
-    waits for its streams."""
-
-    attempts_max: int = 40
-    backoff_initial_s: float = 0.05
-    backoff_max_s: float = 1.0
-    deadline_s: float = 30.0
-    call_timeout_s: float = 10.0
-
-    def __post_init__(self) -> None:
-        if self.attempts_max < 1 or self.deadline_s <= 0 or self.call_timeout_s <= 0:
-            raise InvalidArgument("attempts_max >= 1, deadline_s > 0, call_timeout_s > 0")
-        if not 0 < self.backoff_initial_s <= self.backoff_max_s:
-            raise InvalidArgument("0 < backoff_initial_s <= backoff_max_s")
-
-
-@dataclass(frozen=True, slots=True)
-class WriteQueue:
-    """Backpressure: how many unanswered writes a `Client` holds (queued, in flight,
-    or waiting to be retried). A write beyond `max_writes` or `max_bytes` *blocks*
-    until earlier ones are answered, for up to `wait_s`, then raises
-    `ResourceExhausted` (nothing is sent). On the client's own loop thread (a write's
-    callback), where waiting would deadlock, it raises at once. A single write larger
-    than `max_bytes` is taken when nothing else is unanswered."""
-
-    max_writes: int = QUEUE_WRITES_MAX
-    max_bytes: int = QUEUE_BYTES_MAX
-    wait_s: float = QUEUE_WAIT_S
-
-    def __post_init__(self) -> None:
-        if self.max_writes < 1 or self.max_bytes < 1 or self.wait_s < 0:
-            raise InvalidArgument("max_writes >= 1, max_bytes >= 1, wait_s >= 0")
-
-
-def _write_result(response: pb.WriteResponse) -> WriteResult:
-    if not response.HasField("committed"):  # a duplicate whose result was lost (the pipeline)
-        return WriteResult(EmitSeq("", 0, 0), response.bucket, {}, True, position_known=False)
-    versions = response.versions
-    if len(versions) == 1:  # most writes: no comprehension
-        kv = versions[0]
-        written = {kv.key: kv.version}
-    else:
-        written = {kv.key: kv.version for kv in versions}
-    return WriteResult(
-        codec.seq_from_pb(response.committed), response.bucket, written, response.duplicate
-    )
-
-
-def _op_pb(op: Op) -> pb.Op:
-    if not isinstance(op, Op):
-        raise InvalidArgument(f"a write takes Op values (set_op, delete_op), not {op!r}")
-    kind = pb.Op.DEL if op.kind is OpKind.DEL else pb.Op.SET
-    expected = op.expected
-    if expected is ANY:  # most writes
-        return pb.Op(kind=kind, key=op.key, value=op.value)
-    if expected.kind is ExpectKind.EXACT:
-        condition = pb.ExpectedVersion(exact=expected.version)
-    elif expected.kind is ExpectKind.NOT_EXISTS:
-        condition = pb.ExpectedVersion(not_exists=True)
-    else:
-        condition = None
-    return pb.Op(kind=kind, key=op.key, value=op.value, expected=condition)
-
-
-def _node_status(response: pb.StatusResponse) -> NodeStatus:
-    def replica(r: pb.ReplicaStatus) -> ReplicaStatus:
-        values: dict[str, Any] = {f.name: getattr(r, f.name) for f in fields(ReplicaStatus)}
-        values["members"] = tuple(r.members)
-        values["connected"] = tuple(r.connected)
-        return ReplicaStatus(**values)
-
-    return NodeStatus(response.node_id, tuple(replica(r) for r in response.replicas))
-
-
-def _trailer(exc: grpc.RpcError, key: str) -> str | None:
-    value = dict(exc.trailing_metadata() or ()).get(key)
-    return value if isinstance(value, str) else None
-
-
-def _call_error(exc: grpc.RpcError) -> SevenDBError | None:
-    after = retry_after_s(_trailer(exc, RETRY_AFTER_KEY))
-    return domain_error(exc.code(), exc.details() or "", _trailer(exc, ERROR_CODE_KEY), after)
 
 
 class Client:
@@ -167,7 +83,8 @@ class Client:
     plaintext, for a cluster made with --insecure). With a client certificate and no
     token, on a cluster that requires client certificates, the certificate's name is
     the principal. `retry` says how long to retry, `write_queue` how many unanswered
-    writes to hold before a write waits (backpressure). Thread-safe.
+    writes to hold before a write waits (backpressure). Thread-safe. (In a coroutine,
+    use `AsyncClient`: a call here blocks the caller's thread.)
     """
 
     def __init__(
@@ -179,28 +96,14 @@ class Client:
         retry: RetryPolicy | None = None,
         write_queue: WriteQueue | None = None,
     ) -> None:
-        if not endpoints:
-            raise InvalidArgument("a Client needs at least one endpoint (host:port)")
-        if tls is not None and not isinstance(tls, TLS):
-            raise InvalidArgument(f"tls takes a sevendb.sdk.TLS or None (plaintext), not {tls!r}")
-        self._endpoints = list(endpoints)
-        self._tls = tls
-        self._retry = retry or RetryPolicy()
-        self._write_queue = write_queue or WriteQueue()
-        self._producer = Producer()
-        """The client's own idempotent producer: every write carries its sequence."""
-        self.metadata: tuple[tuple[str, str], ...] = (
-            (("authorization", f"Bearer {token}"),) if token else ()
+        self._core = AsyncClient(
+            endpoints, token=token, tls=tls, retry=retry, write_queue=write_queue
         )
-        self._channels: dict[str, grpc.Channel] = {}
-        self._preferred = 0
+        self._producer = self._core._producer
+        """The client's own idempotent producer: every write carries its sequence."""
+        self.metadata = self._core.metadata
         self._lock = threading.Lock()
-        self._layout: ClusterLayout | None = None
         self._engine: Engine | None = None
-        self._writes: WritePipeline[WriteResult] | None = None
-        self._ack_pipeline: AckPipeline | None = None
-        self._sessions: Sessions | None = None
-        self._subscriptions: weakref.WeakSet[Subscription] = weakref.WeakSet()
 
     def close(self) -> None:
         """Close the connections. Writes not answered yet fail with "the client is
@@ -211,14 +114,8 @@ class Client:
 
     def _close(self, *, failed: bool) -> None:
         with self._lock:
-            subs = list(self._subscriptions)
-            self._subscriptions.clear()
             engine, self._engine = self._engine, None
-            writes, self._writes = self._writes, None
-            self._ack_pipeline = self._sessions = None
-            for channel in self._channels.values():
-                channel.close()
-            self._channels.clear()
+            _, subs, writes = self._core._take_all()
         if engine is None:
             return
         args = (engine, writes, subs, failed)
@@ -235,77 +132,41 @@ class Client:
         consumer had in hand unprocessed (`Subscription.close`)."""
         self._close(failed=exc is not None)
 
-    def _stub(self, address: str) -> pb_grpc.SevenDBStub:
+    def _loop(self) -> Engine:
+        """The engine (its loop thread started on first use), bound to the core."""
         with self._lock:
-            channel = self._channels.get(address)
-            if channel is None:
-                channel = self._channels[address] = sync_channel(address, self._tls)
-        return pb_grpc.SevenDBStub(channel)
+            if self._engine is None:
+                self._engine = self._core._engine = Engine(self._core._endpoints, self._core._tls)
+            return self._engine
 
-    def _call(self, fn: Callable[[pb_grpc.SevenDBStub, float], T]) -> T:
-        """`fn(stub, timeout)` retried per the `RetryPolicy`: every attempt ends by
-        the deadline."""
-        policy = self._retry
-        deadline = time.monotonic() + policy.deadline_s
-        backoff = policy.backoff_initial_s
-        target = self._endpoints[self._preferred % len(self._endpoints)]
-        last: grpc.RpcError | None = None
-        for _attempt in range(policy.attempts_max):
-            left = deadline - time.monotonic()
-            try:
-                return fn(self._stub(target), max(0.01, min(policy.call_timeout_s, left)))
-            except grpc.RpcError as exc:
-                typed = _call_error(exc)
-                if typed is not None:
-                    raise typed from None
-                last = exc
-                hint = _trailer(exc, LEADER_HINT_KEY)
-                if hint:
-                    target = hint
-                else:
-                    self._preferred += 1
-                    target = self._endpoints[self._preferred % len(self._endpoints)]
-            after = retry_after_s(_trailer(last, RETRY_AFTER_KEY))
-            wait = after if after is not None else backoff * (0.5 + random.random())
-            if time.monotonic() + wait > deadline:
-                break
-            time.sleep(wait)
-            backoff = min(backoff * 2, policy.backoff_max_s)
-        detail = "no attempt" if last is None else f"{last.code().name}: {last.details()}"
-        if last is not None and last.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
-            after = retry_after_s(_trailer(last, RETRY_AFTER_KEY))
-            raise ResourceExhausted(f"refused for now by the cluster: {detail}", after)
-        raise Unavailable(
-            f"cannot reach the cluster at {','.join(self._endpoints)} within "
-            f"{policy.deadline_s:g} s: {detail}"
-        )
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run one of the core's coroutines on the client's loop and wait for it."""
+        engine = self._loop()
+        if engine.on_loop_thread():
+            coro.close()
+            raise InvalidArgument(
+                "a blocking Client call on the client's own loop (a write's callback) "
+                "would wait for itself: call it from another thread"
+            )
+        return engine.submit(coro).result()
+
+    def _call(self, fn: Any) -> Any:
+        """The core's retried call, `fn(stub, timeout)` returning an awaitable."""
+        return self._run(self._core._call(fn))
 
     # ---- cluster ---------------------------------------------------------------------
 
     def layout(self, *, refresh: bool = False) -> ClusterLayout:
         """The cluster's buckets and nodes (cached; `refresh` asks again)."""
-        if self._layout is None or refresh:
-            info: pb.ClusterInfoResponse = self._call(
-                lambda s, t: s.ClusterInfo(pb.ClusterInfoRequest(), timeout=t)
-            )
-            self._layout = ClusterLayout(
-                info.cluster_id,
-                tuple(b.bucket_uuid for b in info.buckets),
-                tuple(tuple(b.nodes) for b in info.buckets),
-                tuple(info.nodes),
-            )
-        return self._layout
+        known = self._core._layout
+        if known is not None and not refresh:
+            return known
+        return self._run(self._core.layout(refresh=refresh))
 
     def status(self, endpoint: str, *, digests: bool = False) -> NodeStatus:
         """One node's view of its replicas (no retry: it is about that node). With
         `digests` each replica also hashes its state (a snapshot: not for tight loops)."""
-        try:
-            response: pb.StatusResponse = self._stub(endpoint).Status(
-                pb.StatusRequest(with_digests=digests), timeout=self._retry.call_timeout_s
-            )
-        except grpc.RpcError as exc:
-            raise _call_error(exc) or Unavailable(f"{endpoint}: {exc.details()}") from None
-        return _node_status(response)
+        return self._run(self._core.status(endpoint, digests=digests))
 
     # ---- writes and reads --------------------------------------------------------------
 
@@ -323,18 +184,8 @@ class Client:
         return self._submit(ops, self._producer)
 
     def _submit(self, ops: Sequence[Op], producer: Producer) -> Future[WriteResult]:
-        if not ops:
-            raise InvalidArgument("a write needs at least one op")
-        request = pb.WriteRequest(ops=[_op_pb(op) for op in ops])
-        Write(tuple(ops))  # the node's own checks (limits, a key twice), before sending
-        layout = self.layout()
-        bucket = layout.bucket_of(ops[0].key)
-        if len(ops) > 1:
-            buckets = {layout.bucket_of(op.key) for op in ops}
-            if len(buckets) > 1:
-                raise InvalidArgument(
-                    f"ops route to buckets {sorted(buckets)}; a write is atomic within one bucket"
-                )
+        request = write_request(ops)
+        bucket = write_bucket(ops, self.layout())
         return self._pipeline().submit(request, bucket, producer)
 
     def put(
@@ -347,9 +198,8 @@ class Client:
     ) -> WriteResult:
         """Set one key (`set_op` says what the conditions mean: `expected_version=0`
         is "must not exist")."""
-        return self.write(
-            [set_op(key, value, expected_version=expected_version, must_not_exist=must_not_exist)]
-        )
+        op = set_op(key, value, expected_version=expected_version, must_not_exist=must_not_exist)
+        return self.write([op])
 
     def delete(self, key: str, *, expected_version: int | None = None) -> WriteResult:
         """Delete one key (`delete_op` says what the condition means: `expected_version=0`
@@ -357,12 +207,8 @@ class Client:
         return self.write([delete_op(key, expected_version=expected_version)])
 
     def get(self, key: str) -> Record | None:
-        response: pb.GetResponse = self._call(
-            lambda s, t: s.Get(pb.GetRequest(key=key), timeout=t, metadata=self.metadata)
-        )
-        if not response.found:
-            return None
-        return Record(key, response.value, response.version, response.mod_commit_index)
+        """The key's value and version, read at its bucket's leader (None: no such key)."""
+        return self._run(self._core.get(key))
 
     def range(
         self,
@@ -401,19 +247,10 @@ class Client:
     def sync_bucket(self, bucket: int, *, page_size: int = 0) -> Iterator[Record]:
         """Every key of a bucket, in pages of `page_size` (0: the node's default),
         ordered by the commit that last changed it (docs/wire.md, "Paged sync")."""
-        since_index, since_key = 0, ""
-        while True:
-            request = pb.SyncRequest(
-                bucket=bucket, since_commit_index=since_index, since_key=since_key, limit=page_size
-            )
-            page: pb.SyncResponse = self._call(
-                lambda s, t, r=request: s.Sync(r, timeout=t, metadata=self.metadata)  # type: ignore[misc]
-            )
-            for item in page.items:
-                yield Record(item.key, item.value, item.version, item.mod_commit_index)
-            if not page.has_more:
-                return
-            since_index, since_key = page.next_since_commit_index, page.next_since_key
+        since: tuple[int, str] | None = (0, "")
+        while since is not None:
+            records, since = self._run(self._core._sync_page(bucket, since, page_size))
+            yield from records
 
     def sync_then_subscribe(
         self,
@@ -481,7 +318,7 @@ class Client:
                 limit=page_size,
             )
             page: pb.HistoryResponse = self._call(
-                lambda s, t, r=request: s.History(r, timeout=t, metadata=self.metadata)  # type: ignore[misc]
+                lambda s, t, r=request: s.History(r, timeout=t, metadata=self.metadata)
             )
             if prev is None:
                 prev = codec.seq_from_pb(page.retained_after)
@@ -527,57 +364,16 @@ class Client:
         Returns once every bucket's stream is established: a write made afterwards is
         always delivered. Raises `SubscriptionBroken` if that takes longer than the
         `RetryPolicy` deadline (30 s by default)."""
-        parsed = parse_query(query)
-        layout = self.layout()
-        buckets = self._buckets_of(parsed)
-        starts = starts_for(start, buckets, layout.bucket_uuids)
-        with self._lock:  # the engine and its pipeline together (a close may race)
-            engine = self._loop_locked()
-            if self._ack_pipeline is None:
-                self._ack_pipeline = AckPipeline(engine, self.metadata)
-                self._sessions = Sessions(engine, self.metadata)
-            acks, sessions = self._ack_pipeline, self._sessions
-            assert sessions is not None
-        sub = Subscription(
-            self.metadata,
-            engine,
-            acks,
-            sessions,
-            parsed,
-            buckets,
-            cursor=cursor,
-            name=name,
-            options=options,
-            ready_timeout_s=self._retry.deadline_s,
-            durable=durable,
-            starts=starts,
+        return self._run(
+            self._core.subscribe(
+                query, cursor=cursor, name=name, options=options, durable=durable, start=start
+            )
         )
-        with self._lock:
-            self._subscriptions.add(sub)
-        return sub
-
-    def _loop_locked(self) -> Engine:
-        if self._engine is None:
-            self._engine = Engine(self._endpoints, self._tls)
-        return self._engine
 
     def _pipeline(self) -> WritePipeline[WriteResult]:
+        self._loop()
         with self._lock:  # the engine and its pipeline together (a close may race)
-            if self._writes is None:
-                policy = self._retry
-                self._writes = WritePipeline(
-                    self._loop_locked(),
-                    self.metadata,
-                    _write_result,
-                    deadline_s=policy.deadline_s,
-                    call_timeout_s=policy.call_timeout_s,
-                    backoff_initial_s=policy.backoff_initial_s,
-                    backoff_max_s=policy.backoff_max_s,
-                    max_writes=self._write_queue.max_writes,
-                    max_bytes=self._write_queue.max_bytes,
-                    wait_s=self._write_queue.wait_s,
-                )
-            return self._writes
+            return self._core._pipeline()
 
 
 def _shut_down(

@@ -14,7 +14,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.sdk.errors import CursorStoreError
@@ -37,6 +37,26 @@ class SavedCursor:
     bucket: int
     name: str
     position: EmitSeq | None
+    partial: tuple[EmitSeq, int] | None = None
+    """Per-change delivery (`SubscribeOptions.per_change`): (emit_seq, n), the first
+    n changes of the entry at emit_seq (the one after `position`) were processed; a
+    resume skips them when the node delivers that entry again. Absent in older
+    files (None)."""
+
+
+def _seq(raw: Any) -> EmitSeq | None:
+    if raw is None:
+        return None
+    return EmitSeq(str(raw[0]), int(raw[1]), int(raw[2]))
+
+
+def _partial(raw: Any) -> tuple[EmitSeq, int] | None:
+    if raw is None:
+        return None
+    seq = _seq(raw[0])
+    if seq is None or int(raw[1]) < 1:
+        raise ValueError(f"partial {raw!r}")
+    return seq, int(raw[1])
 
 
 class CursorStore:
@@ -68,11 +88,8 @@ class CursorStore:
                     str(c["sub_id"]),
                     int(c["bucket"]),
                     str(c["name"]),
-                    None
-                    if c["position"] is None
-                    else EmitSeq(
-                        str(c["position"][0]), int(c["position"][1]), int(c["position"][2])
-                    ),
+                    _seq(c["position"]),
+                    _partial(c.get("partial")),
                 )
                 for c in raw["cursors"]
             }
@@ -117,6 +134,11 @@ class CursorStore:
                         "bucket": c.bucket,
                         "name": c.name,
                         "position": None if c.position is None else c.position.pack(),
+                        **(
+                            {}
+                            if c.partial is None
+                            else {"partial": [c.partial[0].pack(), c.partial[1]]}
+                        ),
                     }
                     for c in (self._cursors[k] for k in sorted(self._cursors))
                 ],

@@ -1,6 +1,7 @@
-"""The SDK's background asyncio loop: one thread per `Client` runs every stream and
-write pipeline over grpc.aio channels (one per node), so a process can hold
-thousands of streams and keep many writes in flight without a thread each."""
+"""The SDK's asyncio loop: every stream and write pipeline of a client runs on it over
+grpc.aio channels (one per node), so a process can hold thousands of streams and
+keep many writes in flight without a thread each. A `Client` runs its loop in a
+background thread; an `AsyncClient` runs on the caller's own loop (no thread)."""
 
 from __future__ import annotations
 
@@ -45,33 +46,61 @@ def trailer(exc: aio.AioRpcError, key: str) -> str | None:
 
 
 class Engine:
-    """An event loop in a daemon thread, with one channel per node address (TLS
-    unless `tls` is None)."""
+    """An event loop with one channel per node address (TLS unless `tls` is None):
+    a new loop in a daemon thread, or with `loop` the caller's running loop (then
+    the caller's thread is the loop's thread, and `aclose` closes the channels)."""
 
-    def __init__(self, endpoints: Sequence[str], tls: TLS | None) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        tls: TLS | None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
         self.endpoints = list(endpoints)
         self.tls = tls
-        self.loop = asyncio.new_event_loop()
+        self.loop = loop or asyncio.new_event_loop()
         self.mailbox = mailbox(self.loop)
         """Calls into the loop from other threads, one wake-up per batch."""
         self._channels: dict[str, aio.Channel] = {}
         self._stubs: dict[str, pb_grpc.SevenDBStub] = {}
         self._rotation = itertools.count(random.randrange(1 << 16))
-        self._thread = threading.Thread(target=self._run, name="sevendb-sdk", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        self._loop_ident = threading.get_ident()
+        if loop is None:
+            self._thread = threading.Thread(target=self._run, name="sevendb-sdk", daemon=True)
+            self._thread.start()
+            assert self._thread.ident is not None
+            self._loop_ident = self._thread.ident
 
     def _run(self) -> None:
         name_os_thread()  # `sevendb-sdk` in top -H and ps -L, too
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
+    @property
+    def threaded(self) -> bool:
+        """Does the loop run in a thread of the engine's own (a `Client`'s)?"""
+        return self._thread is not None
+
     def on_loop_thread(self) -> bool:
         """Is the caller on the loop's thread (a callback)? It must not wait on the loop."""
-        return threading.get_ident() == self._thread.ident
+        return threading.get_ident() == self._loop_ident
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
         """Run `coro` on the loop (from any thread)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    async def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await `coro` on the loop from a coroutine of any loop: directly on this
+        one, through `submit` from another (an application's own loop using a
+        thread-loop `Client`'s subscription)."""
+        try:
+            here = asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            here = False
+        if here:
+            return await coro
+        return await asyncio.wrap_future(self.submit(coro))
 
     def stub(self, address: str) -> pb_grpc.SevenDBStub:
         """Only on the loop. One channel and one stub per address (a stub builds a
@@ -85,15 +114,21 @@ class Engine:
     def any_endpoint(self) -> str:
         return self.endpoints[next(self._rotation) % len(self.endpoints)]
 
-    def close(self) -> None:
-        async def shutdown() -> None:
-            for channel in self._channels.values():
-                await channel.close()
+    async def aclose(self) -> None:
+        """On the loop: close the channels (all an engine on the caller's loop holds)."""
+        channels = list(self._channels.values())
+        self._channels.clear()
+        self._stubs.clear()
+        for channel in channels:
+            await channel.close()
 
+    def close(self) -> None:
+        """Close the channels and stop the loop's thread (not on the loop's thread)."""
         if self.loop.is_running():
-            self.submit(shutdown()).result(5)
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(5)
+            self.submit(self.aclose()).result(5)
+            if self._thread is not None:
+                self.loop.call_soon_threadsafe(self.loop.stop)
+                self._thread.join(5)
 
 
 __all__ = [

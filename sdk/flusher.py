@@ -24,7 +24,7 @@ from sevendb.sdk.acks import AckPipeline
 from sevendb.sdk.cursor_store import CursorStore, SavedCursor
 from sevendb.sdk.engine import Engine
 from sevendb.sdk.errors import BrokenReason, SubscriptionBroken
-from sevendb.sdk.progress import Flush, Progress
+from sevendb.sdk.progress import Flush, Partial, Progress
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +75,12 @@ class Flusher:
 
     # ---- positions -------------------------------------------------------------------
 
-    def start(self, bucket: int, sub_id: str, position: EmitSeq) -> None:
-        """A bucket's stream (re)starts at `position`."""
+    def start(
+        self, bucket: int, sub_id: str, position: EmitSeq, partial: Partial | None = None
+    ) -> None:
+        """A bucket's stream (re)starts at `position` (`partial`: a saved cursor's)."""
         with self._lock:
-            self._progress.start(bucket, sub_id, position)
+            self._progress.start(bucket, sub_id, position, partial)
 
     def flushed(self, bucket: int) -> EmitSeq | None:
         """Where a reconnect of this bucket's stream resumes."""
@@ -110,8 +112,17 @@ class Flusher:
     def processed(self, bucket: int, sub_id: str, position: EmitSeq, count: int = 1) -> None:
         """The application finished with the events of the stream up to `position`
         (`count` of them since the last call; its thread)."""
+        self.processed_change(bucket, sub_id, position, 0, 1, count)
+
+    def processed_change(
+        self, bucket: int, sub_id: str, emit_seq: EmitSeq, index: int, size: int, count: int = 1
+    ) -> None:
+        """The application finished with the stream's changes up to change `index` of
+        the `size` of the entry at `emit_seq` (per-change delivery; `Progress`)."""
         with self._lock:
-            self._progress.processed(bucket, sub_id, position, time.monotonic(), count)
+            self._progress.processed_change(
+                bucket, sub_id, emit_seq, index, size, time.monotonic(), count
+            )
             self._marked += count
             arm, self._arm_on_mark = self._arm_on_mark, False
         if arm:
@@ -150,8 +161,8 @@ class Flusher:
                 if not self._progress.due(now):
                     return
                 flush = self._progress.take_flush(now)
+            self._persist(flush)
             if flush.positions:
-                self._persist(flush)
                 if self._engine.on_loop_thread():
                     self._send_acks(flush)
                 else:
@@ -181,11 +192,11 @@ class Flusher:
             self._due = None
 
     def _persist(self, flush: Flush) -> None:
-        if flush.positions and self.store is not None:
+        if flush.saves and self.store is not None:
             self.store.save(
                 [
-                    SavedCursor(sub_id, bucket, self._name, pos)
-                    for bucket, sub_id, pos in flush.positions
+                    SavedCursor(sub_id, bucket, self._name, pos, partial)
+                    for bucket, sub_id, pos, partial in flush.saves
                 ]
             )
 

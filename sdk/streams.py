@@ -11,10 +11,10 @@ was seen already. Events ready for the application go to the subscription's inbo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import random
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -48,6 +48,7 @@ from sevendb.sdk.errors import (
     retry_after_s,
 )
 from sevendb.sdk.flusher import Flusher
+from sevendb.sdk.progress import Partial, undone_changes
 from sevendb.sdk.sessions import Sessions, SessionStream
 
 if TYPE_CHECKING:
@@ -70,7 +71,13 @@ _FATAL: Final = {
 
 
 class Event(NamedTuple):
-    """One committed change set of one bucket, delivered once and in order per bucket.
+    """One log entry of one bucket - the committed changes it made, in order -
+    delivered once and in order per bucket. Writes committed together (one atomic
+    write, or concurrent writes the leader batched into one entry) are one event
+    with several changes under one `emit_seq` (docs/emission.md, "Event
+    granularity"). With `SubscribeOptions(per_change=True)` an event is one change
+    alone: `changes` holds it, `change_index` is its place in the entry and `entry_changes`
+    the entry's size.
 
     Immutable; a named tuple because one is built per delivered event (half the cost
     of a frozen dataclass)."""
@@ -81,6 +88,23 @@ class Event(NamedTuple):
     prev_emit_seq: EmitSeq
     changes: tuple[Change, ...]
     commit_time_ms: int
+    change_index: int | None = None
+    """Per-change delivery: this change's place in its entry (None: the whole entry)."""
+    entry_changes: int = 0
+    """Per-change delivery: how many changes its entry has (0: the whole entry)."""
+
+    @property
+    def position(self) -> tuple[EmitSeq, int]:
+        """``(emit_seq, i)``: a change's position in its bucket's stream, ordered;
+        for a whole entry, that of its last change."""
+        index = len(self.changes) - 1 if self.change_index is None else self.change_index
+        return self.emit_seq, index
+
+    @property
+    def last_of_entry(self) -> bool:
+        """Is this the whole entry, or its last change (processing it completes the
+        entry, which is then acknowledged)?"""
+        return self.change_index is None or self.change_index + 1 >= self.entry_changes
 
 
 class StreamResetReason(StrEnum):
@@ -131,11 +155,33 @@ class BucketStream:
     duplicates: int = 0
     reconnects: int = 0
     caught_up: bool = False
-    ready: threading.Event = field(default_factory=threading.Event)
+    ready: bool = False
     """Set once the stream is subscribed (SubAck) or resumed (ReconnectAck OK)."""
     begin: Start = LATEST
     """Where its first Subscribe starts (a later one, after a reset: the latest)."""
     history: list[str] = field(default_factory=list)
+    skip: Partial | None = None
+    """Per-change delivery: the changes of an entry a resumed process had processed
+    (from its cursor), not to be delivered again."""
+
+
+def split_changes(event: Event, skip: Partial | None) -> list[Event]:
+    """Per-change delivery: an entry as one event per change, without those `skip`
+    says were processed already (`undone_changes`)."""
+    size = len(event.changes)
+    return [
+        Event(
+            event.bucket,
+            event.sub_id,
+            event.emit_seq,
+            event.prev_emit_seq,
+            (event.changes[i],),
+            event.commit_time_ms,
+            i,
+            size,
+        )
+        for i in undone_changes(event.emit_seq, size, skip)
+    ]
 
 
 def _event(bucket: int, ev: pb.DataEvent) -> Event:
@@ -207,6 +253,10 @@ class BucketStreams:
         self._put = put
         self.closed = False
         """Set when the subscription closes: no stream starts again."""
+        self.failure: BaseException | None = None
+        """The error that ended the subscription (also put to the application)."""
+        self._changed: asyncio.Event | None = None
+        """Set when a stream becomes ready or the subscription fails (`wait_ready`)."""
 
     def target_of(self, bucket: int) -> str:
         """The node a bucket's acks go to: its stream's."""
@@ -215,6 +265,40 @@ class BucketStreams:
     async def start(self) -> None:
         for stream in self.streams.values():
             stream.task = asyncio.get_running_loop().create_task(self._run_stream(stream))
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Until every bucket's stream is established (so that a write made afterwards
+        is always delivered); raises the error that ended the subscription, or
+        `SubscriptionBroken` after `timeout_s`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        changed = self._changed = self._changed or asyncio.Event()
+        while missing := [s for s in self.streams.values() if not s.ready]:
+            if self.failure is not None:
+                raise self.failure
+            left = deadline - loop.time()
+            if left <= 0:
+                stream = missing[0]
+                raise SubscriptionBroken(
+                    f"bucket {stream.bucket}: no stream within {timeout_s:g} s "
+                    f"(last: {stream.history[-1] if stream.history else 'no answer'})",
+                    BrokenReason.UNAVAILABLE,
+                )
+            changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), left)
+
+    def _ready(self, stream: BucketStream) -> None:
+        stream.ready = True
+        if self._changed is not None:
+            self._changed.set()
+
+    def _broken(self, error: SubscriptionBroken) -> None:
+        """The subscription ends with `error` (the application's next read raises it)."""
+        self.failure = error
+        self._put(error)
+        if self._changed is not None:
+            self._changed.set()
 
     async def stop(self) -> None:
         self.closed = True
@@ -225,6 +309,9 @@ class BucketStreams:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _hand_over(self, ready: list[Event]) -> None:
+        if self.options.per_change:
+            streams = self.streams
+            ready = [c for e in ready for c in split_changes(e, streams[e.bucket].skip)]
         self._put(ready)
         self._flusher.handed(len(ready))
 
@@ -243,7 +330,7 @@ class BucketStreams:
             except aio.AioRpcError as exc:
                 fatal = _FATAL.get(exc.code())
                 if fatal is not None:
-                    self._put(
+                    self._broken(
                         SubscriptionBroken(
                             f"bucket {stream.bucket}: {exc.code().name}: {exc.details()}", fatal
                         )
@@ -259,13 +346,13 @@ class BucketStreams:
                     await asyncio.sleep(backoff * (0.5 + random.random()))
                     backoff = min(backoff * 2, opts.backoff_max_s)
             except SubscriptionBroken as exc:
-                self._put(exc)
+                self._broken(exc)
                 return
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a bug: surface it, never spin silently
                 log.exception("bucket %d stream failed", stream.bucket)
-                self._put(
+                self._broken(
                     SubscriptionBroken(f"bucket {stream.bucket}: {exc!r}", BrokenReason.INTERNAL)
                 )
                 return
@@ -350,7 +437,7 @@ class BucketStreams:
         stream.subscribed, stream.begin = True, LATEST
         how = "resumed durable" if first.sub_ack.resumed else "subscribed"
         stream.history.append(f"{how} {stream.sub_id} at {start}")
-        stream.ready.set()
+        self._ready(stream)
         return call
 
     async def _reconnect(self, stream: BucketStream, target: str) -> SessionStream | None:
@@ -367,7 +454,7 @@ class BucketStreams:
         if status == pb.ReconnectAck.OK:
             stream.cursor.resumed(stream.cursor.released)  # keep what was released
             stream.history.append(f"resumed {stream.sub_id} after {after}")
-            stream.ready.set()
+            self._ready(stream)
             return call
         call.cancel()
         reason = StreamResetReason(pb.ReconnectAck.Status.Name(status))
@@ -383,7 +470,7 @@ class BucketStreams:
                 BrokenReason(reason.value),
             )
         old = stream.sub_id
-        stream.sub_id, stream.subscribed, stream.cursor = None, False, None
+        stream.sub_id, stream.subscribed, stream.cursor, stream.skip = None, False, None, None
         self._flusher.forget(stream.bucket)  # nothing of it is persisted or acked again
         if self._flusher.store is not None:
             await asyncio.to_thread(self._flusher.forget_cursor, old)

@@ -55,7 +55,6 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -65,14 +64,13 @@ from typing import Final, TypeAlias
 
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import LATEST, Start, StartKind
-from sevendb.outbox.errors import InvalidArgument
+from sevendb.outbox.errors import InvalidArgument, SevenDBError
 from sevendb.outbox.query import Query
 from sevendb.proto.mailbox import Mailbox, mailbox
 from sevendb.sdk.acks import AckPipeline
 from sevendb.sdk.cursor import StreamCursor
 from sevendb.sdk.cursor_store import CursorStore
 from sevendb.sdk.engine import Engine
-from sevendb.sdk.errors import BrokenReason, SubscriptionBroken
 from sevendb.sdk.flusher import Flusher
 from sevendb.sdk.progress import Acked, Outstanding, Progress
 from sevendb.sdk.sessions import Sessions
@@ -131,6 +129,11 @@ class SubscribeOptions:
     reorder_buffer_max: int = 1024
     backoff_initial_s: float = 0.05
     backoff_max_s: float = 2.0
+    per_change: bool = False
+    """Deliver each change of a log entry as an event of its own (`Event.change_index`),
+    processed and acked one at a time; the entry is acknowledged to the node once
+    all its changes are processed, and a process resumed mid-entry skips the changes
+    it had processed (docs/emission.md, "Event granularity")."""
 
     def __post_init__(self) -> None:
         for name, kind in (("on_stale", Recovery), ("on_invalid", Recovery), ("ack", AckMode)):
@@ -227,10 +230,6 @@ class _Inbox:
             box, future = waiter
             box.post(_wake, future)
 
-    def peek_error(self) -> BaseException | None:
-        with self._cond:
-            return next((i for i in self._items if isinstance(i, BaseException)), None)
-
     def get(self, timeout_s: float | None) -> list[Event] | BaseException | None:
         with self._cond:
             if not self._items and (timeout_s is None or timeout_s > 0):
@@ -251,6 +250,17 @@ class _Inbox:
                 with self._cond:
                     if self._waiter is not None and self._waiter[1] is future:
                         self._waiter = None
+
+
+_Position: TypeAlias = tuple[EmitSeq, int, int]
+"""(emit_seq, i, size): a change's place in its stream (a whole entry's: its last)."""
+
+
+def _position(event: Event) -> _Position:
+    if event.change_index is None:
+        size = len(event.changes)
+        return event.emit_seq, size - 1, size
+    return event.emit_seq, event.change_index, event.entry_changes
 
 
 def _wake(future: asyncio.Future[None]) -> None:
@@ -283,7 +293,6 @@ class Subscription:
         cursor: CursorStore | str | Path | None = None,
         name: str | None = None,
         options: SubscribeOptions | None = None,
-        ready_timeout_s: float = 30.0,
         durable: str | None = None,
         starts: Mapping[int, Start] | None = None,
     ) -> None:
@@ -320,7 +329,9 @@ class Subscription:
         self._batch: collections.deque[Event] = collections.deque()
         self._last: Event | None = None
         """AUTO: the event in the application's hands (processed when it asks again)."""
-        self._outstanding = Outstanding() if opts.ack is AckMode.EXPLICIT else None
+        self._outstanding: Outstanding[_Position] | None = (
+            Outstanding() if opts.ack is AckMode.EXPLICIT else None
+        )
         self._ack_lock = threading.Lock()
         saved = {c.bucket: c for c in (store.named(self.name) if store else [])}
         for bucket in buckets:
@@ -331,29 +342,24 @@ class Subscription:
             stream.begin = (starts or {}).get(bucket, LATEST)
             if c is not None and c.position is not None:
                 stream.cursor = StreamCursor(c.position, reorder_buffer_max=opts.reorder_buffer_max)
-                self._flusher.start(bucket, c.sub_id, c.position)
+                stream.skip = c.partial if opts.per_change else None
+                self._flusher.start(bucket, c.sub_id, c.position, stream.skip)
             streams[bucket] = stream
         self._streams = BucketStreams(
             engine, sessions, self._flusher, query, opts, streams, self._inbox.put, durable or ""
         )
-        started: Future[None] = engine.submit(self._streams.start())
-        started.result(10)
-        self._wait_ready(ready_timeout_s)
 
-    def _wait_ready(self, timeout_s: float) -> None:
-        """Block until every bucket's stream is established, so that a write made after
-        `Client.subscribe` returns is always delivered."""
-        deadline = time.monotonic() + timeout_s
-        for stream in self._streams.streams.values():
-            while not stream.ready.wait(0.05):
-                failure = self._inbox.peek_error()
-                if failure is not None or time.monotonic() > deadline:
-                    close_subscriptions([self], flush=False)
-                    raise failure or SubscriptionBroken(
-                        f"bucket {stream.bucket}: no stream within {timeout_s:g} s "
-                        f"(last: {stream.history[-1] if stream.history else 'no answer'})",
-                        BrokenReason.UNAVAILABLE,
-                    )
+    async def _start(self, ready_timeout_s: float) -> None:
+        """On the loop: start every bucket's stream and wait until all are established,
+        so that a write made after `subscribe` returns is always delivered. A stream
+        that fails, or is not up within `ready_timeout_s`, closes the subscription
+        (nothing was processed) and raises."""
+        await self._streams.start()
+        try:
+            await self._streams.wait_ready(ready_timeout_s)
+        except BaseException:
+            await aclose_subscriptions([self], flush=False)
+            raise
 
     # ---- the application side ----------------------------------------------------------
 
@@ -377,6 +383,7 @@ class Subscription:
         return self
 
     def __next__(self) -> Event:
+        self._blocking("iterate with `for`", "`async for`")
         self._mark_processed()
         if self._flusher.due():
             self._flusher.flush()
@@ -385,6 +392,15 @@ class Subscription:
                 raise StopIteration
             self._take(self._inbox.get(None))
         return self._hand()
+
+    def _blocking(self, what: str, instead: str) -> None:
+        """A blocking call on the client's own loop (an `AsyncClient`'s, or a callback
+        of a `Client`'s) would wait for that loop forever: refused."""
+        if self._engine.on_loop_thread():
+            raise InvalidArgument(
+                f"cannot {what} on the client's own event loop (it would wait for itself): "
+                f"use {instead}"
+            )
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self
@@ -399,11 +415,17 @@ class Subscription:
         while not self._batch:
             if self._closed:
                 raise StopAsyncIteration
-            self._take(await self._inbox.aget())
+            item = await self._inbox.aget()
+            if isinstance(item, BaseException):
+                await aclose_subscriptions([self])
+                raise item
+            self._batch.extend(item)
         return self._hand()
 
     def poll(self, timeout_s: float = 0.0) -> Event | None:
-        """The next event if one arrives within `timeout_s`, else None."""
+        """The next event if one arrives within `timeout_s`, else None (blocking: not
+        on an `AsyncClient`'s loop, where `async for` reads)."""
+        self._blocking("poll", "`async for`")
         self._mark_processed()
         if self._flusher.due():
             self._flusher.flush()
@@ -424,7 +446,7 @@ class Subscription:
             self._last = event
         else:
             with self._ack_lock:
-                self._outstanding.handed(event.bucket, event.sub_id, event.emit_seq)
+                self._outstanding.handed(event.bucket, event.sub_id, _position(event))
         return event
 
     def _take(self, item: list[Event] | BaseException | None) -> None:
@@ -437,7 +459,8 @@ class Subscription:
     def _mark_processed(self) -> None:
         last, self._last = self._last, None
         if last is not None:
-            self._flusher.processed(last.bucket, last.sub_id, last.emit_seq)
+            emit_seq, index, size = _position(last)
+            self._flusher.processed_change(last.bucket, last.sub_id, emit_seq, index, size)
 
     def ack(self, event: Event) -> None:
         """`AckMode.EXPLICIT`: the application finished `event` (any order, any
@@ -445,9 +468,12 @@ class Subscription:
         acknowledged once every event before it was acked too."""
         outstanding = self._explicit("ack")
         with self._ack_lock:
-            found, position, covered = outstanding.ack(event.bucket, event.sub_id, event.emit_seq)
+            found, position, covered = outstanding.ack(event.bucket, event.sub_id, _position(event))
             if position is not None:
-                self._flusher.processed(event.bucket, event.sub_id, position, covered)
+                emit_seq, index, size = position
+                self._flusher.processed_change(
+                    event.bucket, event.sub_id, emit_seq, index, size, covered
+                )
         if found is Acked.UNKNOWN:
             raise InvalidArgument(
                 f"ack: no event at {event.emit_seq} of bucket {event.bucket} was handed out "
@@ -466,7 +492,7 @@ class Subscription:
         if not delay_s >= 0:
             raise InvalidArgument(f"nak: delay_s must be >= 0, not {delay_s!r}")
         with self._ack_lock:
-            waiting = outstanding.is_open(event.bucket, event.sub_id, event.emit_seq)
+            waiting = outstanding.is_open(event.bucket, event.sub_id, _position(event))
         if not waiting:
             raise InvalidArgument(
                 f"nak: the event at {event.emit_seq} of bucket {event.bucket} is not awaiting "
@@ -477,7 +503,7 @@ class Subscription:
                 loop = self._engine.loop
                 self._engine.mailbox.post(loop.call_later, delay_s, self._inbox.put, [event])
 
-    def _explicit(self, what: str) -> Outstanding:
+    def _explicit(self, what: str) -> Outstanding[_Position]:
         if self._outstanding is None:
             raise InvalidArgument(
                 f"{what}() is for SubscribeOptions(ack=AckMode.EXPLICIT); with AckMode.AUTO an "
@@ -502,6 +528,12 @@ class Subscription:
         failed = sys.exc_info()[1] is not None
         close_subscriptions([self], failed=failed, flush=flush, ack_timeout_s=ack_timeout_s)
 
+    async def aclose(self, *, flush: bool = True, ack_timeout_s: float = CLOSE_ACK_WAIT_S) -> None:
+        """`close` as a coroutine (what an `AsyncClient`'s subscription needs: `close`
+        would block its loop)."""
+        failed = sys.exc_info()[1] is not None
+        await aclose_subscriptions([self], failed=failed, flush=flush, ack_timeout_s=ack_timeout_s)
+
     def detach(self, *, ack_timeout_s: float = CLOSE_ACK_WAIT_S) -> None:
         """`close`, keeping the subscription on the server: a later `Client.subscribe`
         with the same cursor store and name, or the same durable name, resumes after
@@ -509,14 +541,23 @@ class Subscription:
         name. Without either it is refused (`InvalidArgument`): nothing could resume
         the subscription, which would only hold its rows on the server until it
         expired."""
+        self._detachable()
+        failed = sys.exc_info()[1] is not None
+        close_subscriptions([self], failed=failed, ack_timeout_s=ack_timeout_s)
+
+    async def adetach(self, *, ack_timeout_s: float = CLOSE_ACK_WAIT_S) -> None:
+        """`detach` as a coroutine."""
+        self._detachable()
+        failed = sys.exc_info()[1] is not None
+        await aclose_subscriptions([self], failed=failed, ack_timeout_s=ack_timeout_s)
+
+    def _detachable(self) -> None:
         if self._flusher.store is None and self.durable is None:
             raise InvalidArgument(
                 "detach keeps the subscription for a later resume, which needs its cursor "
                 "or a durable name: subscribe with cursor=FILE or durable=NAME (or close() "
                 "to end it)"
             )
-        failed = sys.exc_info()[1] is not None
-        close_subscriptions([self], failed=failed, ack_timeout_s=ack_timeout_s)
 
     def _close_here(self, flush: bool, processed_last: bool) -> list[FinalAck]:
         """The caller's half of `close`: stop taking events, wake the consumer, persist
@@ -551,11 +592,26 @@ class Subscription:
         ids = self._server_ids()
         self._keep = True  # ended below, where its errors are raised
         close_subscriptions([self], flush=False)
+        errors: list[SevenDBError] = []
         if ids and self._engine.loop.is_running():
             end = end_on_server(self._engine, self._metadata, ids, UNSUBSCRIBE_WAIT_S)
             errors = self._engine.submit(end).result(UNSUBSCRIBE_WAIT_S + 5)
-            if errors:
-                raise errors[0]
+        self._ended(ids, errors)
+
+    async def aunsubscribe(self) -> None:
+        """`unsubscribe` as a coroutine."""
+        ids = self._server_ids()
+        self._keep = True
+        await aclose_subscriptions([self], flush=False)
+        errors: list[SevenDBError] = []
+        if ids and self._engine.loop.is_running():
+            end = end_on_server(self._engine, self._metadata, ids, UNSUBSCRIBE_WAIT_S)
+            errors = await self._engine.run(end)
+        self._ended(ids, errors)
+
+    def _ended(self, ids: list[tuple[int, str]], errors: Sequence[BaseException]) -> None:
+        if errors:
+            raise errors[0]
         if self._flusher.store is not None:
             self._flusher.store.forget([sub_id for _, sub_id in ids])
 
@@ -571,8 +627,9 @@ class Subscription:
         return self
 
     async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
-        """`close` off the event loop (it waits for the final acks)."""
-        await asyncio.to_thread(close_subscriptions, [self], failed=exc is not None)
+        """`aclose`; leaving the block by an exception leaves the event in hand
+        unprocessed."""
+        await aclose_subscriptions([self], failed=exc is not None)
 
 
 def close_subscriptions(
@@ -585,19 +642,66 @@ def close_subscriptions(
     """`Subscription.close` for subscriptions of one client at once: their final acks
     go out together and are waited for together, for up to `ack_timeout_s` in all,
     and so are the unsubscribes of those not kept. `failed`: an exception ends the
-    consumer's loop, so the event in its hands is not processed."""
+    consumer's loop, so the event in its hands is not processed. Blocking: not on
+    the client's loop (`aclose_subscriptions` there)."""
     if not subs:
         return
+    engine = subs[0]._engine
+    subs[0]._blocking("close a subscription with a blocking call", "`await aclose()`")
+    ends, acks = _begin_close(subs, failed, flush)
+    if engine.loop.is_running():  # not after the Client closed
+        try:
+            engine.submit(_finish_close(subs, ends, acks, ack_timeout_s)).result(
+                2 * ack_timeout_s + 15 + len(subs) / 1000
+            )
+        except Exception:
+            log.exception("closing %d subscriptions failed", len(subs))
+    elif acks:
+        log.warning("the client is closed: %d final acks not sent", len(acks))
+
+
+async def aclose_subscriptions(
+    subs: Sequence[Subscription],
+    *,
+    failed: bool = False,
+    flush: bool = True,
+    ack_timeout_s: float = CLOSE_ACK_WAIT_S,
+) -> None:
+    """`close_subscriptions` as a coroutine, from any loop (the cursor's fsync runs
+    off it)."""
+    if not subs:
+        return
+    engine = subs[0]._engine
+    ends, acks = await asyncio.to_thread(_begin_close, subs, failed, flush)
+    if engine.loop.is_running():
+        await engine.run(_finish_close(subs, ends, acks, ack_timeout_s))
+    elif acks:
+        log.warning("the client is closed: %d final acks not sent", len(acks))
+
+
+def _begin_close(
+    subs: Sequence[Subscription], failed: bool, flush: bool
+) -> tuple[list[tuple[int, str]], list[FinalAck]]:
+    """The application's half of a close (the final cursor persist: blocking): the
+    unsubscribes due, and the final acks."""
     ends = [ids for sub in subs if not sub._closed and not sub._keep for ids in sub._server_ids()]
     acks = [ack for sub in subs for ack in sub._close_here(flush, processed_last=not failed)]
+    return ends, acks
+
+
+async def _finish_close(
+    subs: Sequence[Subscription],
+    ends: list[tuple[int, str]],
+    acks: list[FinalAck],
+    ack_timeout_s: float,
+) -> None:
+    """The loop's half of a close: the final acks (confirmed as applied), the streams
+    stopped, the unsubscribes. Never raises for the server's answers (a close cannot
+    fail): it logs them; the node expires what stays."""
     engine, pipeline = subs[0]._engine, subs[0]._acks
-    if acks and not engine.loop.is_running():
-        log.warning("the client is closed: %d final acks not sent", len(acks))
-    elif acks:
+    if acks:
         try:
-            left = engine.submit(pipeline.ack_applied(acks, ack_timeout_s)).result(
-                ack_timeout_s + 5
-            )
+            left = await pipeline.ack_applied(acks, ack_timeout_s)
         except Exception:
             log.exception("final acks failed")
         else:
@@ -608,25 +712,11 @@ def close_subscriptions(
                     left,
                     ack_timeout_s,
                 )
-    if engine.loop.is_running():  # not after the Client closed
-
-        async def stop() -> None:
-            await asyncio.gather(*(sub._streams.stop() for sub in subs))
-
-        with contextlib.suppress(Exception):
-            engine.submit(stop()).result(5 + len(subs) / 1000)
-    if ends and engine.loop.is_running():
-        _end_on_close(subs[0], ends, ack_timeout_s)
-
-
-def _end_on_close(sub: Subscription, ids: list[tuple[int, str]], timeout_s: float) -> None:
-    """The unsubscribes of closing subscriptions: not raised (a close cannot fail),
-    logged; the node expires what stays."""
-    engine = sub._engine
+    await asyncio.gather(*(sub._streams.stop() for sub in subs), return_exceptions=True)
+    if not ends:
+        return
     try:
-        errors = engine.submit(end_on_server(engine, sub._metadata, ids, timeout_s)).result(
-            timeout_s + 5
-        )
+        errors = await end_on_server(engine, subs[0]._metadata, ends, ack_timeout_s)
     except Exception:
         log.exception("unsubscribing on close failed")
         return
@@ -635,7 +725,7 @@ def _end_on_close(sub: Subscription, ids: list[tuple[int, str]], timeout_s: floa
             "%d of %d bucket subscriptions not ended on close (they stay until the node "
             "expires them): %s",
             len(errors),
-            len(ids),
+            len(ends),
             errors[0],
         )
 
@@ -650,6 +740,7 @@ __all__ = [
     "SubscribeOptions",
     "Subscription",
     "SubscriptionStats",
+    "aclose_subscriptions",
     "close_subscriptions",
     "offer_events",
     "parse_query",

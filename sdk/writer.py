@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import heapq
 import itertools
 import random
@@ -180,6 +181,8 @@ class WritePipeline(Generic[T]):
         self._unanswered = 0
         self._unanswered_bytes = 0
         self._waiters = 0
+        self._room_async: list[asyncio.Future[None]] = []
+        """Coroutines of `submit_async` awaiting room (loop only)."""
         self._drain_scheduled = False
         self._closed = False
         self._parked: dict[int, list[_Pending]] = {}
@@ -206,9 +209,7 @@ class WritePipeline(Generic[T]):
         (RESOURCE_EXHAUSTED) for every write in flight on it. With `producer`, the
         write is sequenced (idempotent). Blocks while the queue is full (see the
         module docstring)."""
-        size = request.ByteSize() + (_REF_BYTES if producer is not None else 0)
-        if size > BATCH_BYTES_MAX:
-            raise InvalidArgument(f"a write of {size} bytes; the limit is {BATCH_BYTES_MAX}")
+        size = _size(request, producer)
         pending = _Pending(
             request,
             bucket,
@@ -240,6 +241,41 @@ class WritePipeline(Generic[T]):
             raise
         return pending.future
 
+    async def submit_async(
+        self, request: pb.WriteRequest, bucket: int, producer: Producer | None = None
+    ) -> T:
+        """`submit` from a coroutine on the pipeline's own loop (an `AsyncClient`),
+        answered when the write is: while the queue is full it *awaits* room, for up
+        to `wait_s`, instead of blocking the loop, then raises `ResourceExhausted`."""
+        size = _size(request, producer)
+        loop = self._engine.loop
+        deadline = loop.time() + self._wait_s
+        while True:
+            with self._inbox_lock:
+                if self._closed or self._fits(size):
+                    break
+                full = self._full()
+            left = deadline - loop.time()
+            if left <= 0:
+                raise ResourceExhausted(f"{full} for {self._wait_s} s")
+            room: asyncio.Future[None] = loop.create_future()
+            self._room_async.append(room)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(room, left)
+        answer: asyncio.Future[T] = loop.create_future()
+        # The pipeline settles writes on this loop: the answer is set right there
+        # (`asyncio.wrap_future` would wake the loop through its self-pipe per write).
+        self.submit(request, bucket, producer).add_done_callback(functools.partial(_answer, answer))
+        return await answer
+
+    def _full(self) -> str:
+        """Under `_inbox_lock`: why a write does not fit."""
+        return (
+            f"the client's write queue is full ({self._unanswered} writes, "
+            f"{self._unanswered_bytes} bytes unanswered; WriteQueue(max_writes="
+            f"{self._max_writes}, max_bytes={self._max_bytes}))"
+        )
+
     def _fits(self, size: int) -> bool:
         """Under `_inbox_lock`. A write larger than `max_bytes` fits an empty queue."""
         if self._unanswered >= self._max_writes:
@@ -248,11 +284,7 @@ class WritePipeline(Generic[T]):
 
     def _wait_for_room(self, size: int) -> None:
         """Under `_inbox_lock`: wait until the write fits, or raise."""
-        full = (
-            f"the client's write queue is full ({self._unanswered} writes, "
-            f"{self._unanswered_bytes} bytes unanswered; WriteQueue(max_writes="
-            f"{self._max_writes}, max_bytes={self._max_bytes}))"
-        )
+        full = self._full()
         if self._engine.on_loop_thread():
             raise ResourceExhausted(f"{full}: a write from the client's own loop cannot wait")
         deadline = time.monotonic() + self._wait_s
@@ -284,6 +316,11 @@ class WritePipeline(Generic[T]):
             self._unanswered_bytes -= pending.size
             if self._waiters:
                 self._room.notify_all()
+        if self._room_async:  # coroutines awaiting room (`submit_async`): on the loop
+            waiting, self._room_async = self._room_async, []
+            for room in waiting:
+                if not room.done():
+                    room.set_result(None)
         with contextlib.suppress(InvalidStateError):  # the caller cancelled its future
             if error is not None:
                 pending.future.set_exception(error)
@@ -300,6 +337,10 @@ class WritePipeline(Generic[T]):
             waiting = list(self._inbox)
             self._inbox.clear()
             self._room.notify_all()
+        for room in self._room_async:  # `submit_async` waiting for room: it raises now
+            if not room.done():
+                room.set_result(None)
+        self._room_async.clear()
         for timer in self._rounds.values():
             timer.cancel()
         for task in self._inits:
@@ -775,6 +816,28 @@ class WritePipeline(Generic[T]):
         self._route(pending, targets)
         for target in targets:
             self._kick(target)
+
+
+def _answer(answer: asyncio.Future[T], settled: Future[T]) -> None:
+    """Hand a settled write's outcome to the coroutine awaiting it (on the loop,
+    where writes are settled)."""
+    if answer.done():  # the coroutine was cancelled
+        return
+    if settled.cancelled():
+        answer.cancel()
+    elif (error := settled.exception()) is not None:
+        answer.set_exception(error)
+    else:
+        answer.set_result(settled.result())
+
+
+def _size(request: pb.WriteRequest, producer: Producer | None) -> int:
+    """What a write adds to the queue; one too large for a request is refused here:
+    sent, it would end the stream (RESOURCE_EXHAUSTED) for every write in flight."""
+    size = request.ByteSize() + (_REF_BYTES if producer is not None else 0)
+    if size > BATCH_BYTES_MAX:
+        raise InvalidArgument(f"a write of {size} bytes; the limit is {BATCH_BYTES_MAX}")
+    return size
 
 
 def _conditional(request: pb.WriteRequest) -> bool:

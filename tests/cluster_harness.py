@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
+from sdk_facade import make_client
 
 from sevendb.cluster.common.acl import Grant, Permission
 from sevendb.cluster.common.topology import ClusterSpec
@@ -137,8 +138,13 @@ class LocalCluster:
                 for permission in (Permission.READ, Permission.WRITE):
                     admin.grant(Grant(principal, permission))
 
-    def client(self, retry: RetryPolicy | None = None, principal: str = "default") -> Client:
-        return Client(
+    def client(
+        self, retry: RetryPolicy | None = None, principal: str = "default", kind: str = "sync"
+    ) -> Client:
+        """A `Client`; with `kind` "async" an `AsyncClient` behind the same calls
+        (tests/sdk_facade.py), for tests parametrised over both."""
+        return make_client(
+            kind,
             [n.grpc_address for n in self.spec.nodes],
             token=self.token(principal),
             tls=self.tls,

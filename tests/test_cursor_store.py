@@ -55,3 +55,32 @@ def test_a_cursor_store_error_is_a_sevendb_error(tmp_path: Path) -> None:
     path.write_text('{"format": 999, "cursors": []}')
     with pytest.raises(SevenDBError, match="unknown format"):
         CursorStore(str(path))
+
+
+def test_a_partial_entry_survives_reopen_and_older_files_have_none(tmp_path: Path) -> None:
+    """Per-change delivery persists the changes processed of the next entry."""
+    path = tmp_path / "c.json"
+    partial = (EmitSeq("u", 1, 6), 2)
+    store = CursorStore(path)
+    store.save([SavedCursor("s1", 0, "all", EmitSeq("u", 1, 5), partial), cursor("s2", 7)])
+    again = CursorStore(path)
+    assert again.get("s1") == SavedCursor("s1", 0, "all", EmitSeq("u", 1, 5), partial)
+    assert again.get("s2") == cursor("s2", 7) and '"partial"' in path.read_text().split("s2")[0]
+    older = (
+        '{"format": 2, "cursors": [{"sub_id": "s", "bucket": 0, "name": "n", "position": null}]}'
+    )
+    path.write_text(older)
+    assert CursorStore(path).all() == [SavedCursor("s", 0, "n", None)]
+
+
+@pytest.mark.parametrize("bad", ['[["u", 1, 6], 0]', '[["u", 1], 2]', '"x"'])
+def test_a_malformed_partial_is_refused(tmp_path: Path, bad: str) -> None:
+    path = tmp_path / "c.json"
+    body = (
+        '{"format": 2, "cursors": [{"sub_id": "s", "bucket": 0, "name": "n", '
+        f'"position": ["u", 1, 5], "partial": {bad}}}]}}'
+    )
+    path.write_text(body)
+    with pytest.raises(CursorStoreError, match="corrupt"):
+        CursorStore(path)
+    assert path.read_text() == body  # refused, not reset

@@ -5,6 +5,7 @@ with a `sevendb-retry-after-ms` trailer (a rate limit) is retried after that lon
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
@@ -14,14 +15,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
+from sdk_facade import KINDS, make_client
 
 from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 from sevendb.sdk import (
+    AsyncClient,
     BrokenReason,
-    Client,
     ErrorCode,
+    InvalidArgument,
     NodeStatus,
     ReplicaStatus,
     ResourceExhausted,
@@ -29,6 +32,13 @@ from sevendb.sdk import (
     SubscriptionBroken,
     Unavailable,
 )
+
+
+@pytest.fixture(params=KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    """Each test runs against a `Client` and an `AsyncClient` (tests/sdk_facade.py)."""
+    return str(request.param)
+
 
 _START = pb.EmitSeq(epoch_id=pb.EmitSeq.EpochId(bucket_uuid="u0", epoch_counter=1), commit_index=3)
 
@@ -83,9 +93,11 @@ def old_node() -> Iterator[tuple[str, _OldNode]]:
         server.stop(None)
 
 
-def test_status_is_a_dataclass_of_the_node_s_replicas(old_node: tuple[str, _OldNode]) -> None:
+def test_status_is_a_dataclass_of_the_node_s_replicas(
+    old_node: tuple[str, _OldNode], kind: str
+) -> None:
     address, _ = old_node
-    with Client([address], tls=None) as client:
+    with make_client(kind, [address], tls=None) as client:
         status = client.status(address, digests=True)
     assert isinstance(status, NodeStatus)
     assert status.node_id == "n1"
@@ -102,26 +114,29 @@ def test_status_is_a_dataclass_of_the_node_s_replicas(old_node: tuple[str, _OldN
     assert replica.digest == "abc"
 
 
-def test_status_of_a_node_that_does_not_answer_is_unavailable() -> None:
+def test_status_of_a_node_that_does_not_answer_is_unavailable(kind: str) -> None:
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{probe.getsockname()[1]}"
     retry = RetryPolicy(call_timeout_s=2.0)
     with (
-        Client([address], tls=None, retry=retry) as client,
+        make_client(kind, [address], tls=None, retry=retry) as client,
         pytest.raises(Unavailable, match=address),
     ):
         client.status(address)
 
 
 def test_a_node_without_session_is_refused_not_served_a_call_per_stream(
-    old_node: tuple[str, _OldNode],
+    old_node: tuple[str, _OldNode], kind: str
 ) -> None:
     """Before, the SDK fell back to a Subscribe call of its own for such a node and the
     subscription came up; rolling upgrades are not supported, so it is refused."""
     address, servicer = old_node
     started = time.monotonic()
-    with Client([address], tls=None) as client, pytest.raises(SubscriptionBroken) as broken:
+    with (
+        make_client(kind, [address], tls=None) as client,
+        pytest.raises(SubscriptionBroken) as broken,
+    ):
         client.subscribe("all")
     assert broken.value.reason is BrokenReason.UNIMPLEMENTED
     assert time.monotonic() - started < 10  # at once, not after the 30 s ready timeout
@@ -206,10 +221,10 @@ def _serve(servicer: pb_grpc.SevenDBServicer) -> Iterator[str]:
         server.stop(None)
 
 
-def test_a_call_refused_with_a_retry_after_is_retried_after_that_long() -> None:
+def test_a_call_refused_with_a_retry_after_is_retried_after_that_long(kind: str) -> None:
     """RESOURCE_EXHAUSTED was `InvalidArgument`, never retried."""
     node = _BusyNode(refusals=2, retry_after_ms=300)
-    with _serve(node) as address, Client([address], tls=None) as client:
+    with _serve(node) as address, make_client(kind, [address], tls=None) as client:
         record = client.get("k")
     assert record is not None and record.value == b"v"
     assert len(node.get_times) == 3
@@ -217,9 +232,9 @@ def test_a_call_refused_with_a_retry_after_is_retried_after_that_long() -> None:
     assert min(gaps) >= 0.3
 
 
-def test_a_write_refused_with_a_retry_after_is_retried_after_that_long() -> None:
+def test_a_write_refused_with_a_retry_after_is_retried_after_that_long(kind: str) -> None:
     node = _BusyNode(refusals=1, retry_after_ms=400)
-    with _serve(node) as address, Client([address], tls=None) as client:
+    with _serve(node) as address, make_client(kind, [address], tls=None) as client:
         result = client.put("k", b"v")
     assert result.bucket == 0
     assert len(node.write_times) == 2
@@ -227,21 +242,49 @@ def test_a_write_refused_with_a_retry_after_is_retried_after_that_long() -> None
     assert node.refs[0] == node.refs[1]  # the same write: the same producer sequence
 
 
-def test_a_write_whose_own_outcome_is_resource_exhausted_is_retried() -> None:
+def test_a_write_whose_own_outcome_is_resource_exhausted_is_retried(kind: str) -> None:
     node = _BusyNode(refusals=2, per_write=True)
-    with _serve(node) as address, Client([address], tls=None) as client:
+    with _serve(node) as address, make_client(kind, [address], tls=None) as client:
         client.put("k", b"v")
     assert len(node.write_times) == 3
     assert len(set(node.refs)) == 1
 
 
-def test_a_rate_limit_past_the_retry_budget_is_resource_exhausted() -> None:
+def test_a_rate_limit_past_the_retry_budget_is_resource_exhausted(kind: str) -> None:
     node = _BusyNode(refusals=1000, retry_after_ms=200)
     retry = RetryPolicy(deadline_s=1.0)
-    with _serve(node) as address, Client([address], tls=None, retry=retry) as client:
+    with _serve(node) as address, make_client(kind, [address], tls=None, retry=retry) as client:
         with pytest.raises(ResourceExhausted) as get:
             client.get("k")
         with pytest.raises(ResourceExhausted) as put:
             client.put("k", b"v")
     assert get.value.retry_after_s == 0.2 and put.value.retry_after_s == 0.2
     assert get.value.code is ErrorCode.RESOURCE_EXHAUSTED
+
+
+# ---- AsyncClient only -------------------------------------------------------------------
+
+
+def test_a_client_with_nothing_to_reach_is_unavailable_in_time() -> None:
+    async def main() -> None:
+        retry = RetryPolicy(deadline_s=1.0, call_timeout_s=0.5)
+        async with AsyncClient(["127.0.0.1:1"], tls=None, retry=retry) as client:
+            with pytest.raises(Unavailable, match="cannot reach the cluster"):
+                await client.get("k")
+            with pytest.raises(InvalidArgument, match="query must be"):
+                await client.subscribe("orders/")
+
+    asyncio.run(main())
+
+
+def test_an_async_client_used_on_a_second_loop_is_refused() -> None:
+    """Its channels and tasks belong to the loop it first ran on."""
+    client = AsyncClient(["127.0.0.1:1"], tls=None, retry=RetryPolicy(deadline_s=0.3))
+
+    async def get() -> None:
+        await client.get("k")
+
+    with pytest.raises(Unavailable):  # the first loop: the engine is made on it
+        asyncio.run(get())
+    with pytest.raises(InvalidArgument, match="belongs to the event loop it first ran on"):
+        asyncio.run(get())

@@ -31,6 +31,8 @@ from sevendb.sdk.client import _op_pb
 
 PUBLIC = [
     "AckMode",
+    "AsyncClient",
+    "AsyncIdempotentProducer",
     "BrokenReason",
     "Change",
     "Client",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from cluster_harness import LocalCluster, wait_for
+from sdk_facade import KINDS
 
 from sevendb.sdk import (
     AckMode,
@@ -36,8 +37,15 @@ def cluster(shared_cluster: LocalCluster) -> LocalCluster:
     return shared_cluster
 
 
+@pytest.fixture(params=KINDS)
+def client(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[Client]:
+    """A `Client`, and an `AsyncClient` behind the same calls (tests/sdk_facade.py)."""
+    with cluster.client(kind=request.param) as c:
+        yield c
+
+
 @pytest.fixture
-def client(cluster: LocalCluster) -> Iterator[Client]:
+def sync_client(cluster: LocalCluster) -> Iterator[Client]:
     with cluster.client() as c:
         yield c
 
@@ -118,8 +126,11 @@ def test_leaving_the_loop_normally_processes_the_event_in_hand(
 
 @pytest.mark.parametrize("leave", ["async with", "close in finally"])
 def test_an_async_handler_that_raised_leaves_its_event_unacked(
-    client: Client, tmp_path: Path, leave: str
+    sync_client: Client, tmp_path: Path, leave: str
 ) -> None:
+    """A `Client`'s subscription read with ``async for`` on the application's own
+    loop (`AsyncClient` on that loop: test_sdk_async.py)."""
+    client = sync_client
     key, cursor = f"afail-{leave[:5]}", tmp_path / "c.cursor"
     sub = client.subscribe(f"key:{key}", cursor=cursor)
     write(client, key, 3)
@@ -225,10 +236,11 @@ def test_close_without_a_cursor_ends_the_subscription_on_the_server(
     wait_for(lambda: subscriptions(cluster, bucket) == {before}, 30, "the unsubscribe")
 
 
-def test_closing_the_client_ends_its_subscriptions(cluster: LocalCluster) -> None:
+@pytest.mark.parametrize("kind", KINDS)
+def test_closing_the_client_ends_its_subscriptions(cluster: LocalCluster, kind: str) -> None:
     with cluster.client() as probe:
         bucket = probe.layout().bucket_of("gone-too")
-    client = cluster.client()
+    client = cluster.client(kind=kind)
     before = settled(cluster, bucket)
     client.subscribe("key:gone-too")
     client.subscribe("key:gone-too", name="second")

@@ -40,8 +40,8 @@ from sevendb.cluster.server.overload import RateLimiter, ServerLimits
 from sevendb.notifier.host import BucketNotifier
 from sevendb.outbox.entries import Entry, OutboxPurge, encode_entry
 from sevendb.outbox.errors import Rejection
-from sevendb.proto import codec
 from sevendb.outbox.query import Query, QueryKind
+from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 
 FORWARD_KEY: Final = "sevendb-forwarded"

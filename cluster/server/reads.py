@@ -97,7 +97,9 @@ class Reads:
         except SevenDBError as exc:
             raise Failure.domain(exc) from None
         readable = self._edge.readable(call.principal)
-        shown = [(e, [codec.change_to_pb(c) for c in e.changes if readable(c.key)]) for e in page.events]
+        shown = [
+            (e, [codec.change_to_pb(c) for c in e.changes if readable(c.key)]) for e in page.events
+        ]
         return pb.HistoryResponse(
             events=[  # (a change set with no key the caller may read is left out)
                 pb.HistoryEvent(
@@ -111,6 +113,7 @@ class Reads:
             next_after=codec.seq_to_pb(page.next_after),
             retained_after=codec.seq_to_pb(page.retained_after),
         )
+
     async def range(self, request: pb.RangeRequest, call: Call) -> pb.RangeResponse:
         if request.prefix and (request.start or request.end):
             raise Failure.invalid("a range is a prefix or start..end, not both")
