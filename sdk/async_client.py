@@ -34,7 +34,7 @@ import grpc
 from grpc import aio
 
 from sevendb.outbox.emitseq import EmitSeq
-from sevendb.outbox.entries import ANY, ExpectKind, Op, OpKind, Write
+from sevendb.outbox.entries import ANY, ExpectKind, Op, OpKind, StartKind, Write
 from sevendb.outbox.errors import InvalidArgument, SevenDBError
 from sevendb.outbox.query import Query, QueryKind
 from sevendb.proto import codec
@@ -53,6 +53,7 @@ from sevendb.sdk.errors import ResourceExhausted, Unavailable, domain_error, ret
 from sevendb.sdk.models import (
     ClusterLayout,
     NodeStatus,
+    RangePage,
     Record,
     ReplicaStatus,
     WriteResult,
@@ -61,6 +62,7 @@ from sevendb.sdk.models import (
 )
 from sevendb.sdk.producer import Producer
 from sevendb.sdk.sessions import Sessions
+from sevendb.sdk.streams import Event
 from sevendb.sdk.subscription import (
     StartAt,
     SubscribeOptions,
@@ -183,6 +185,18 @@ def _call_error(exc: aio.AioRpcError) -> SevenDBError | None:
 
 def _record(item: pb.KeyValue | pb.GetResponse, key: str) -> Record:
     return Record(key, item.value, item.version, item.mod_commit_index)
+
+
+@dataclass(frozen=True, slots=True)
+class _HistoryPage:
+    """Where a bucket's history read is: the position the next page is read after,
+    the last event's position (the next one's `prev_emit_seq`), and this page."""
+
+    bucket: int
+    after: EmitSeq | None
+    prev: EmitSeq | None
+    events: tuple[Event, ...] = ()
+    more: bool = True
 
 
 class AsyncClient:
@@ -402,6 +416,97 @@ class AsyncClient:
         if not page.has_more:
             return records, None
         return records, (page.next_since_commit_index, page.next_since_key)
+
+    async def range(
+        self,
+        *,
+        prefix: str = "",
+        start: str = "",
+        end: str = "",
+        limit: int = 0,
+        page_token: str = "",
+        serializable: bool = False,
+    ) -> RangePage:
+        """Current keys in key order across every bucket: those starting with `prefix`,
+        or those in [`start`, `end`) (`end` empty: no end); at most `limit` (0: the
+        node's default) per page; pass `next_page_token` back for the next page.
+        Linearizable (it sees every write acknowledged before the call) unless
+        `serializable`, which reads without a read barrier (may miss the latest
+        writes). Keys the principal may not read are left out (docs/security.md)."""
+        if prefix and (start or end):
+            raise InvalidArgument("range: a prefix or start..end, not both")
+        request = pb.RangeRequest(
+            prefix=prefix,
+            start=start,
+            end=end,
+            limit=limit,
+            page_token=page_token,
+            serializable=serializable,
+        )
+        response: pb.RangeResponse = await self._call(
+            lambda s, t: s.Range(request, timeout=t, metadata=self.metadata)
+        )
+        records = tuple(_record(i, i.key) for i in response.items)
+        return RangePage(records, response.next_page_token)
+
+    async def history(
+        self,
+        query: str | Query,
+        *,
+        after: StartAt = "earliest",
+        through: int = 0,
+        page_size: int = 0,
+    ) -> AsyncIterator[Event]:
+        """`Client.history` as an async iterator."""
+        parsed = parse_query(query)
+        for bucket, begin in await self._history_starts(parsed, after):
+            page = _HistoryPage(bucket, begin, begin)
+            while page.more:
+                page = await self._history_page(parsed, page, through, page_size)
+                for event in page.events:
+                    yield event
+
+    async def _history_starts(
+        self, query: Query, after: StartAt
+    ) -> list[tuple[int, EmitSeq | None]]:
+        """Each bucket `query` spans, with the position its history is read after."""
+        layout = await self.layout()
+        if query.kind is QueryKind.KEY:
+            buckets = [layout.bucket_of(query.arg)]
+        else:
+            buckets = list(range(layout.buckets))
+        starts = starts_for(after, buckets, layout.bucket_uuids)
+        found = []
+        for bucket in buckets:
+            begin = starts[bucket]
+            if begin.kind not in (StartKind.EARLIEST, StartKind.AFTER):
+                raise InvalidArgument("history reads after 'earliest' or an emit_seq")
+            found.append((bucket, begin.after))
+        return found
+
+    async def _history_page(
+        self, query: Query, last: _HistoryPage, through: int, page_size: int
+    ) -> _HistoryPage:
+        """The page of a bucket's history after `last`."""
+        request = pb.HistoryRequest(
+            bucket=last.bucket,
+            query=codec.query_to_pb(query),
+            after=None if last.after is None else codec.seq_to_pb(last.after),
+            through_commit_index=through,
+            limit=page_size,
+        )
+        page: pb.HistoryResponse = await self._call(
+            lambda s, t: s.History(request, timeout=t, metadata=self.metadata)
+        )
+        prev = last.prev if last.prev is not None else codec.seq_from_pb(page.retained_after)
+        events = []
+        for item in page.events:
+            at = codec.seq_from_pb(item.emit_seq)
+            changes = tuple(codec.change_from_pb(c) for c in item.delta.changes)
+            events.append(Event(last.bucket, "", at, prev, changes, item.delta.commit_time_ms))
+            prev = at
+        after = codec.seq_from_pb(page.next_after) if page.more else last.after
+        return _HistoryPage(last.bucket, after, prev, tuple(events), page.more)
 
     def producer(self) -> AsyncIdempotentProducer:
         """A producer of its own (another id, its own sequences): every write is

@@ -30,16 +30,14 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sevendb.outbox.emitseq import EmitSeq
-from sevendb.outbox.entries import Op, StartKind
+from sevendb.outbox.entries import Op
 from sevendb.outbox.errors import InvalidArgument
 from sevendb.outbox.query import Query, QueryKind, plan_query
-from sevendb.proto import codec
-from sevendb.proto import sevendb_pb2 as pb
 from sevendb.sdk.async_client import (
     AsyncClient,
     RetryPolicy,
     WriteQueue,
+    _HistoryPage,
     write_bucket,
     write_request,
 )
@@ -66,7 +64,6 @@ from sevendb.sdk.subscription import (
     Subscription,
     close_subscriptions,
     parse_query,
-    starts_for,
 )
 from sevendb.sdk.tls import SYSTEM_ROOTS, TLS
 from sevendb.sdk.writer import WritePipeline
@@ -226,23 +223,16 @@ class Client:
         Linearizable (it sees every write acknowledged before the call) unless
         `serializable`, which reads without a read barrier (may miss the latest
         writes). Keys the principal may not read are left out (docs/security.md)."""
-        if prefix and (start or end):
-            raise InvalidArgument("range: a prefix or start..end, not both")
-        request = pb.RangeRequest(
-            prefix=prefix,
-            start=start,
-            end=end,
-            limit=limit,
-            page_token=page_token,
-            serializable=serializable,
+        return self._run(
+            self._core.range(
+                prefix=prefix,
+                start=start,
+                end=end,
+                limit=limit,
+                page_token=page_token,
+                serializable=serializable,
+            )
         )
-        response: pb.RangeResponse = self._call(
-            lambda s, t: s.Range(request, timeout=t, metadata=self.metadata)
-        )
-        records = tuple(
-            Record(i.key, i.value, i.version, i.mod_commit_index) for i in response.items
-        )
-        return RangePage(records, response.next_page_token)
 
     def sync_bucket(self, bucket: int, *, page_size: int = 0) -> Iterator[Record]:
         """Every key of a bucket, in pages of `page_size` (0: the node's default),
@@ -297,39 +287,11 @@ class Client:
         Older than a bucket's history reaches: `StaleSequence` (read the state with
         `sync_bucket` instead; docs/wire.md, "History")."""
         parsed = parse_query(query)
-        buckets = self._buckets_of(parsed)
-        starts = starts_for(after, buckets, self.layout().bucket_uuids)
-        for bucket in buckets:
-            begin = starts[bucket]
-            if begin.kind not in (StartKind.EARLIEST, StartKind.AFTER):
-                raise InvalidArgument("history reads after 'earliest' or an emit_seq")
-            yield from self._history_bucket(bucket, parsed, begin.after, through, page_size)
-
-    def _history_bucket(
-        self, bucket: int, query: Query, after: EmitSeq | None, through: int, page_size: int
-    ) -> Iterator[Event]:
-        prev = after
-        while True:
-            request = pb.HistoryRequest(
-                bucket=bucket,
-                query=codec.query_to_pb(query),
-                after=None if after is None else codec.seq_to_pb(after),
-                through_commit_index=through,
-                limit=page_size,
-            )
-            page: pb.HistoryResponse = self._call(
-                lambda s, t, r=request: s.History(r, timeout=t, metadata=self.metadata)
-            )
-            if prev is None:
-                prev = codec.seq_from_pb(page.retained_after)
-            for item in page.events:
-                at = codec.seq_from_pb(item.emit_seq)
-                changes = tuple(codec.change_from_pb(c) for c in item.delta.changes)
-                yield Event(bucket, "", at, prev, changes, item.delta.commit_time_ms)
-                prev = at
-            if not page.more:
-                return
-            after = codec.seq_from_pb(page.next_after)
+        for bucket, begin in self._run(self._core._history_starts(parsed, after)):
+            page = _HistoryPage(bucket, begin, begin)
+            while page.more:
+                page = self._run(self._core._history_page(parsed, page, through, page_size))
+                yield from page.events
 
     def producer(self, bucket_count: int | None = None) -> IdempotentProducer:
         """A producer of its own (another id, its own sequences): every `Client` write

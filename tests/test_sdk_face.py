@@ -187,7 +187,7 @@ def test_every_public_error_derives_from_sevendb_error() -> None:
         if inspect.isclass(getattr(sevendb.sdk, name))
         and issubclass(getattr(sevendb.sdk, name), BaseException)
     ]
-    assert len(errors) == 20  # StaleSequence: a start or history older than the window
+    assert len(errors) == 21  # StaleSequence (a start older than the history), PermissionDenied
     assert all(issubclass(e, SevenDBError) for e in errors)
     assert all(issubclass(e, SevenDBError) for e in ERROR_TYPES.values())
 
