@@ -189,6 +189,16 @@ def test_the_acl_matrix_every_rpc_allowed_and_denied(live: LocalCluster) -> None
         for p in ("reader", "writer")
     }
     seen["Range"] = (key in ranged["reader"], bool(ranged["writer"]))
+    history = pb.HistoryRequest(bucket=BUCKET, query=pb.Query(kind=pb.Query.PREFIX, arg="m/"))
+    historied = {
+        p: [
+            c.key
+            for e in m.stub.History(history, metadata=m.md(p), timeout=10).events
+            for c in e.delta.changes
+        ]
+        for p in ("reader", "writer")
+    }
+    seen["History"] = (key in historied["reader"], bool(historied["writer"]))
     # Subscriptions: reader may watch m/ (not everything); writer may not watch m/.
     sub = m.subscribe("reader", "m/", "acl-reader")
     assert sub.first().HasField("sub_ack")
@@ -331,6 +341,7 @@ def test_the_acl_matrix_every_rpc_allowed_and_denied(live: LocalCluster) -> None
         "Get": (OK, PD),
         "Sync": (True, False),  # the writer's page leaves the m/ keys out
         "Range": (True, False),
+        "History": (True, False),  # the writer's page leaves the m/ changes out
         "Subscribe": (OK, PD),
         "Reconnect": (True, PD),  # another's subscription: NOT_OWNER
         "Session": (True, PD),

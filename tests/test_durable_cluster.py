@@ -96,6 +96,7 @@ def test_a_killed_consumer_is_resumed_by_name_from_another_process_with_no_file(
 
 
 def test_one_live_consumer_per_name_and_names_are_per_principal(cluster: LocalCluster) -> None:
+    cluster.grant_all("bob")
     with (
         cluster.client() as one,
         cluster.client() as two,

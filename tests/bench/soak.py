@@ -70,6 +70,10 @@ LIFECYCLE_ENV = {
     "SEVENDB_NOTIFIER_ATTACH_GRACE_MS": "5000",
     "SEVENDB_RAFT_COMPACTION_MIN_ENTRIES": "2000",
     "SEVENDB_RAFT_COMPACTION_MIN_TIME_S": "30",
+    # The retained history grows to its bound (10,000 change sets or an hour by
+    # default, docs/limits.md): bounds the run reaches.
+    "SEVENDB_NOTIFIER_HISTORY_ENTRIES": "500",
+    "SEVENDB_NOTIFIER_HISTORY_AGE_MS": "20000",
 }
 SERIES_SLACK = {
     "rss_mb": 10.0,

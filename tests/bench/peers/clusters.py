@@ -309,6 +309,14 @@ class NetnsSevendbCluster:
             log(f"  {self.name}: node {node_id} (pid {proc.pid}) on {host.address}")
         client = bundles / "client.toml"
         self._wait_ready(client)
+        # A `cluster init` cluster lets in only its admin (docs/security.md): the
+        # loopback's principal gets what `cluster up` gives it, read and write.
+        from sevendb.cluster.common.acl import Grant, Permission
+        from sevendb.cluster.ops.admin import ClusterAdmin
+
+        with ClusterAdmin.from_config(_client_config(client)) as admin:
+            for permission in (Permission.READ, Permission.WRITE):
+                admin.grant(Grant("default", permission))
         self._conf = {
             "endpoints": list(_client_config(client).endpoints),
             "token": local_token(bundles / "n1"),  # the loopback's principal, not admin
