@@ -36,7 +36,7 @@ from grpc import aio
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import ANY, ExpectKind, Op, OpKind, StartKind, Write
 from sevendb.outbox.errors import InvalidArgument, SevenDBError
-from sevendb.outbox.query import Query, QueryKind
+from sevendb.outbox.query import Query
 from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
@@ -427,12 +427,7 @@ class AsyncClient:
         page_token: str = "",
         serializable: bool = False,
     ) -> RangePage:
-        """Current keys in key order across every bucket: those starting with `prefix`,
-        or those in [`start`, `end`) (`end` empty: no end); at most `limit` (0: the
-        node's default) per page; pass `next_page_token` back for the next page.
-        Linearizable (it sees every write acknowledged before the call) unless
-        `serializable`, which reads without a read barrier (may miss the latest
-        writes). Keys the principal may not read are left out (docs/security.md)."""
+        """`Client.range` as a coroutine."""
         if prefix and (start or end):
             raise InvalidArgument("range: a prefix or start..end, not both")
         request = pb.RangeRequest(
@@ -471,10 +466,7 @@ class AsyncClient:
     ) -> list[tuple[int, EmitSeq | None]]:
         """Each bucket `query` spans, with the position its history is read after."""
         layout = await self.layout()
-        if query.kind is QueryKind.KEY:
-            buckets = [layout.bucket_of(query.arg)]
-        else:
-            buckets = list(range(layout.buckets))
+        buckets = layout.buckets_of(query)
         starts = starts_for(after, buckets, layout.bucket_uuids)
         found = []
         for bucket in buckets:
@@ -537,10 +529,7 @@ class AsyncClient:
         `RetryPolicy` deadline (30 s by default)."""
         parsed = parse_query(query)
         layout = await self.layout()
-        if parsed.kind is QueryKind.KEY:
-            buckets = [layout.bucket_of(parsed.arg)]
-        else:
-            buckets = list(range(layout.buckets))
+        buckets = layout.buckets_of(parsed)
         starts = starts_for(start, buckets, layout.bucket_uuids)
         engine = self._loop()
         if self._acks is None or self._sessions is None:

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from sevendb.outbox.entries import Op
 from sevendb.outbox.errors import InvalidArgument
-from sevendb.outbox.query import Query, QueryKind, plan_query
+from sevendb.outbox.query import Query, plan_query
 from sevendb.sdk.async_client import (
     AsyncClient,
     RetryPolicy,
@@ -261,15 +261,9 @@ class Client:
         sub = self.subscribe(parsed, cursor=cursor, name=name, options=options, durable=durable)
         plan = plan_query(parsed)
         read: dict[str, Record] = {}
-        for bucket in self._buckets_of(parsed):
+        for bucket in self.layout().buckets_of(parsed):
             read.update((r.key, r) for r in self.sync_bucket(bucket) if plan.matches(r.key))
         return read, sub, Handover((k, r.mod_commit_index) for k, r in read.items())
-
-    def _buckets_of(self, query: Query) -> list[int]:
-        layout = self.layout()
-        if query.kind is QueryKind.KEY:
-            return [layout.bucket_of(query.arg)]
-        return list(range(layout.buckets))
 
     def history(
         self,

@@ -14,6 +14,7 @@ from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import ANY, NOT_EXISTS, Expected, Op, OpKind
 from sevendb.outbox.errors import InvalidArgument
 from sevendb.outbox.keys import bucket_of
+from sevendb.outbox.query import Query, QueryKind
 
 
 def set_op(
@@ -101,6 +102,12 @@ class ClusterLayout:
 
     def bucket_of(self, key: str) -> int:
         return bucket_of(key, self.buckets)
+
+    def buckets_of(self, query: Query) -> list[int]:
+        """The buckets `query` spans: its key's for a key query, else every one."""
+        if query.kind is QueryKind.KEY:
+            return [self.bucket_of(query.arg)]
+        return list(range(self.buckets))
 
 
 @dataclass(frozen=True, slots=True)

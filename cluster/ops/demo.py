@@ -15,6 +15,7 @@ and reconnect decisions - what part 1 did across processes, step by step.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -210,20 +211,26 @@ class _ClusterTour:
         sys.stdout.flush()
         return cli([*args, "--data", str(self.data_dir)])
 
-    def node_status(self, address: str, *, digests: bool = False) -> Any:
-        from sevendb.cluster.ops.local import local_tls, node_status
+    @functools.cached_property
+    def tls(self) -> Any:
+        """The cluster's client TLS settings (read once, when the cluster is up)."""
+        from sevendb.cluster.ops.local import local_tls
 
-        return node_status(address, local_tls(self.data_dir), digests=digests)
+        return local_tls(self.data_dir)
+
+    def node_status(self, address: str, *, digests: bool = False) -> Any:
+        from sevendb.cluster.ops.local import node_status
+
+        return node_status(address, self.tls, digests=digests)
 
     def steps(self) -> bool:
-        from sevendb.cluster.ops.local import local_spec, local_tls, local_token
+        from sevendb.cluster.ops.local import local_spec, local_token
         from sevendb.sdk import Client
 
         spec = local_spec(self.data_dir)
         self.subscribe()
         endpoints = [n.grpc_address for n in spec.nodes]
-        token, tls = local_token(self.data_dir), local_tls(self.data_dir)
-        with Client(endpoints, token=token, tls=tls) as client:
+        with Client(endpoints, token=local_token(self.data_dir), tls=self.tls) as client:
             self.first_writes()
             bucket = spec.bucket_for_key("orders/1").bucket
             holder = _holder(spec, bucket, self.node_status)
