@@ -82,22 +82,27 @@ def history_trim_point(
     stall_window_ms: int = limits.STALL_WINDOW_MS_DEFAULT,
 ) -> int | None:
     """The log index a HISTORY_TRIM should drop the retained history through, or None
-    if it is within its bounds: the oldest change sets go while more than `max_entries`
-    are kept, or more than `max_bytes`, or while they are older than `max_age_ms` (0: no
-    bound by age). Never past the safety point: what acknowledged subscriptions still
-    hold stays (docs/core.md, "Retained history")."""
+    if it is within its bounds or the trim would drop nothing: the oldest change sets
+    go while more than `max_entries` are kept, or more than `max_bytes`, or while they
+    are older than `max_age_ms` (0: no bound by age). Never past the safety point: what
+    acknowledged subscriptions still hold stays (docs/core.md, "Retained history")."""
     entries, size = sm.history_size()
     through = None
+    oldest = None
     for kept in sm.retained():
         too_old = max_age_ms > 0 and now_ms - kept.commit_time_ms > max_age_ms
         if entries <= max_entries and size <= max_bytes and not too_old:
             break
+        oldest = oldest or kept.emit_seq.commit_index
         through = kept.emit_seq.commit_index
         entries, size = entries - 1, size - kept.size_bytes
-    if through is None:
+    if through is None or oldest is None:
         return None
-    floor = sm.safety_point(now_ms, stall_window_ms)
-    return min(through, floor) if min(through, floor) > sm.history_after.commit_index else None
+    # A safety point below the oldest retained change set (between two of them, at an
+    # entry that changed no key) drops nothing: proposing it anyway would append a
+    # HISTORY_TRIM on every pass, for ever.
+    point = min(through, sm.safety_point(now_ms, stall_window_ms))
+    return point if point >= oldest else None
 
 
 def subscription_info(sm: BucketStateMachine, sub_id: str) -> SubscriptionInfo | None:

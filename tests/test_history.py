@@ -141,6 +141,11 @@ def test_the_trim_point_keeps_each_bound_and_the_safety_point() -> None:
     floor = held.acked.commit_index
     assert d.sm.safety_point(d.tick()) == floor
     assert history_trim_point(d.sm, d.now_ms, 1, big, 0) == floor
+    # Trimmed through the floor, which is no change set's index (the subscription's
+    # start): a trim to the same floor would drop nothing, and is not proposed again
+    # (it was, on every pass, appending an entry for ever).
+    assert d.apply(HistoryTrim(floor, d.tick())).result.dropped == 6
+    assert history_trim_point(d.sm, d.now_ms, 1, big, 0) is None
     second_newest = list(d.sm.retained())[-2].emit_seq.commit_index
     d.ack("held", d.rows("held")[-1].emit_seq)  # acknowledged: it holds nothing
     assert history_trim_point(d.sm, d.now_ms, 1, big, 0) == second_newest
