@@ -23,6 +23,7 @@ from sevendb.cluster.common.layout import node_dir
 from sevendb.cluster.common.topology import BucketSpec
 from sevendb.cluster.ops.cli import main as cli_main
 from sevendb.cluster.ops.local import (
+    cluster_up,
     local_nodes,
     log_file,
     running_pid,
@@ -366,6 +367,20 @@ def test_damaged_cluster_metadata_is_refused_and_loses_nothing(cluster: LocalClu
     cluster.wait_converged()
     _the_bucket_serves(cluster, acked)
     assert "ignoring the metadata cache" in log_file(cluster.data_dir, nodes[0]).read_text()
+
+
+def test_an_up_that_times_out_stops_the_nodes_it_started(cluster: LocalCluster) -> None:
+    """One node cannot start (its node.toml is damaged): `up` waits, says which, and
+    at its timeout stops the two healthy nodes it started instead of leaving them
+    running behind an error."""
+    nodes = local_nodes(cluster.data_dir)
+    cluster.stop()
+    assert damage(node_dir(cluster.data_dir, nodes[0]) / "node.toml", "cluster", "emptied")
+    lines: list[str] = []
+    with pytest.raises(TimeoutError, match="not running"):
+        cluster_up(cluster.data_dir, timeout_s=10, progress=lines.append)
+    assert all(running_pid(cluster.data_dir, n) is None for n in nodes)
+    assert any(line.startswith("stopped the nodes this start started") for line in lines)
 
 
 def test_an_operator_accepts_the_loss_and_the_longest_history_goes_on(

@@ -312,7 +312,9 @@ def cluster_up(
     progress: Callable[[str], None] = lambda _: None,
 ) -> UpResult:
     """Create (or restart) the cluster in `data_dir` (plaintext if made `insecure`);
-    returns once every bucket has a leader on every node's view."""
+    returns once every bucket has a leader on every node's view. At the timeout the
+    nodes this call started are stopped again (a failed `up` leaves nothing running
+    that it started) and TimeoutError says what was missing."""
     data_dir = data_dir.resolve()
     created = not (data_dir / CLIENT_FILE).exists()
     if created:
@@ -342,7 +344,13 @@ def cluster_up(
             pid = start_node(data_dir, node_id)
             started.append(node_id)
             progress(f"started node {node_id} (pid {pid})")
-    spec = wait_for_leaders(data_dir, timeout_s, progress)
+    try:
+        spec = wait_for_leaders(data_dir, timeout_s, progress)
+    except TimeoutError:
+        stopped = stop_nodes(data_dir, started, progress=progress, drain=False)
+        if stopped:
+            progress(f"stopped the nodes this start started: {', '.join(stopped)}")
+        raise
     return UpResult(spec, created, started)
 
 
