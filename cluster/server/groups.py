@@ -1,0 +1,95 @@
+"""Consumer groups on the node: the `GroupBeat` handler (a committed `GROUP_BEAT`
+entry: outbox/groups.py decides) and the fence every use of a group's subscription
+passes - its Subscribe, Reconnect and acks carry the member's `GroupFence`, refused
+(`GROUP_FENCED`) unless it is the bucket's current owner and generation as this
+node's replica applied them (docs/core.md, "Consumer groups")."""
+
+from __future__ import annotations
+
+import grpc
+
+from sevendb.cluster.raft.replica import ReplicaUnavailable
+from sevendb.cluster.server.edge import Call, Edge, now_ms
+from sevendb.cluster.server.errors import Failure
+from sevendb.notifier.host import BucketNotifier
+from sevendb.outbox.errors import ErrorCode, SevenDBError
+from sevendb.outbox.groups import SESSION_TIMEOUT_MS_DEFAULT, GroupBeat, GroupResult
+from sevendb.outbox.state import BucketStateMachine
+from sevendb.proto import sevendb_pb2 as pb
+
+
+class Groups:
+    """The GroupBeat handler of one node."""
+
+    def __init__(self, edge: Edge) -> None:
+        self._edge = edge
+
+    async def beat(self, request: pb.GroupBeatRequest, call: Call) -> pb.GroupBeatResponse:
+        bucket = request.bucket
+        self._edge.check_bucket(bucket)
+        try:
+            entry = GroupBeat(
+                call.principal,
+                request.group,
+                request.member,
+                bucket,
+                request.session_timeout_ms or SESSION_TIMEOUT_MS_DEFAULT,
+                request.leaving,
+                now_ms(),
+            )
+        except SevenDBError as exc:
+            raise Failure.domain(exc) from None
+        result, _ = await self._edge.commit(bucket, entry, GroupResult)
+        return pb.GroupBeatResponse(
+            owner=result.owner, generation=result.generation, members=result.members
+        )
+
+
+def fence_failure(message: str) -> Failure:
+    return Failure(grpc.StatusCode.FAILED_PRECONDITION, message, error=ErrorCode.GROUP_FENCED)
+
+
+def group_fenced(
+    sm: BucketStateMachine, principal: str, name: str, fence: pb.GroupFence | None
+) -> str | None:
+    """Why a use of `principal`'s durable subscription `name` with `fence` (None: the
+    request named no member) is refused here; None when it may go on. A name that is
+    no group here needs no fence (and refuses one)."""
+    if not sm.groups.is_group(principal, name):
+        if fence is None:
+            return None
+        return f"{name!r} is no consumer group of {principal!r} in this bucket"
+    if fence is None:
+        return f"{name!r} is a consumer group: subscribe with group={name!r}"
+    return sm.groups.fenced(principal, name, fence.member, fence.generation)
+
+
+def check_fence(
+    edge: Edge,
+    notifier: BucketNotifier,
+    principal: str,
+    sub_id: str,
+    name: str | None,
+    fence: pb.GroupFence | None,
+) -> str | None:
+    """`group_fenced` for the subscription `sub_id` (its durable name, read here) or
+    the durable `name`; raises UNAVAILABLE if the replica cannot be read."""
+
+    def judge(sm: BucketStateMachine) -> str | None:
+        durable = name
+        if durable is None:
+            sub = sm.subscription(sub_id)
+            if sub is None or sub.principal != principal:
+                return None  # not found / not the caller's: answered as before
+            durable = sub.durable
+        if not durable:
+            return None if fence is None else "the subscription is no consumer group's"
+        return group_fenced(sm, principal, durable, fence)
+
+    try:
+        return notifier.replica.read(judge)
+    except ReplicaUnavailable as exc:
+        raise edge.unavailable(notifier.bucket, exc) from None
+
+
+__all__ = ["Groups", "check_fence", "fence_failure", "group_fenced"]
