@@ -181,6 +181,19 @@ class GroupTable:
             )
         return None
 
+    def refuses(self, principal: str, name: str, fence: tuple[str, int] | None) -> str | None:
+        """Why a use of `principal`'s durable subscription `name` - a Subscribe,
+        Reconnect or ack carrying `fence` (member, generation; None: none) - is refused
+        here; None when it may go on. A name that is no group here needs no fence (and
+        refuses one); a group's needs its current owner's term."""
+        if not self.is_group(principal, name):
+            if fence is None:
+                return None
+            return f"{name!r} is no consumer group of {principal!r} in this bucket"
+        if fence is None:
+            return f"{name!r} is a consumer group: subscribe with group={name!r}"
+        return self.fenced(principal, name, *fence)
+
     def pack(self) -> list[Any]:
         return [
             [p, n, g.owner, g.generation, sorted(g.until.items())]

@@ -49,21 +49,6 @@ def fence_failure(message: str) -> Failure:
     return Failure(grpc.StatusCode.FAILED_PRECONDITION, message, error=ErrorCode.GROUP_FENCED)
 
 
-def group_fenced(
-    sm: BucketStateMachine, principal: str, name: str, fence: pb.GroupFence | None
-) -> str | None:
-    """Why a use of `principal`'s durable subscription `name` with `fence` (None: the
-    request named no member) is refused here; None when it may go on. A name that is
-    no group here needs no fence (and refuses one)."""
-    if not sm.groups.is_group(principal, name):
-        if fence is None:
-            return None
-        return f"{name!r} is no consumer group of {principal!r} in this bucket"
-    if fence is None:
-        return f"{name!r} is a consumer group: subscribe with group={name!r}"
-    return sm.groups.fenced(principal, name, fence.member, fence.generation)
-
-
 def check_fence(
     edge: Edge,
     notifier: BucketNotifier,
@@ -72,8 +57,9 @@ def check_fence(
     name: str | None,
     fence: pb.GroupFence | None,
 ) -> str | None:
-    """`group_fenced` for the subscription `sub_id` (its durable name, read here) or
-    the durable `name`; raises UNAVAILABLE if the replica cannot be read."""
+    """Why the use of the subscription `sub_id` (its durable name, read here) or of
+    the durable `name` with `fence` is refused here (`GroupTable.refuses`), or None;
+    raises UNAVAILABLE if the replica cannot be read."""
 
     def judge(sm: BucketStateMachine) -> str | None:
         durable = name
@@ -84,7 +70,8 @@ def check_fence(
             durable = sub.durable
         if not durable:
             return None if fence is None else "the subscription is no consumer group's"
-        return group_fenced(sm, principal, durable, fence)
+        term = None if fence is None else (fence.member, fence.generation)
+        return sm.groups.refuses(principal, durable, term)
 
     try:
         return notifier.replica.read(judge)
@@ -92,4 +79,4 @@ def check_fence(
         raise edge.unavailable(notifier.bucket, exc) from None
 
 
-__all__ = ["Groups", "check_fence", "fence_failure", "group_fenced"]
+__all__ = ["Groups", "check_fence", "fence_failure"]

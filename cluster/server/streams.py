@@ -205,7 +205,9 @@ class Streams:
             resumed=resumed,
         )
         opening = [pb.StreamMessage(sub_ack=ack)]
-        pump = self._pump(principal, notifier, sub_id, sink, None, new_batch, push, opening)
+        pump = self._pump(
+            principal, notifier, sub_id, sink, None, new_batch, push, opening, fence=fence
+        )
         async for message in pump:
             yield message
 
@@ -270,7 +272,15 @@ class Streams:
             opening.append(pb.StreamMessage(caught_up=caught_up))
         catch_up_head = head if head > after else None
         async for message in self._pump(
-            principal, notifier, request.sub_id, sink, catch_up_head, new_batch, push, opening
+            principal,
+            notifier,
+            request.sub_id,
+            sink,
+            catch_up_head,
+            new_batch,
+            push,
+            opening,
+            fence=fence,
         ):
             yield message
 
@@ -313,6 +323,8 @@ class Streams:
         new_batch: NewBatch[M],
         push: Push[M] | None,
         opening: Sequence[pb.StreamMessage],
+        *,
+        fence: pb.GroupFence | None = None,
     ) -> AsyncIterator[M | pb.StreamMessage]:
         """An attached stream: `opening` (its SubAck or ReconnectAck), then its events
         (`Encoder`) until the notifier closes it, a newer stream fences it or the
@@ -322,22 +334,30 @@ class Streams:
         waits for the stream to close. Every change is checked against the principal's
         read permission as it leaves: one it may no longer read (a grant revoked since
         it subscribed) ends the stream PERMISSION_DENIED before anything of its batch
-        is sent."""
+        is sent. A consumer group member's stream (`fence`) ends GROUP_FENCED before a
+        batch leaves once its term is over (another member owns the bucket now): rows
+        leave only on the current owner's stream."""
         encode = Encoder(self._events, sub_id, catch_up_head, new_batch)
+
+        def check(rows: Sequence[OutboxRow]) -> None:
+            self._check_readable(principal, sub_id, rows)
+            if fence is not None:  # a group member's: only while its term lasts
+                self._check_group(notifier, principal, sub_id, None, fence)
+
         try:
             for first in opening:
                 yield first
             if push is not None:
 
                 def deliver(rows: Sequence[OutboxRow]) -> None:
-                    self._check_readable(principal, sub_id, rows)
+                    check(rows)
                     for message in encode(rows):
                         push(message)
 
                 reason = await sink.push_to(deliver)
             else:
                 while not isinstance(item := await sink.get(), str):
-                    self._check_readable(principal, sub_id, item)
+                    check(item)
                     for message in encode(item):
                         yield message
                 reason = item
