@@ -186,13 +186,18 @@ class GroupSubscription:
         if current is not None and (not mine or current.generation != now.generation):
             await self._drop(current)
         if mine and (current is None or current.generation != now.generation):
-            sub = await self._client._subscribe_owned(
-                self.query,
-                bucket,
-                self.group,
-                (self.member, now.generation),
-                self._inner_options,
-            )
+            try:
+                sub = await self._client._subscribe_owned(
+                    self.query,
+                    bucket,
+                    self.group,
+                    (self.member, now.generation),
+                    self._inner_options,
+                )
+            except SevenDBError as exc:  # the term ended meanwhile (GROUP_FENCED), or
+                # the bucket is unreachable for now: the next beat decides again
+                log.info("group %s: bucket %d not taken: %s", self.group, bucket, exc)
+                return
             owned = _Owned(bucket, now.generation, sub)
             owned.pump = asyncio.get_running_loop().create_task(self._pump(owned))
             self._owned[bucket] = owned
