@@ -5,7 +5,8 @@ is a member; the query's buckets are dealt over the live members, one owner per
 bucket at a time (docs/sdk.md, "Consumer groups"). A `GroupSubscription`:
 
 * beats every bucket of the query (`GroupBeat`, a replicated entry) when it starts,
-  every third of its session timeout, and when it closes (leaving): each answer names
+  every `BEAT_INTERVAL_S` (1 s; a third of its session timeout if that is shorter), and
+  when it closes (leaving): each answer names
   the bucket's owner and generation, as the bucket's state machine decided;
 * for each bucket it owns, holds a one-bucket durable subscription of the group's
   name carrying its `(member, generation)` (sdk/subscription.py, explicit acks),
@@ -44,6 +45,11 @@ log = logging.getLogger(__name__)
 
 SESSION_TIMEOUT_S_DEFAULT: Final = 10.0
 """A member that has not beaten for this long loses its buckets (docs/limits.md)."""
+
+BEAT_INTERVAL_S: Final = 1.0
+"""How often a member beats (a third of its session timeout if shorter): a bucket
+whose owner changes waits for its new owner's next beat, so this bounds a rebalance
+(Kafka's `heartbeat.interval.ms` is 3 s)."""
 
 _CLOSED: Final = object()
 
@@ -156,7 +162,7 @@ class GroupSubscription:
 
     async def _beat_forever(self) -> None:
         while not self._closed:
-            await asyncio.sleep(self._timeout_ms / 3000)
+            await asyncio.sleep(min(BEAT_INTERVAL_S, self._timeout_ms / 3000))
             try:
                 await self._beat_all()
             except SevenDBError as exc:  # unavailable for a while: beat again next time
