@@ -36,7 +36,7 @@ from grpc import aio
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import ANY, ExpectKind, Op, OpKind, StartKind, Write
 from sevendb.outbox.errors import InvalidArgument, SevenDBError
-from sevendb.outbox.query import Query
+from sevendb.outbox.query import Query, plan_query
 from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
@@ -49,13 +49,21 @@ from sevendb.sdk.engine import (
     Engine,
     trailer,
 )
-from sevendb.sdk.errors import ResourceExhausted, Unavailable, domain_error, retry_after_s
+from sevendb.sdk.errors import (
+    BrokenReason,
+    ResourceExhausted,
+    SubscriptionBroken,
+    Unavailable,
+    domain_error,
+    retry_after_s,
+)
 from sevendb.sdk.groups import (
     SESSION_TIMEOUT_S_DEFAULT,
     GroupSubscription,
     Ownership,
     check_group,
 )
+from sevendb.sdk.handover import Handover
 from sevendb.sdk.models import (
     ClusterLayout,
     NodeStatus,
@@ -655,6 +663,45 @@ class AsyncClient:
         await sub._start(self._retry.deadline_s)
         self._subscriptions.add(sub)
         return sub
+
+    async def sync_then_subscribe(
+        self,
+        query: str | Query,
+        *,
+        cursor: CursorStore | str | Path | None = None,
+        name: str | None = None,
+        options: SubscribeOptions | None = None,
+        durable: str | None = None,
+        start: StartAt = None,
+    ) -> tuple[dict[str, Record], Subscription, Handover]:
+        """The keys `query` matches as they are now, then their changes: a
+        snapshot-then-stream handover with no gap and no duplicate between the two
+        (sdk/handover.py). Subscribes (as `subscribe`), then reads the state with paged
+        Syncs; apply the records, then of each event only
+        ``handover.fresh(event.emit_seq.commit_index, event.changes)``.
+
+        With `start`, the subscription starts there if every bucket's retained
+        history reaches it (the state is then empty: the history comes as events);
+        if one does not (`STALE_SEQUENCE`), it falls back on its own to the state,
+        then the stream from the latest (`handover.stale_start` says so)."""
+        parsed = parse_query(query)
+        kw: dict[str, Any] = {"cursor": cursor, "name": name, "options": options}
+        if start is not None and start != "latest":
+            try:
+                sub = await self.subscribe(parsed, durable=durable, start=start, **kw)
+                return {}, sub, Handover(())
+            except SubscriptionBroken as exc:
+                if exc.reason is not BrokenReason.STALE_SEQUENCE:
+                    raise
+        sub = await self.subscribe(parsed, durable=durable, **kw)
+        plan = plan_query(parsed)
+        read: dict[str, Record] = {}
+        for bucket in (await self.layout()).buckets_of(parsed):
+            async for record in self.sync_bucket(bucket):
+                if plan.matches(record.key):
+                    read[record.key] = record
+        synced = ((k, r.mod_commit_index) for k, r in read.items())
+        return read, sub, Handover(synced, stale_start=start is not None and start != "latest")
 
     def _pipeline(self) -> WritePipeline[WriteResult]:
         if self._writes is None:

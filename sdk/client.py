@@ -32,7 +32,7 @@ from typing import Any, TypeVar, overload
 
 from sevendb.outbox.entries import Op
 from sevendb.outbox.errors import InvalidArgument
-from sevendb.outbox.query import Query, plan_query
+from sevendb.outbox.query import Query
 from sevendb.sdk.async_client import (
     AsyncClient,
     RetryPolicy,
@@ -251,20 +251,21 @@ class Client:
         name: str | None = None,
         options: SubscribeOptions | None = None,
         durable: str | None = None,
+        start: StartAt = None,
     ) -> tuple[dict[str, Record], Subscription, Handover]:
         """The keys `query` matches as they are now, then their changes: a
         snapshot-then-stream handover with no gap and no duplicate between the two
         (sdk/handover.py), for a start older than the retained history or an
         application that wants the state first. Subscribes (as `subscribe`), then reads
         the state with paged Syncs; apply the records, then of each event only
-        ``handover.fresh(event.emit_seq.commit_index, event.changes)``."""
-        parsed = parse_query(query)
-        sub = self.subscribe(parsed, cursor=cursor, name=name, options=options, durable=durable)
-        plan = plan_query(parsed)
-        read: dict[str, Record] = {}
-        for bucket in self.layout().buckets_of(parsed):
-            read.update((r.key, r) for r in self.sync_bucket(bucket) if plan.matches(r.key))
-        return read, sub, Handover((k, r.mod_commit_index) for k, r in read.items())
+        ``handover.fresh(event.emit_seq.commit_index, event.changes)``. With `start`,
+        from there if the retained history reaches it (no state), else - on its own -
+        the state then the stream (`handover.stale_start`); `AsyncClient.sync_then_subscribe`."""
+        return self._run(
+            self._core.sync_then_subscribe(
+                query, cursor=cursor, name=name, options=options, durable=durable, start=start
+            )
+        )
 
     def history(
         self,
