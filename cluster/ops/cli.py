@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -652,7 +652,6 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
         )
 
     options = SubscribeOptions(on_reset=on_reset, on_stale=Recovery(args.on_stale))
-    delivered = 0
     # Leaving the block closes the subscription: with --cursor or --durable it stays on
     # the server for the next run to resume, without either it is ended. An event is
     # processed (acked) once printed: interrupted while printing, it comes again.
@@ -669,19 +668,30 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
         ) as sub,
     ):
         _progress(f"subscribed to {args.query} in {sub.stats().buckets} bucket(s)")
-        try:
-            while args.count is None or delivered < args.count:
-                event = sub.poll(args.idle_exit if args.idle_exit else 3600.0)
-                if event is None:
-                    if args.idle_exit:
-                        break
-                    continue
-                print("\n".join(event_lines(event)), flush=True)
-                delivered += 1
-        except KeyboardInterrupt:
-            _progress("interrupted")
+        delivered = _print_events(sub, args)
     _progress(f"delivered {delivered} event(s)")
     return 0
+
+
+class _Polled(Protocol):
+    def poll(self, timeout_s: float = 0.0) -> Event | None: ...
+
+
+def _print_events(sub: _Polled, args: argparse.Namespace) -> int:
+    """Print `sub`'s events (`--count`, `--idle-exit`) until interrupted: how many."""
+    delivered = 0
+    try:
+        while args.count is None or delivered < args.count:
+            event = sub.poll(args.idle_exit if args.idle_exit else 3600.0)
+            if event is None:
+                if args.idle_exit:
+                    break
+                continue
+            print("\n".join(event_lines(event)), flush=True)
+            delivered += 1
+    except KeyboardInterrupt:
+        _progress("interrupted")
+    return delivered
 
 
 def _subscribe_group(args: argparse.Namespace, options: SubscribeOptions) -> int:
@@ -691,7 +701,6 @@ def _subscribe_group(args: argparse.Namespace, options: SubscribeOptions) -> int
 
     if args.cursor is not None or args.durable is not None or args.start != "latest":
         raise InvalidArgument("--group takes no --cursor, --durable or --start")
-    delivered = 0
     with (
         _client(args) as client,
         client.subscribe(
@@ -702,17 +711,7 @@ def _subscribe_group(args: argparse.Namespace, options: SubscribeOptions) -> int
             f"joined group {args.group} as {sub.member}: buckets {sorted(sub.stats.owned)} "
             f"of {args.query}"
         )
-        try:
-            while args.count is None or delivered < args.count:
-                event = sub.poll(args.idle_exit if args.idle_exit else 3600.0)
-                if event is None:
-                    if args.idle_exit:
-                        break
-                    continue
-                print("\n".join(event_lines(event)), flush=True)
-                delivered += 1
-        except KeyboardInterrupt:
-            _progress("interrupted")
+        delivered = _print_events(sub, args)
     _progress(f"delivered {delivered} event(s)")
     return 0
 
