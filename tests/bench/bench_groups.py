@@ -2,21 +2,22 @@
 long a durable subscription takes to resume after its consumer process is killed.
 
     .venv/bin/python tests/bench/bench_groups.py [--backlog 2000] [--buckets 4]
-        [--members 1,2,4] [--work-ms 1.0] [--runs 1]
+        [--members 1,2,4] [--work-ms 1.0] [--handler sleep|spin] [--runs 1]
 
 One cluster (3 nodes, fsync on, `--buckets` buckets). Consumer groups: for each
 member count a fresh group of one query is made (one member joins and leaves: the
 group's durable subscriptions exist, detached), `--backlog` single-key writes commit,
 then the member processes (each its own `Client`) join, and once the buckets are dealt
 (3 s) are released together; each handles an event by sleeping `--work-ms` per change
-(an I/O-bound handler: 0 measures bare delivery) and the figure is the backlog's
-changes over the time from the release to the last change processed by any member.
-Kafka's expectation is that this grows with the members while each has work and a core
-to run on. Durable resume: a consumer
-process subscribes by name, processes a first batch and is killed with kill -9; a
-backlog commits; a new process subscribes by the name: the time its `subscribe`
-takes (every bucket's stream attached after the server's acknowledged position),
-to its first backlog event and to the whole backlog.
+(an I/O-bound handler; `--handler spin` burns the CPU instead) and the figure is the
+backlog's changes over the time from the release to the last change processed by any
+member. Kafka's expectation is that this grows with the members while each has work
+and a core to run on. (The backlog reaches the members' buffers while they settle, so
+the figure is the group's pace of handling, not of delivery: `--work-ms` must be > 0.)
+Durable resume: a consumer process subscribes by name, processes a first batch and is
+killed with kill -9; a backlog commits; a new process subscribes by the name: the time
+its `subscribe` takes (every bucket's stream attached after the server's acknowledged
+position), to its first backlog event and to the whole backlog.
 
 Also run by `tests/bench/side_by_side.py --groups`. Not a test: figures are printed,
 never asserted.
@@ -64,7 +65,11 @@ def member(args: argparse.Namespace) -> None:
         changes, last = 0, time.time()
         while (event := sub.poll(args.idle_s)) is not None:
             for _ in event.changes:
-                if args.work_ms:
+                if args.handler == "spin":
+                    until = time.perf_counter() + args.work_ms / 1000
+                    while time.perf_counter() < until:
+                        pass
+                else:
                     time.sleep(args.work_ms / 1000)
                 changes += 1
             last = time.time()
@@ -101,7 +106,9 @@ def _write(client: Client, prefix: str, count: int) -> None:
         f.result()
 
 
-def group_run(data: Path, members: int, backlog: int, work_ms: float, run: int) -> float:
+def group_run(
+    data: Path, members: int, backlog: int, work_ms: float, run: int, handler: str
+) -> float:
     group, prefix = f"g{members}r{run}", f"g{members}r{run}/"
     query = f"prefix:{prefix}"
     with _client(data) as client:
@@ -109,7 +116,9 @@ def group_run(data: Path, members: int, backlog: int, work_ms: float, run: int) 
         _write(client, prefix, backlog)
     go = data.parent / f"go-{group}"
     common = ["member", "--data", str(data), "--query", query, "--group", group, "--go", str(go)]
-    procs = [_spawn(*common, "--work-ms", str(work_ms)) for _ in range(members)]
+    procs = [
+        _spawn(*common, "--work-ms", str(work_ms), "--handler", handler) for _ in range(members)
+    ]
     for proc in procs:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "joined"
     time.sleep(SETTLE_S)  # the buckets dealt over every member
@@ -144,7 +153,14 @@ def resume_run(data: Path, backlog: int, run: int) -> dict[str, float]:
     return {k: figures[k] for k in ("subscribed_ms", "first_ms", "all_ms")}
 
 
-def bench(backlog: int, buckets: int, counts: list[int], work_ms: float, runs: int) -> None:
+def bench(
+    backlog: int,
+    buckets: int,
+    counts: list[int],
+    work_ms: float,
+    runs: int,
+    handler: str = "sleep",
+) -> None:
     print(f"machine: {machine()}", flush=True)
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     with tempfile.TemporaryDirectory(prefix="sevendb-groups-") as tmp:
@@ -154,14 +170,15 @@ def bench(backlog: int, buckets: int, counts: list[int], work_ms: float, runs: i
             rates: dict[int, list[float]] = {n: [] for n in counts}
             for run in range(runs):
                 for n in counts:
-                    rates[n].append(group_run(data, n, backlog, work_ms, run))
+                    rates[n].append(group_run(data, n, backlog, work_ms, run, handler))
                     print(f"run {run}: {n} member(s): {rates[n][-1]:,.0f} changes/s", flush=True)
             base = statistics.median(rates[counts[0]])
             for n in counts:
                 med = statistics.median(rates[n])
                 print(
                     f"group of {n}: {med:,.0f} changes/s (x{med / base:.2f} of {counts[0]}), "
-                    f"backlog {backlog}, {buckets} buckets, handler {work_ms:g} ms/change"
+                    f"backlog {backlog}, {buckets} buckets, handler: {handler} "
+                    f"{work_ms:g} ms/change"
                 )
             resumes = [resume_run(data, backlog, run) for run in range(runs)]
             mid = {k: statistics.median(r[k] for r in resumes) for k in resumes[0]}
@@ -184,7 +201,8 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--query", required=True)
     m.add_argument("--group", required=True)
     m.add_argument("--go", required=True)
-    m.add_argument("--work-ms", type=float, default=0.0)
+    m.add_argument("--work-ms", type=float, default=1.0)
+    m.add_argument("--handler", choices=("sleep", "spin"), default="sleep")
     m.add_argument("--idle-s", type=float, default=3.0)
     c.add_argument("--durable", required=True)
     c.add_argument("--want", type=int, required=True)
@@ -193,6 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--buckets", type=int, default=4)
     parser.add_argument("--members", default="1,2,4")
     parser.add_argument("--work-ms", type=float, default=1.0)
+    parser.add_argument("--handler", choices=("sleep", "spin"), default="sleep")
     parser.add_argument("--runs", type=int, default=1)
     args = parser.parse_args(argv)
     if args.mode == "member":
@@ -201,7 +220,9 @@ def main(argv: list[str] | None = None) -> None:
         consumer(args)
     else:
         counts = [int(n) for n in args.members.split(",")]
-        bench(args.backlog, args.buckets, counts, args.work_ms, args.runs)
+        if args.work_ms <= 0:
+            parser.error("--work-ms must be > 0 (see the docstring)")
+        bench(args.backlog, args.buckets, counts, args.work_ms, args.runs, args.handler)
 
 
 if __name__ == "__main__":
