@@ -63,18 +63,20 @@ class GroupFence(_message.Message):
     def __init__(self, member: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class GroupBeatRequest(_message.Message):
-    __slots__ = ("bucket", "group", "member", "session_timeout_ms", "leaving")
+    __slots__ = ("bucket", "group", "member", "session_timeout_ms", "leaving", "query")
     BUCKET_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     MEMBER_FIELD_NUMBER: _ClassVar[int]
     SESSION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     LEAVING_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
     bucket: int
     group: str
     member: str
     session_timeout_ms: int
     leaving: bool
-    def __init__(self, bucket: _Optional[int] = ..., group: _Optional[str] = ..., member: _Optional[str] = ..., session_timeout_ms: _Optional[int] = ..., leaving: _Optional[bool] = ...) -> None: ...
+    query: Query
+    def __init__(self, bucket: _Optional[int] = ..., group: _Optional[str] = ..., member: _Optional[str] = ..., session_timeout_ms: _Optional[int] = ..., leaving: _Optional[bool] = ..., query: _Optional[_Union[Query, _Mapping]] = ...) -> None: ...
 
 class GroupBeatResponse(_message.Message):
     __slots__ = ("owner", "generation", "members")

@@ -621,7 +621,7 @@ class AsyncClient:
         return sub
 
     async def _group_beat(
-        self, bucket: int, group: str, member: str, timeout_ms: int, leaving: bool
+        self, query: Query, bucket: int, group: str, member: str, timeout_ms: int, leaving: bool
     ) -> Ownership:
         request = pb.GroupBeatRequest(
             bucket=bucket,
@@ -629,6 +629,7 @@ class AsyncClient:
             member=member,
             session_timeout_ms=timeout_ms,
             leaving=leaving,
+            query=codec.query_to_pb(query),
         )
         answer: pb.GroupBeatResponse = await self._call(
             lambda s, t: s.GroupBeat(request, timeout=t, metadata=self.metadata)

@@ -38,6 +38,7 @@ from sevendb.outbox.errors import GroupFenced, InvalidArgument, SevenDBError
 from sevendb.outbox.groups import SESSION_TIMEOUT_MS_MAX, SESSION_TIMEOUT_MS_MIN
 from sevendb.outbox.query import Query
 from sevendb.sdk.engine import Engine
+from sevendb.sdk.errors import Unavailable
 from sevendb.sdk.streams import Event
 from sevendb.sdk.subscription import AckMode, SubscribeOptions, Subscription
 
@@ -67,7 +68,7 @@ class _Member(Protocol):
     """What a group needs of its client (an `AsyncClient`)."""
 
     async def _group_beat(
-        self, bucket: int, group: str, member: str, timeout_ms: int, leaving: bool
+        self, query: Query, bucket: int, group: str, member: str, timeout_ms: int, leaving: bool
     ) -> Ownership: ...
 
     async def _subscribe_owned(
@@ -157,7 +158,14 @@ class GroupSubscription:
     # ---- membership ---------------------------------------------------------------------
 
     async def _start(self) -> None:
-        await self._beat_all()
+        """Join every bucket; what refuses a join (no read permission on the query, the
+        cluster unreachable for the `RetryPolicy` deadline, ...) is raised, after
+        leaving again."""
+        try:
+            await self._beat_all(strict=True)
+        except BaseException as exc:
+            await self.aclose(leave=not isinstance(exc, Unavailable))
+            raise
         self._beats = asyncio.get_running_loop().create_task(self._beat_forever())
 
     async def _beat_forever(self) -> None:
@@ -168,11 +176,13 @@ class GroupSubscription:
             except SevenDBError as exc:  # unavailable for a while: beat again next time
                 log.warning("group %s: beat failed: %s", self.group, exc)
 
-    async def _beat_all(self, leaving: bool = False) -> None:
+    async def _beat_all(self, leaving: bool = False, *, strict: bool = False) -> None:
         async with self._lock:
             answers = await asyncio.gather(
                 *(
-                    self._client._group_beat(b, self.group, self.member, self._timeout_ms, leaving)
+                    self._client._group_beat(
+                        self.query, b, self.group, self.member, self._timeout_ms, leaving
+                    )
                     for b in self._buckets
                 ),
                 return_exceptions=True,
@@ -181,6 +191,8 @@ class GroupSubscription:
                 return
             for bucket, answer in zip(self._buckets, answers, strict=True):
                 if isinstance(answer, BaseException):
+                    if strict:
+                        raise answer
                     log.warning("group %s: bucket %d beat failed: %r", self.group, bucket, answer)
                     continue
                 await self._assign(bucket, answer)
@@ -301,9 +313,10 @@ class GroupSubscription:
         else:
             self._engine.loop.call_soon_threadsafe(fn)
 
-    async def aclose(self) -> None:
+    async def aclose(self, *, leave: bool = True) -> None:
         """Leave the group: the last processed event is acked (and the acks flushed)
-        while this member still owns its buckets, then it leaves them to the others."""
+        while this member still owns its buckets, then it leaves them to the others
+        (`leave=False`: they move once its session times out)."""
         if self._closed:
             return
         if self.options.ack is AckMode.AUTO:
@@ -316,8 +329,9 @@ class GroupSubscription:
         async with self._lock:
             for owned in list(self._owned.values()):
                 await self._drop(owned, flush=True)
-        with contextlib.suppress(SevenDBError):
-            await self._beat_all(leaving=True)
+        if leave:
+            with contextlib.suppress(SevenDBError):
+                await self._beat_all(leaving=True)
         self._queue.put_nowait(_CLOSED)
 
     async def __aenter__(self) -> GroupSubscription:

@@ -8,6 +8,7 @@ import asyncio
 import time
 from collections.abc import Iterator
 
+import grpc
 import pytest
 from cluster_harness import LocalCluster, wait_for
 
@@ -19,6 +20,7 @@ from sevendb.sdk import (
     Event,
     GroupFenced,
     GroupSubscription,
+    PermissionDenied,
     SubscribeOptions,
     SubscriptionBroken,
 )
@@ -154,3 +156,14 @@ def test_async_members_share_a_query(cluster: LocalCluster) -> None:
 
     keys = asyncio.run(main())
     assert sorted(keys) == sorted(f"aio/{i}" for i in range(20))
+
+
+def test_a_member_must_be_able_to_read_its_query(cluster: LocalCluster) -> None:
+    # carol has no grant: she may read nothing
+    with cluster.client(principal="carol") as carol, pytest.raises(PermissionDenied):
+        carol.subscribe("prefix:secret/", group="spies")
+    stub = cluster.stub(cluster.spec.nodes[0].grpc_address)
+    md = (("authorization", f"Bearer {cluster.token()}"),)
+    with pytest.raises(grpc.RpcError) as bare:  # a beat that names no query
+        stub.GroupBeat(pb.GroupBeatRequest(bucket=0, group="g", member="m"), metadata=md)
+    assert bare.value.code() is grpc.StatusCode.INVALID_ARGUMENT

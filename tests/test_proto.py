@@ -244,7 +244,12 @@ def data_event(commit_index: int) -> pb.DataEvent:
 
 MESSAGES: dict[str, Message] = {
     "GroupBeatRequest": pb.GroupBeatRequest(
-        bucket=3, group="workers", member="m-1", session_timeout_ms=10_000, leaving=True
+        bucket=3,
+        group="workers",
+        member="m-1",
+        session_timeout_ms=10_000,
+        leaving=True,
+        query=pb.Query(kind=pb.Query.PREFIX, arg="jobs/"),
     ),
     "GroupBeatResponse": pb.GroupBeatResponse(owner="m-1", generation=2**63, members=["m-1"]),
     "GroupFence": pb.GroupFence(member="m-1", generation=7),

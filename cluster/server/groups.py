@@ -15,6 +15,7 @@ from sevendb.notifier.host import BucketNotifier
 from sevendb.outbox.errors import ErrorCode, SevenDBError
 from sevendb.outbox.groups import SESSION_TIMEOUT_MS_DEFAULT, GroupBeat, GroupResult
 from sevendb.outbox.state import BucketStateMachine
+from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
 
 
@@ -27,6 +28,13 @@ class Groups:
     async def beat(self, request: pb.GroupBeatRequest, call: Call) -> pb.GroupBeatResponse:
         bucket = request.bucket
         self._edge.check_bucket(bucket)
+        if not request.HasField("query"):
+            raise Failure.invalid("GroupBeat needs the member's query")
+        try:
+            query = codec.query_from_pb(request.query)
+        except (SevenDBError, ValueError) as exc:
+            raise Failure.invalid(f"bad query: {exc}") from None
+        self._edge.allow_query(call.principal, query)  # a member must be able to read it
         try:
             entry = GroupBeat(
                 call.principal,
