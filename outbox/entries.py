@@ -27,6 +27,7 @@ from .errors import (
     UnknownEntryType,
     UnsupportedEntryVersion,
 )
+from .groups import GroupBeat
 from .query import Query, QueryKind
 
 ENTRY_FORMAT_VERSION: Final = 1
@@ -45,6 +46,7 @@ class EntryType(IntEnum):
     WRITE_BATCH = 9
     SUBSCRIBE_BATCH = 10
     HISTORY_TRIM = 11
+    GROUP_BEAT = 16  # a consumer group's member beats (outbox/groups.py)
 
 
 class OpKind(IntEnum):
@@ -495,6 +497,7 @@ Entry = (
     | Lease
     | InitProducer
     | HistoryTrim
+    | GroupBeat
 )
 
 _TYPE_OF: Final[dict[type, EntryType]] = {
@@ -509,6 +512,7 @@ _TYPE_OF: Final[dict[type, EntryType]] = {
     WriteBatch: EntryType.WRITE_BATCH,
     SubscribeBatch: EntryType.SUBSCRIBE_BATCH,
     HistoryTrim: EntryType.HISTORY_TRIM,
+    GroupBeat: EntryType.GROUP_BEAT,
 }
 
 
@@ -592,6 +596,8 @@ def _fields(entry: Entry) -> list[object]:
         return [entry.holder, entry.now_ms]
     if isinstance(entry, HistoryTrim):
         return [entry.through_index, entry.now_ms]
+    if isinstance(entry, GroupBeat):
+        return entry.fields()
     if entry.principal:
         return [entry.producer_id, entry.now_ms, entry.principal]
     return [entry.producer_id, entry.now_ms]
@@ -705,6 +711,8 @@ def _decode_fields(kind: EntryType, f: list[object]) -> Entry:
     if kind is EntryType.HISTORY_TRIM:
         _arity(f, 2, "HISTORY_TRIM")
         return HistoryTrim(*f)  # type: ignore[arg-type]
+    if kind is EntryType.GROUP_BEAT:
+        return GroupBeat.from_fields(f)
     if len(f) != 3 or not f[2]:  # the principal is optional; an empty one not canonical
         _arity(f, 2, "INIT_PRODUCER")
     return InitProducer(*f)  # type: ignore[arg-type]

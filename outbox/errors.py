@@ -40,6 +40,7 @@ class ErrorCode(StrEnum):
     STALE_EPOCH = "STALE_EPOCH"
     STALE_SEQUENCE = "STALE_SEQUENCE"
     PERMISSION_DENIED = "PERMISSION_DENIED"
+    GROUP_FENCED = "GROUP_FENCED"
     # The client's own errors (sevendb.sdk.errors); a node never sends these.
     UNAVAILABLE = "UNAVAILABLE"
     UNAUTHENTICATED = "UNAUTHENTICATED"
@@ -192,6 +193,13 @@ class StaleEpoch(SevenDBError):
     code = ErrorCode.STALE_EPOCH
 
 
+class GroupFenced(SevenDBError):
+    """A consumer group member acted on a bucket it no longer owns (or with an old
+    generation): a rebalance moved the bucket's stream to another member."""
+
+    code = ErrorCode.GROUP_FENCED
+
+
 ERROR_TYPES: dict[ErrorCode, type[SevenDBError]] = {
     cls.code: cls
     for cls in (
@@ -215,6 +223,7 @@ ERROR_TYPES: dict[ErrorCode, type[SevenDBError]] = {
         StaleLease,
         StaleRange,
         StaleEpoch,
+        GroupFenced,
     )
 }
 

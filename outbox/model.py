@@ -12,6 +12,7 @@ from typing import NamedTuple
 from .emitseq import EmitSeq, EpochId
 from .entries import OpKind
 from .errors import Rejection
+from .groups import GroupResult
 from .query import Query
 
 
@@ -238,6 +239,7 @@ Result = (
     | EpochResult
     | LeaseResult
     | HistoryTrimResult
+    | GroupResult
 )
 
 

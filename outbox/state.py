@@ -51,6 +51,7 @@ from .errors import (
     SnapshotError,
     StaleSequence,
 )
+from .groups import GroupBeat, GroupTable
 from .lifecycle import idle
 from .model import (
     AckOutcome,
@@ -101,7 +102,8 @@ expired subscriptions remembered follow the pending rows), and a subscription's 
 include those computed and not yet checkpointed (1 kept them only in the pending
 batches). Versions 1 and 2 are still read (`restore`).
 A producer's owner is a sixth field of its item, absent when it has none: a state
-without owners snapshots as before."""
+without owners snapshots as before. Likewise the consumer groups (`GroupTable.pack`)
+are a fifteenth field of format 3, absent when the bucket has none."""
 
 
 @dataclass(slots=True)
@@ -264,6 +266,8 @@ class BucketStateMachine:
         """The oldest position it reaches back to: everything after it is retained."""
         self._history_after_ms = 0
         """Commit time of the newest change set dropped (0: none ever was)."""
+        self.groups = GroupTable()
+        """The consumer groups' members and owners here (outbox/groups.py)."""
 
     # ---- identity and positions ------------------------------------------------
 
@@ -343,6 +347,8 @@ class BucketStateMachine:
             result = LeaseResult(entry.holder, commit_index)
         elif isinstance(entry, HistoryTrim):
             result = self._apply_history_trim(commit_index, entry)
+        elif isinstance(entry, GroupBeat):
+            result = self.groups.apply(entry)
         else:
             result = self._apply_init_producer(entry)
         self._applied_index = commit_index
@@ -1237,6 +1243,7 @@ class BucketStateMachine:
         expired = [[sub_id, owner] for sub_id, owner in self._expired.items()]
         history = tuple(self._history)
         reaches = [self._history_after.pack(), self._history_after_ms]
+        groups = self.groups.pack()
         head = [
             SNAPSHOT_FORMAT_VERSION,
             self._bucket_uuid,
@@ -1250,7 +1257,7 @@ class BucketStateMachine:
         def make() -> bytes:
             packer = msgpack.Packer(use_bin_type=True, autoreset=False)
             pack = packer.pack
-            packer.pack_array_header(len(head) + 7)
+            packer.pack_array_header(len(head) + 7 + bool(groups))
             for item in head:
                 pack(item)
             packer.pack_array_header(len(records))
@@ -1292,6 +1299,8 @@ class BucketStateMachine:
                     ]
                 )
             pack(reaches)
+            if groups:  # a 15th field only with consumer groups: other states as before
+                pack(groups)
             return packer.bytes()
 
         return make
@@ -1313,7 +1322,9 @@ class BucketStateMachine:
                 f"snapshot format {version!r}; this build reads 1 to {SNAPSHOT_FORMAT_VERSION}"
             )
         try:
-            if len(raw) != {1: 11, 2: 12}.get(version, 14):
+            if len(raw) != {1: 11, 2: 12}.get(version, 14) and not (
+                version == 3 and len(raw) == 15 and raw[14]
+            ):
                 raise ValueError(f"{len(raw)} fields")
             _, uuid, epoch, applied, outboxed, holder, lease_index, kv, producers, subs = raw[:10]
             pending = raw[10]
@@ -1339,6 +1350,8 @@ class BucketStateMachine:
                     sm._history_bytes += size
                 after, sm._history_after_ms = raw[13]
                 sm._history_after = EmitSeq(*after)
+                if len(raw) == 15:
+                    sm.groups = GroupTable.unpack(raw[14])
             for pid, p_epoch, last_seq, results, p_active, *owner in producers:
                 producer = _Producer(p_epoch, p_active, last_seq, owner=_owner(owner))
                 producer.results = ProducerResults.restore(results, last_seq)

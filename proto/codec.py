@@ -82,6 +82,7 @@ STATUS_OF: Final[dict[ErrorCode, grpc.StatusCode]] = {
     ErrorCode.STALE_RANGE: grpc.StatusCode.ABORTED,
     ErrorCode.STALE_EPOCH: grpc.StatusCode.ABORTED,
     ErrorCode.PERMISSION_DENIED: grpc.StatusCode.PERMISSION_DENIED,
+    ErrorCode.GROUP_FENCED: grpc.StatusCode.FAILED_PRECONDITION,
     ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     ErrorCode.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
     ErrorCode.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -39,18 +39,54 @@ class Query(_message.Message):
     def __init__(self, kind: _Optional[_Union[Query.Kind, str]] = ..., arg: _Optional[str] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("bucket", "query", "sub_id", "durable", "start")
+    __slots__ = ("bucket", "query", "sub_id", "durable", "start", "group")
     BUCKET_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
     DURABLE_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
     bucket: int
     query: Query
     sub_id: str
     durable: str
     start: StartPosition
-    def __init__(self, bucket: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., sub_id: _Optional[str] = ..., durable: _Optional[str] = ..., start: _Optional[_Union[StartPosition, _Mapping]] = ...) -> None: ...
+    group: GroupFence
+    def __init__(self, bucket: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., sub_id: _Optional[str] = ..., durable: _Optional[str] = ..., start: _Optional[_Union[StartPosition, _Mapping]] = ..., group: _Optional[_Union[GroupFence, _Mapping]] = ...) -> None: ...
+
+class GroupFence(_message.Message):
+    __slots__ = ("member", "generation")
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    member: str
+    generation: int
+    def __init__(self, member: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class GroupBeatRequest(_message.Message):
+    __slots__ = ("bucket", "group", "member", "session_timeout_ms", "leaving", "query")
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    bucket: int
+    group: str
+    member: str
+    session_timeout_ms: int
+    leaving: bool
+    query: Query
+    def __init__(self, bucket: _Optional[int] = ..., group: _Optional[str] = ..., member: _Optional[str] = ..., session_timeout_ms: _Optional[int] = ..., leaving: _Optional[bool] = ..., query: _Optional[_Union[Query, _Mapping]] = ...) -> None: ...
+
+class GroupBeatResponse(_message.Message):
+    __slots__ = ("owner", "generation", "members")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    generation: int
+    members: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, owner: _Optional[str] = ..., generation: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class StartPosition(_message.Message):
     __slots__ = ("earliest", "after", "time_ms")
@@ -129,14 +165,16 @@ class CaughtUp(_message.Message):
     def __init__(self, sub_id: _Optional[str] = ..., head_emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ...) -> None: ...
 
 class ReconnectRequest(_message.Message):
-    __slots__ = ("sub_id", "last_processed_emit_seq", "bucket")
+    __slots__ = ("sub_id", "last_processed_emit_seq", "bucket", "group")
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
     LAST_PROCESSED_EMIT_SEQ_FIELD_NUMBER: _ClassVar[int]
     BUCKET_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
     sub_id: str
     last_processed_emit_seq: EmitSeq
     bucket: int
-    def __init__(self, sub_id: _Optional[str] = ..., last_processed_emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ..., bucket: _Optional[int] = ...) -> None: ...
+    group: GroupFence
+    def __init__(self, sub_id: _Optional[str] = ..., last_processed_emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ..., bucket: _Optional[int] = ..., group: _Optional[_Union[GroupFence, _Mapping]] = ...) -> None: ...
 
 class ReconnectAck(_message.Message):
     __slots__ = ("status", "current_epoch_id", "next_commit_index")
@@ -213,12 +251,14 @@ class SessionResponse(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[SessionItem, _Mapping]]] = ...) -> None: ...
 
 class ClientAck(_message.Message):
-    __slots__ = ("sub_id", "up_to_emit_seq")
+    __slots__ = ("sub_id", "up_to_emit_seq", "group")
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
     UP_TO_EMIT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
     sub_id: str
     up_to_emit_seq: EmitSeq
-    def __init__(self, sub_id: _Optional[str] = ..., up_to_emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ...) -> None: ...
+    group: GroupFence
+    def __init__(self, sub_id: _Optional[str] = ..., up_to_emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ..., group: _Optional[_Union[GroupFence, _Mapping]] = ...) -> None: ...
 
 class AckBatch(_message.Message):
     __slots__ = ("acks", "wait_applied")
@@ -241,6 +281,7 @@ class AckResult(_message.Message):
         STALE: _ClassVar[AckResult.Status]
         NOT_HOLDER: _ClassVar[AckResult.Status]
         PENDING: _ClassVar[AckResult.Status]
+        GROUP_FENCED: _ClassVar[AckResult.Status]
     ACCEPTED: AckResult.Status
     REGRESSIVE: AckResult.Status
     DUPLICATE: AckResult.Status
@@ -250,6 +291,7 @@ class AckResult(_message.Message):
     STALE: AckResult.Status
     NOT_HOLDER: AckResult.Status
     PENDING: AckResult.Status
+    GROUP_FENCED: AckResult.Status
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]

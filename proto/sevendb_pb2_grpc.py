@@ -95,6 +95,11 @@ class SevenDBStub:
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.AckBatch.SerializeToString,
                 response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.AckResponse.FromString,
                 _registered_method=True)
+        self.GroupBeat = channel.unary_unary(
+                '/sevendb.v1.SevenDB/GroupBeat',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.GroupBeatRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.GroupBeatResponse.FromString,
+                _registered_method=True)
         self.Unsubscribe = channel.unary_unary(
                 '/sevendb.v1.SevenDB/Unsubscribe',
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.UnsubscribeRequest.SerializeToString,
@@ -263,6 +268,13 @@ class SevenDBServicer:
 
     def Ack(self, request, context):
         """Cumulatively acknowledge processed events.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GroupBeat(self, request, context):
+        """A consumer group member's heartbeat (join, stay, leave) in one bucket.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -440,6 +452,11 @@ def add_SevenDBServicer_to_server(servicer, server):
                     servicer.Ack,
                     request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.AckBatch.FromString,
                     response_serializer=sevendb_dot_proto_dot_sevendb__pb2.AckResponse.SerializeToString,
+            ),
+            'GroupBeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.GroupBeat,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.GroupBeatRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.GroupBeatResponse.SerializeToString,
             ),
             'Unsubscribe': grpc.unary_unary_rpc_method_handler(
                     servicer.Unsubscribe,
@@ -847,6 +864,33 @@ class SevenDB:
             '/sevendb.v1.SevenDB/Ack',
             sevendb_dot_proto_dot_sevendb__pb2.AckBatch.SerializeToString,
             sevendb_dot_proto_dot_sevendb__pb2.AckResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GroupBeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sevendb.v1.SevenDB/GroupBeat',
+            sevendb_dot_proto_dot_sevendb__pb2.GroupBeatRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.GroupBeatResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -24,6 +24,7 @@ from sevendb.outbox.entries import Expected, ExpectKind, Op, OpKind
 from sevendb.outbox.errors import (
     DuplicateSequence,
     ErrorCode,
+    GroupFenced,
     InvalidArgument,
     InvalidProducerEpoch,
     LimitExceeded,
@@ -53,6 +54,7 @@ from sevendb.sdk.errors import (
     Unauthenticated,
     Unavailable,
 )
+from sevendb.sdk.groups import GroupStats, GroupSubscription
 from sevendb.sdk.handover import Handover
 from sevendb.sdk.models import (
     ClusterLayout,
@@ -94,6 +96,9 @@ __all__ = [
     "Event",
     "ExpectKind",
     "Expected",
+    "GroupFenced",
+    "GroupStats",
+    "GroupSubscription",
     "Handover",
     "IdempotentProducer",
     "InvalidArgument",

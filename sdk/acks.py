@@ -47,6 +47,10 @@ class AckPipeline:
         self._waiting: dict[str, dict[str, _Ack]] = {}
         self._busy: set[str] = set()
         self.calls = 0
+        self.fences: dict[str, pb.GroupFence] = {}
+        """sub_id -> the consumer group term its acks carry (sdk/groups.py)."""
+        self.fenced = 0
+        """Acks the nodes refused GROUP_FENCED (a deposed group member's)."""
 
     def ack(
         self, target: str, sub_id: str, position: EmitSeq, confirmed: Callable[[EmitSeq], None]
@@ -67,10 +71,7 @@ class AckPipeline:
                 batch = list(waiting.items())[:ACKS_PER_CALL_MAX]
                 for sub_id, _ in batch:
                     del waiting[sub_id]
-                acks = [
-                    pb.ClientAck(sub_id=s, up_to_emit_seq=codec.seq_to_pb(p.position))
-                    for s, p in batch
-                ]
+                acks = [self._client_ack(s, p.position) for s, p in batch]
                 request = pb.AckBatch(acks=acks)
                 self.calls += 1
                 try:
@@ -82,8 +83,17 @@ class AckPipeline:
                 for (_, pending), result in zip(batch, response.results, strict=False):
                     if result.status in _SETTLED:
                         pending.confirmed(pending.position)
+                    elif result.status == pb.AckResult.GROUP_FENCED:
+                        self.fenced += 1
         finally:
             self._busy.discard(target)
+
+    def _client_ack(self, sub_id: str, position: EmitSeq) -> pb.ClientAck:
+        return pb.ClientAck(
+            sub_id=sub_id,
+            up_to_emit_seq=codec.seq_to_pb(position),
+            group=self.fences.get(sub_id),
+        )
 
     async def ack_applied(
         self,
@@ -100,10 +110,7 @@ class AckPipeline:
 
         async def call(target: str, sub_ids: list[str], timeout: float) -> None:
             request = pb.AckBatch(
-                acks=[
-                    pb.ClientAck(sub_id=s, up_to_emit_seq=codec.seq_to_pb(pending[s][1]))
-                    for s in sub_ids
-                ],
+                acks=[self._client_ack(s, pending[s][1]) for s in sub_ids],
                 wait_applied=True,
             )
             try:

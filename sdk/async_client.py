@@ -28,7 +28,7 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import grpc
 from grpc import aio
@@ -36,7 +36,7 @@ from grpc import aio
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import ANY, ExpectKind, Op, OpKind, StartKind, Write
 from sevendb.outbox.errors import InvalidArgument, SevenDBError
-from sevendb.outbox.query import Query
+from sevendb.outbox.query import Query, plan_query
 from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
@@ -49,7 +49,21 @@ from sevendb.sdk.engine import (
     Engine,
     trailer,
 )
-from sevendb.sdk.errors import ResourceExhausted, Unavailable, domain_error, retry_after_s
+from sevendb.sdk.errors import (
+    BrokenReason,
+    ResourceExhausted,
+    SubscriptionBroken,
+    Unavailable,
+    domain_error,
+    retry_after_s,
+)
+from sevendb.sdk.groups import (
+    SESSION_TIMEOUT_S_DEFAULT,
+    GroupSubscription,
+    Ownership,
+    check_group,
+)
+from sevendb.sdk.handover import Handover
 from sevendb.sdk.models import (
     ClusterLayout,
     NodeStatus,
@@ -507,6 +521,7 @@ class AsyncClient:
 
     # ---- subscriptions ----------------------------------------------------------------
 
+    @overload
     async def subscribe(
         self,
         query: str | Query,
@@ -516,7 +531,36 @@ class AsyncClient:
         options: SubscribeOptions | None = None,
         durable: str | None = None,
         start: StartAt = None,
-    ) -> Subscription:
+        group: None = None,
+        session_timeout_s: float = SESSION_TIMEOUT_S_DEFAULT,
+    ) -> Subscription: ...
+
+    @overload
+    async def subscribe(
+        self,
+        query: str | Query,
+        *,
+        cursor: None = None,
+        name: None = None,
+        options: SubscribeOptions | None = None,
+        durable: None = None,
+        start: None = None,
+        group: str,
+        session_timeout_s: float = SESSION_TIMEOUT_S_DEFAULT,
+    ) -> GroupSubscription: ...
+
+    async def subscribe(
+        self,
+        query: str | Query,
+        *,
+        cursor: CursorStore | str | Path | None = None,
+        name: str | None = None,
+        options: SubscribeOptions | None = None,
+        durable: str | None = None,
+        start: StartAt = None,
+        group: str | None = None,
+        session_timeout_s: float = SESSION_TIMEOUT_S_DEFAULT,
+    ) -> Subscription | GroupSubscription:
         """Subscribe to `query` (``key:K``, ``prefix:P``, ``all`` or a `Query`) in every
         bucket it spans; read it with ``async for`` (and end it with ``async with``,
         `Subscription.aclose`). With `cursor` (a file or a `CursorStore`), a restarted
@@ -526,10 +570,34 @@ class AsyncClient:
 
         Returns once every bucket's stream is established: a write made afterwards is
         always delivered. Raises `SubscriptionBroken` if that takes longer than the
-        `RetryPolicy` deadline (30 s by default)."""
+        `RetryPolicy` deadline (30 s by default).
+
+        With `group`, this process joins the principal's consumer group of that name
+        (sdk/groups.py): the query's buckets are dealt over the group's live members,
+        and a `GroupSubscription` delivers those of this member's (no cursor, durable
+        or start: the group's position is the server's). A member that has not beaten
+        for `session_timeout_s` loses its buckets to the others."""
         parsed = parse_query(query)
+        if group is not None:
+            check_group(group, session_timeout_s)
+            if cursor is not None or name is not None or durable is not None or start:
+                raise InvalidArgument(
+                    "a group subscription takes no cursor, name, durable or start"
+                )
         layout = await self.layout()
         buckets = layout.buckets_of(parsed)
+        if group is not None:
+            member = GroupSubscription(
+                self,
+                self._loop(),
+                parsed,
+                buckets,
+                group,
+                options=options,
+                session_timeout_s=session_timeout_s,
+            )
+            await member._start()
+            return member
         starts = starts_for(start, buckets, layout.bucket_uuids)
         engine = self._loop()
         if self._acks is None or self._sessions is None:
@@ -551,6 +619,90 @@ class AsyncClient:
         await sub._start(self._retry.deadline_s)
         self._subscriptions.add(sub)
         return sub
+
+    async def _group_beat(
+        self, query: Query, bucket: int, group: str, member: str, timeout_ms: int, leaving: bool
+    ) -> Ownership:
+        request = pb.GroupBeatRequest(
+            bucket=bucket,
+            group=group,
+            member=member,
+            session_timeout_ms=timeout_ms,
+            leaving=leaving,
+            query=codec.query_to_pb(query),
+        )
+        answer: pb.GroupBeatResponse = await self._call(
+            lambda s, t: s.GroupBeat(request, timeout=t, metadata=self.metadata)
+        )
+        return Ownership(answer.owner, answer.generation, tuple(answer.members))
+
+    async def _subscribe_owned(
+        self,
+        query: Query,
+        bucket: int,
+        group: str,
+        fence: tuple[str, int],
+        options: SubscribeOptions,
+    ) -> Subscription:
+        """The group's durable subscription of one bucket, for the member that owns
+        it in this generation (sdk/groups.py)."""
+        engine = self._loop()
+        if self._acks is None or self._sessions is None:
+            self._acks = AckPipeline(engine, self.metadata)
+            self._sessions = Sessions(engine, self.metadata)
+        sub = Subscription(
+            self.metadata,
+            engine,
+            self._acks,
+            self._sessions,
+            query,
+            [bucket],
+            options=options,
+            durable=group,
+            fence=fence,
+        )
+        await sub._start(self._retry.deadline_s)
+        self._subscriptions.add(sub)
+        return sub
+
+    async def sync_then_subscribe(
+        self,
+        query: str | Query,
+        *,
+        cursor: CursorStore | str | Path | None = None,
+        name: str | None = None,
+        options: SubscribeOptions | None = None,
+        durable: str | None = None,
+        start: StartAt = None,
+    ) -> tuple[dict[str, Record], Subscription, Handover]:
+        """The keys `query` matches as they are now, then their changes: a
+        snapshot-then-stream handover with no gap and no duplicate between the two
+        (sdk/handover.py). Subscribes (as `subscribe`), then reads the state with paged
+        Syncs; apply the records, then of each event only
+        ``handover.fresh(event.emit_seq.commit_index, event.changes)``.
+
+        With `start`, the subscription starts there if every bucket's retained
+        history reaches it (the state is then empty: the history comes as events);
+        if one does not (`STALE_SEQUENCE`), it falls back on its own to the state,
+        then the stream from the latest (`handover.stale_start` says so)."""
+        parsed = parse_query(query)
+        kw: dict[str, Any] = {"cursor": cursor, "name": name, "options": options}
+        if start is not None and start != "latest":
+            try:
+                sub = await self.subscribe(parsed, durable=durable, start=start, **kw)
+                return {}, sub, Handover(())
+            except SubscriptionBroken as exc:
+                if exc.reason is not BrokenReason.STALE_SEQUENCE:
+                    raise
+        sub = await self.subscribe(parsed, durable=durable, **kw)
+        plan = plan_query(parsed)
+        read: dict[str, Record] = {}
+        for bucket in (await self.layout()).buckets_of(parsed):
+            async for record in self.sync_bucket(bucket):
+                if plan.matches(record.key):
+                    read[record.key] = record
+        synced = ((k, r.mod_commit_index) for k, r in read.items())
+        return read, sub, Handover(synced, stale_start=start is not None and start != "latest")
 
     def _pipeline(self) -> WritePipeline[WriteResult]:
         if self._writes is None:

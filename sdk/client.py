@@ -28,11 +28,11 @@ import threading
 from collections.abc import Coroutine, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from sevendb.outbox.entries import Op
 from sevendb.outbox.errors import InvalidArgument
-from sevendb.outbox.query import Query, plan_query
+from sevendb.outbox.query import Query
 from sevendb.sdk.async_client import (
     AsyncClient,
     RetryPolicy,
@@ -46,6 +46,7 @@ from sevendb.sdk.async_client import (
 )
 from sevendb.sdk.cursor_store import CursorStore
 from sevendb.sdk.engine import Engine
+from sevendb.sdk.groups import SESSION_TIMEOUT_S_DEFAULT, GroupSubscription
 from sevendb.sdk.handover import Handover
 from sevendb.sdk.models import (
     ClusterLayout,
@@ -250,20 +251,21 @@ class Client:
         name: str | None = None,
         options: SubscribeOptions | None = None,
         durable: str | None = None,
+        start: StartAt = None,
     ) -> tuple[dict[str, Record], Subscription, Handover]:
         """The keys `query` matches as they are now, then their changes: a
         snapshot-then-stream handover with no gap and no duplicate between the two
         (sdk/handover.py), for a start older than the retained history or an
         application that wants the state first. Subscribes (as `subscribe`), then reads
         the state with paged Syncs; apply the records, then of each event only
-        ``handover.fresh(event.emit_seq.commit_index, event.changes)``."""
-        parsed = parse_query(query)
-        sub = self.subscribe(parsed, cursor=cursor, name=name, options=options, durable=durable)
-        plan = plan_query(parsed)
-        read: dict[str, Record] = {}
-        for bucket in self.layout().buckets_of(parsed):
-            read.update((r.key, r) for r in self.sync_bucket(bucket) if plan.matches(r.key))
-        return read, sub, Handover((k, r.mod_commit_index) for k, r in read.items())
+        ``handover.fresh(event.emit_seq.commit_index, event.changes)``. With `start`,
+        from there if the retained history reaches it (no state), else - on its own -
+        the state then the stream (`handover.stale_start`); `AsyncClient.sync_then_subscribe`."""
+        return self._run(
+            self._core.sync_then_subscribe(
+                query, cursor=cursor, name=name, options=options, durable=durable, start=start
+            )
+        )
 
     def history(
         self,
@@ -295,6 +297,7 @@ class Client:
 
     # ---- subscriptions ----------------------------------------------------------------
 
+    @overload
     def subscribe(
         self,
         query: str | Query,
@@ -304,7 +307,36 @@ class Client:
         options: SubscribeOptions | None = None,
         durable: str | None = None,
         start: StartAt = None,
-    ) -> Subscription:
+        group: None = None,
+        session_timeout_s: float = SESSION_TIMEOUT_S_DEFAULT,
+    ) -> Subscription: ...
+
+    @overload
+    def subscribe(
+        self,
+        query: str | Query,
+        *,
+        cursor: None = None,
+        name: None = None,
+        options: SubscribeOptions | None = None,
+        durable: None = None,
+        start: None = None,
+        group: str,
+        session_timeout_s: float = SESSION_TIMEOUT_S_DEFAULT,
+    ) -> GroupSubscription: ...
+
+    def subscribe(
+        self,
+        query: str | Query,
+        *,
+        cursor: CursorStore | str | Path | None = None,
+        name: str | None = None,
+        options: SubscribeOptions | None = None,
+        durable: str | None = None,
+        start: StartAt = None,
+        group: str | None = None,
+        session_timeout_s: float = SESSION_TIMEOUT_S_DEFAULT,
+    ) -> Subscription | GroupSubscription:
         """Subscribe to `query` (``key:K``, ``prefix:P``, ``all`` or a `Query`) in every
         bucket it spans. With `cursor` (a file or a `CursorStore`), a restarted process
         resumes after the last event it processed; `name` tells apart several
@@ -319,10 +351,19 @@ class Client:
 
         Returns once every bucket's stream is established: a write made afterwards is
         always delivered. Raises `SubscriptionBroken` if that takes longer than the
-        `RetryPolicy` deadline (30 s by default)."""
+        `RetryPolicy` deadline (30 s by default). With `group`: a consumer group
+        member, as `AsyncClient.subscribe` says (a `GroupSubscription`)."""
+        core: Any = self._core  # one call whatever `group` is (the overloads split it)
         return self._run(
-            self._core.subscribe(
-                query, cursor=cursor, name=name, options=options, durable=durable, start=start
+            core.subscribe(
+                query,
+                cursor=cursor,
+                name=name,
+                options=options,
+                durable=durable,
+                start=start,
+                group=group,
+                session_timeout_s=session_timeout_s,
             )
         )
 

@@ -26,8 +26,11 @@ class Handover:
     """Which changes of a stream the state read already holds (see the module
     docstring). `synced` is `(key, mod_commit_index)` of every record read."""
 
-    def __init__(self, synced: Iterable[tuple[str, int]]) -> None:
+    def __init__(self, synced: Iterable[tuple[str, int]], *, stale_start: bool = False) -> None:
         self._read: dict[str, int] = dict(synced)
+        self.stale_start = stale_start
+        """`sync_then_subscribe(query, start=...)` only: the start was older than the
+        retained history, so the state was read instead of the history replayed."""
 
     def fresh(self, commit_index: int, changes: Sequence[Change]) -> tuple[Change, ...]:
         """The changes of an event committed at `commit_index` that the state read does

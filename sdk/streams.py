@@ -245,6 +245,10 @@ class BucketStreams:
         self._engine = engine
         self.durable = durable
         """The durable name each bucket's Subscribe carries ("" for none)."""
+        self.fence: pb.GroupFence | None = None
+        """A consumer group member's term its Subscribe, Reconnect and acks carry
+        (sdk/groups.py), registered in `fences` by sub_id for the ack pipeline."""
+        self.fences: dict[str, pb.GroupFence] = {}
         self._sessions = sessions
         self._flusher = flusher
         self.query = query
@@ -408,6 +412,7 @@ class BucketStreams:
             sub_id=stream.sub_id,
             durable=self.durable,
             start=codec.start_to_pb(stream.begin),
+            group=self.fence,
         )
         call = self._sessions.subscribe(target, request)
         try:
@@ -430,6 +435,8 @@ class BucketStreams:
             if self._flusher.store is not None:
                 await asyncio.to_thread(self._flusher.forget_cursor, stream.sub_id)
             stream.sub_id = named
+        if self.fence is not None:
+            self.fences[stream.sub_id] = self.fence
         stream.cursor = StreamCursor(start, reorder_buffer_max=self.options.reorder_buffer_max)
         self._flusher.start(stream.bucket, stream.sub_id, start)
         if self._flusher.store is not None:
@@ -445,6 +452,8 @@ class BucketStreams:
         after = self._flusher.flushed(stream.bucket)
         assert after is not None
         request = codec.reconnect_request(stream.sub_id, stream.bucket, after)
+        if self.fence is not None:
+            request.group.CopyFrom(self.fence)
         call = self._sessions.reconnect(target, request)
         first = await call.read()  # closes the stream itself if cancelled
         if first is aio.EOF or first.WhichOneof("kind") != "reconnect_ack":

@@ -66,6 +66,7 @@ from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import LATEST, Start, StartKind
 from sevendb.outbox.errors import InvalidArgument, SevenDBError
 from sevendb.outbox.query import Query
+from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto.mailbox import Mailbox, mailbox
 from sevendb.sdk.acks import AckPipeline
 from sevendb.sdk.cursor import StreamCursor
@@ -295,6 +296,7 @@ class Subscription:
         options: SubscribeOptions | None = None,
         durable: str | None = None,
         starts: Mapping[int, Start] | None = None,
+        fence: tuple[str, int] | None = None,
     ) -> None:
         if durable is not None and (not isinstance(durable, str) or not durable):
             raise InvalidArgument(f"durable must be a non-empty name, not {durable!r}")
@@ -348,6 +350,9 @@ class Subscription:
         self._streams = BucketStreams(
             engine, sessions, self._flusher, query, opts, streams, self._inbox.put, durable or ""
         )
+        if fence is not None:  # a consumer group member's (sdk/groups.py)
+            self._streams.fence = pb.GroupFence(member=fence[0], generation=fence[1])
+            self._streams.fences = acks.fences
 
     async def _start(self, ready_timeout_s: float) -> None:
         """On the loop: start every bucket's stream and wait until all are established,

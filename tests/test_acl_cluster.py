@@ -308,6 +308,13 @@ def test_the_acl_matrix_every_rpc_allowed_and_denied(live: LocalCluster) -> None
         _code(lambda: m.stub.ShowSubscription(show, metadata=m.md("ops"), timeout=10)),
         _code(lambda: m.stub.ShowSubscription(show, metadata=m.md("writer"), timeout=10)),
     )
+    beat = pb.GroupBeatRequest(
+        bucket=BUCKET, group="acl", member="m1", query=pb.Query(kind=pb.Query.PREFIX, arg="m/")
+    )
+    seen["GroupBeat"] = (
+        _code(lambda: m.stub.GroupBeat(beat, metadata=m.md("reader"), timeout=10)),
+        _code(lambda: m.stub.GroupBeat(beat, metadata=m.md("writer"), timeout=10)),
+    )
     unsubscribe = pb.UnsubscribeRequest(sub_id="acl-reader", bucket=BUCKET)
     denied_unsubscribe = _code(
         lambda: m.stub.Unsubscribe(unsubscribe, metadata=m.md("writer"), timeout=10)
@@ -347,6 +354,7 @@ def test_the_acl_matrix_every_rpc_allowed_and_denied(live: LocalCluster) -> None
         "Session": (True, PD),
         "Ack": (accepted, not_owner),
         "Unsubscribe": (OK, PD),  # another's subscription: NOT_OWNER
+        "GroupBeat": (OK, PD),  # a member must be able to read its query
         "AddMember": (invalid, PD),  # allowed: refused past the check (no bucket 99)
         "RemoveMember": (invalid, PD),
         "TransferLeader": (invalid, PD),

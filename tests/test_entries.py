@@ -46,6 +46,7 @@ from sevendb.outbox.errors import (
     UnknownEntryType,
     UnsupportedEntryVersion,
 )
+from sevendb.outbox.groups import GroupBeat
 from sevendb.outbox.query import Query
 
 SAMPLES: list[Entry] = [
@@ -64,6 +65,7 @@ SAMPLES: list[Entry] = [
     ),
     Unsubscribe("s", "alice", 8),
     HistoryTrim(40, 9),
+    GroupBeat("alice", "workers", "m-1", 3, 10_000, False, 77),
     OutboxWrite(3, 10, 20, 5, 2**64 - 1, 9),
     OutboxPurge(3, (Ack("s", "alice", EmitSeq("b", 1, 4)),), ("t",), 60_000, 10),
     EpochCreate(2, 11),

@@ -82,6 +82,26 @@ def test_starts_in_the_past_and_history_then_stale_past_the_window(
             client.subscribe(f"key:{first.changes[0].key}", start=first.emit_seq)
         assert stale.value.reason is BrokenReason.STALE_SEQUENCE
         assert "older than the retained history" in str(stale.value)
+        # From that start, sync_then_subscribe falls back on its own: the state, then live.
+        layout = client.layout()
+        same = layout.bucket_of(first.changes[0].key)  # a key of first's bucket, not h/
+        key = next(k for k in (f"x/{i}" for i in range(1000)) if layout.bucket_of(k) == same)
+        client.put(key, b"once")
+        state, sub, handover = client.sync_then_subscribe(f"key:{key}", start=first.emit_seq)
+        assert handover.stale_start and state[key].value == b"once"
+        client.put(key, b"again")
+        event = sub.poll(10)
+        assert event is not None
+        fresh_changes = handover.fresh(event.emit_seq.commit_index, event.changes)
+        assert [c.value for c in fresh_changes] == [b"again"]
+        sub.close()
+        # Within the window it replays the history instead: no state, the changes as events.
+        newest = writer.attempted[-1]
+        state, sub, handover = client.sync_then_subscribe(f"key:{newest}", start="earliest")
+        assert state == {} and not handover.stale_start
+        event = sub.poll(10)
+        assert event is not None and [c.key for c in event.changes] == [newest]
+        sub.close()
         # Past the window, the state then the stream: no gap, no duplicate between.
         state, sub, handover = client.sync_then_subscribe("prefix:h/")
         assert set(state) == set(writer.attempted)

@@ -143,6 +143,7 @@ def test_ack_result_statuses() -> None:
         "STALE": 6,
         "NOT_HOLDER": 7,
         "PENDING": 8,
+        "GROUP_FENCED": 9,
     }
 
 
@@ -201,6 +202,7 @@ def test_service_methods() -> None:
         "ShowSubscription": ("SubscriptionRequest", "SubscriptionInfo", False, False),
         "DeleteSubscription": ("SubscriptionRequest", "DeleteSubscriptionResponse", False, False),
         "BackupBucket": ("BackupRequest", "BackupChunk", False, True),
+        "GroupBeat": ("GroupBeatRequest", "GroupBeatResponse", False, False),
     }
 
 
@@ -241,6 +243,16 @@ def data_event(commit_index: int) -> pb.DataEvent:
 
 
 MESSAGES: dict[str, Message] = {
+    "GroupBeatRequest": pb.GroupBeatRequest(
+        bucket=3,
+        group="workers",
+        member="m-1",
+        session_timeout_ms=10_000,
+        leaving=True,
+        query=pb.Query(kind=pb.Query.PREFIX, arg="jobs/"),
+    ),
+    "GroupBeatResponse": pb.GroupBeatResponse(owner="m-1", generation=2**63, members=["m-1"]),
+    "GroupFence": pb.GroupFence(member="m-1", generation=7),
     "EmitSeq": emit_seq(2**64 - 1, epoch_counter=2**64 - 1),
     "Query": pb.Query(kind=pb.Query.PREFIX, arg="user:"),
     "SubscribeRequest": pb.SubscribeRequest(
@@ -463,6 +475,7 @@ def test_reconnect_request_names_the_subscriptions_bucket_optionally() -> None:
         "sub_id": 1,
         "last_processed_emit_seq": 2,
         "bucket": 3,
+        "group": 15,
     }
     # Presence is kept: bucket 0 is told apart from "not sent" (route by the uuid).
     request = codec.reconnect_request("s", 0, EmitSeq("u", 2, 9))

@@ -47,6 +47,9 @@ PUBLIC = [
     "Event",
     "ExpectKind",
     "Expected",
+    "GroupFenced",
+    "GroupStats",
+    "GroupSubscription",
     "Handover",
     "IdempotentProducer",
     "InvalidArgument",
@@ -90,7 +93,7 @@ PUBLIC = [
     "set_op",
 ]
 
-MADE_BY_THE_CLIENT = {"Subscription.__init__"}
+MADE_BY_THE_CLIENT = {"Subscription.__init__", "GroupSubscription.__init__"}
 """Constructors an application never calls (`Client.subscribe` makes a Subscription):
 they may take the SDK's internals, but no wire type either."""
 
@@ -187,7 +190,8 @@ def test_every_public_error_derives_from_sevendb_error() -> None:
         if inspect.isclass(getattr(sevendb.sdk, name))
         and issubclass(getattr(sevendb.sdk, name), BaseException)
     ]
-    assert len(errors) == 21  # StaleSequence (a start older than the history), PermissionDenied
+    assert len(errors) == 22  # StaleSequence (a start older than the history), PermissionDenied,
+    # GroupFenced (a deposed consumer group member)
     assert all(issubclass(e, SevenDBError) for e in errors)
     assert all(issubclass(e, SevenDBError) for e in ERROR_TYPES.values())
 

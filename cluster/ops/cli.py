@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from sevendb.cluster.common.bundle import ClientConfig
     from sevendb.cluster.common.topology import MigrationSpec
     from sevendb.cluster.ops.admin import ClusterAdmin
-    from sevendb.sdk import TLS, Client, Event, Record
+    from sevendb.sdk import TLS, Client, Event, Record, SubscribeOptions
 
 DEFAULT_DATA = ".sevendb"
 DEFAULT_PRINCIPAL = "default"
@@ -652,10 +652,11 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
         )
 
     options = SubscribeOptions(on_reset=on_reset, on_stale=Recovery(args.on_stale))
-    delivered = 0
     # Leaving the block closes the subscription: with --cursor or --durable it stays on
     # the server for the next run to resume, without either it is ended. An event is
     # processed (acked) once printed: interrupted while printing, it comes again.
+    if args.group is not None:
+        return _subscribe_group(args, options)
     with (
         _client(args) as client,
         client.subscribe(
@@ -667,17 +668,50 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
         ) as sub,
     ):
         _progress(f"subscribed to {args.query} in {sub.stats().buckets} bucket(s)")
-        try:
-            while args.count is None or delivered < args.count:
-                event = sub.poll(args.idle_exit if args.idle_exit else 3600.0)
-                if event is None:
-                    if args.idle_exit:
-                        break
-                    continue
-                print("\n".join(event_lines(event)), flush=True)
-                delivered += 1
-        except KeyboardInterrupt:
-            _progress("interrupted")
+        delivered = _print_events(sub, args)
+    _progress(f"delivered {delivered} event(s)")
+    return 0
+
+
+class _Polled(Protocol):
+    def poll(self, timeout_s: float = 0.0) -> Event | None: ...
+
+
+def _print_events(sub: _Polled, args: argparse.Namespace) -> int:
+    """Print `sub`'s events (`--count`, `--idle-exit`) until interrupted: how many."""
+    delivered = 0
+    try:
+        while args.count is None or delivered < args.count:
+            event = sub.poll(args.idle_exit if args.idle_exit else 3600.0)
+            if event is None:
+                if args.idle_exit:
+                    break
+                continue
+            print("\n".join(event_lines(event)), flush=True)
+            delivered += 1
+    except KeyboardInterrupt:
+        _progress("interrupted")
+    return delivered
+
+
+def _subscribe_group(args: argparse.Namespace, options: SubscribeOptions) -> int:
+    """`sevendb subscribe QUERY --group NAME`: a member of the principal's consumer
+    group; prints the events of the buckets it owns (docs/sdk.md, "Consumer groups")."""
+    from sevendb.outbox.errors import InvalidArgument
+
+    if args.cursor is not None or args.durable is not None or args.start != "latest":
+        raise InvalidArgument("--group takes no --cursor, --durable or --start")
+    with (
+        _client(args) as client,
+        client.subscribe(
+            args.query, options=options, group=args.group, session_timeout_s=args.session_timeout
+        ) as sub,
+    ):
+        _progress(
+            f"joined group {args.group} as {sub.member}: buckets {sorted(sub.stats.owned)} "
+            f"of {args.query}"
+        )
+        delivered = _print_events(sub, args)
     _progress(f"delivered {delivered} event(s)")
     return 0
 
@@ -1139,6 +1173,20 @@ def _add_client_commands(
         help="the principal's durable subscription NAME: made or resumed, its position "
         "kept by the server (any run resumes it after its last acknowledged event, with "
         "no cursor file; one consumer at a time)",
+    )
+    subscribe.add_argument(
+        "--group",
+        metavar="NAME",
+        help="join the principal's consumer group NAME: the query's buckets are spread over "
+        "its live members (each bucket to one member at a time) and move when one joins, "
+        "leaves or stops heartbeating",
+    )
+    subscribe.add_argument(
+        "--session-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="with --group: a member silent this long loses its buckets (default 10)",
     )
     subscribe.add_argument(
         "--start",

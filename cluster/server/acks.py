@@ -13,6 +13,7 @@ from typing import Final
 
 from sevendb.cluster.server.edge import Call, Edge, now_ms
 from sevendb.cluster.server.errors import Failure
+from sevendb.cluster.server.groups import check_fence
 from sevendb.notifier.host import AckWait, BucketNotifier
 from sevendb.outbox import limits
 from sevendb.outbox.entries import Unsubscribe
@@ -128,6 +129,13 @@ class Acks:
                 message=f"no bucket {up_to.bucket_uuid} in this cluster",
             )
         notifier = self._edge.notifiers.get(bucket)
+        if notifier is not None:
+            fence = ack.group if ack.HasField("group") else None
+            fenced = check_fence(self._edge, notifier, principal, ack.sub_id, None, fence)
+            if fenced is not None:  # a consumer group's, from a deposed member
+                return pb.AckResult(
+                    sub_id=ack.sub_id, status=pb.AckResult.GROUP_FENCED, message=fenced
+                )
         outcome = None if notifier is None else notifier.ack(ack.sub_id, principal, up_to)
         if outcome is None:
             return self._not_holder(bucket, notifier, ack.sub_id)

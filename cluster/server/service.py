@@ -17,6 +17,7 @@ from sevendb.cluster.server.acks import Acks
 from sevendb.cluster.server.admin import Admin
 from sevendb.cluster.server.backup import Backups
 from sevendb.cluster.server.edge import Edge, NodeHost
+from sevendb.cluster.server.groups import Groups
 from sevendb.cluster.server.metadata import Metadata
 from sevendb.cluster.server.metrics import NodeMetrics
 from sevendb.cluster.server.overload import ServerLimits
@@ -44,6 +45,7 @@ class NodeService:
         self.streams = Streams(self.edge)
         self.sessions = Sessions(self.streams)
         self.acks = Acks(self.edge)
+        self.groups = Groups(self.edge)
         self.admin = Admin(self.edge)
         self.backups = Backups(self.edge)
         self.metadata = Metadata(self.edge)
@@ -72,6 +74,7 @@ class NodeService:
             "Session": Route(self.sessions.session),
             "Ack": Route(acks.ack),
             "Unsubscribe": Route(acks.unsubscribe, replica_of=_bucket),
+            "GroupBeat": Route(self.groups.beat, replica_of=_bucket),
             "Status": Route(admin.status, Auth.NONE),
             "ClusterInfo": Route(admin.cluster_info, Auth.NONE),
             "AddMember": Route(admin.add_member),
@@ -98,7 +101,9 @@ class NodeService:
         await self.edge.close()
 
 
-def _bucket(request: pb.InitProducerRequest | pb.UnsubscribeRequest) -> int:
+def _bucket(
+    request: pb.InitProducerRequest | pb.UnsubscribeRequest | pb.GroupBeatRequest,
+) -> int:
     return request.bucket
 
 

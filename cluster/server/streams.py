@@ -14,7 +14,10 @@ holding `principal_subscriptions_max` subscriptions in a bucket is refused a new
 slow subscriber ends UNAVAILABLE with `SLOW_SUBSCRIBER` (docs/wire.md). A Subscribe
 with a durable name resumes the principal's subscription of that name after its
 acknowledged position, and is refused FAILED_PRECONDITION `DURABLE_IN_USE` while a
-stream of it is attached (one live consumer per name).
+stream of it is attached (one live consumer per name). A consumer group's
+subscription (its durable name is a group's: `groups.py`) is used only with the
+bucket's current owner and generation (`GroupFence`), refused `GROUP_FENCED`
+otherwise; the owner's Subscribe supersedes an older stream instead of being refused.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from sevendb.cluster.common.acl import Permission
 from sevendb.cluster.raft.replica import ReplicaUnavailable
 from sevendb.cluster.server.edge import Call, Edge, now_ms
 from sevendb.cluster.server.errors import Failure
+from sevendb.cluster.server.groups import check_fence, fence_failure
 from sevendb.cluster.server.sinks import (
     Encoder,
     EventEncoder,
@@ -155,11 +159,19 @@ class Streams:
             raise Failure.invalid(f"bad query: {exc}") from None
         self._edge.allow_query(principal, query)
         notifier = self._holder(bucket)
+        fence = request.group if request.HasField("group") else None
+        self._check_group(notifier, principal, "", entry.durable, fence)
         self._check_room(notifier, principal, sub_id, entry.durable)
         result, _ = await self._edge.commit(bucket, entry, SubscribeResult)
         assert result.start is not None and result.acked is not None
         resumed = result.existing and bool(entry.durable)
-        if resumed and result.sub_id != sub_id and self.attached(bucket, result.sub_id):
+        self._check_group(notifier, principal, "", entry.durable, fence)
+        if (
+            resumed
+            and fence is None
+            and result.sub_id != sub_id
+            and self.attached(bucket, result.sub_id)
+        ):
             raise Failure(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"durable subscription {entry.durable!r} has a live consumer (a stream is "
@@ -193,7 +205,9 @@ class Streams:
             resumed=resumed,
         )
         opening = [pb.StreamMessage(sub_ack=ack)]
-        pump = self._pump(principal, notifier, sub_id, sink, None, new_batch, push, opening)
+        pump = self._pump(
+            principal, notifier, sub_id, sink, None, new_batch, push, opening, fence=fence
+        )
         async for message in pump:
             yield message
 
@@ -219,6 +233,8 @@ class Streams:
             return
         notifier = self._holder(bucket)
         self._allow_resume(principal, notifier, request.sub_id)
+        fence = request.group if request.HasField("group") else None
+        self._check_group(notifier, principal, request.sub_id, None, fence)
         sink = StreamSink(asyncio.get_running_loop())
         attach, head = await self._attach(notifier, request.sub_id, principal, after, sink)
         if attach.status is AttachStatus.NOT_HOLDER:
@@ -256,7 +272,15 @@ class Streams:
             opening.append(pb.StreamMessage(caught_up=caught_up))
         catch_up_head = head if head > after else None
         async for message in self._pump(
-            principal, notifier, request.sub_id, sink, catch_up_head, new_batch, push, opening
+            principal,
+            notifier,
+            request.sub_id,
+            sink,
+            catch_up_head,
+            new_batch,
+            push,
+            opening,
+            fence=fence,
         ):
             yield message
 
@@ -299,6 +323,8 @@ class Streams:
         new_batch: NewBatch[M],
         push: Push[M] | None,
         opening: Sequence[pb.StreamMessage],
+        *,
+        fence: pb.GroupFence | None = None,
     ) -> AsyncIterator[M | pb.StreamMessage]:
         """An attached stream: `opening` (its SubAck or ReconnectAck), then its events
         (`Encoder`) until the notifier closes it, a newer stream fences it or the
@@ -308,22 +334,30 @@ class Streams:
         waits for the stream to close. Every change is checked against the principal's
         read permission as it leaves: one it may no longer read (a grant revoked since
         it subscribed) ends the stream PERMISSION_DENIED before anything of its batch
-        is sent."""
+        is sent. A consumer group member's stream (`fence`) ends GROUP_FENCED before a
+        batch leaves once its term is over (another member owns the bucket now): rows
+        leave only on the current owner's stream."""
         encode = Encoder(self._events, sub_id, catch_up_head, new_batch)
+
+        def check(rows: Sequence[OutboxRow]) -> None:
+            self._check_readable(principal, sub_id, rows)
+            if fence is not None:  # a group member's: only while its term lasts
+                self._check_group(notifier, principal, sub_id, None, fence)
+
         try:
             for first in opening:
                 yield first
             if push is not None:
 
                 def deliver(rows: Sequence[OutboxRow]) -> None:
-                    self._check_readable(principal, sub_id, rows)
+                    check(rows)
                     for message in encode(rows):
                         push(message)
 
                 reason = await sink.push_to(deliver)
             else:
                 while not isinstance(item := await sink.get(), str):
-                    self._check_readable(principal, sub_id, item)
+                    check(item)
                     for message in encode(item):
                         yield message
                 reason = item
@@ -333,6 +367,22 @@ class Streams:
             notifier.detach(sub_id, sink)
             if self._attached.get((notifier.bucket, sub_id)) is sink:
                 del self._attached[notifier.bucket, sub_id]
+
+    def _check_group(
+        self,
+        notifier: BucketNotifier,
+        principal: str,
+        sub_id: str,
+        durable: str | None,
+        fence: pb.GroupFence | None,
+    ) -> None:
+        """GROUP_FENCED unless a consumer group's subscription is used by the bucket's
+        owner in its generation (`groups.check_fence`; `durable` "" is no name)."""
+        if durable == "" and fence is None:
+            return
+        reason = check_fence(self._edge, notifier, principal, sub_id, durable, fence)
+        if reason is not None:
+            raise fence_failure(reason)
 
     def _allow_resume(self, principal: str, notifier: BucketNotifier, sub_id: str) -> None:
         """PERMISSION_DENIED if `principal` may no longer read what its subscription

@@ -3,6 +3,7 @@
     python tests/bench/side_by_side.py [--runs 3] [--seconds 10] [--quick]
                                        [--only etcd,nats,sevendb] [--workloads 1,2,3,4]
                                        [--netns]
+    python tests/bench/side_by_side.py --groups [--quick] [--runs N]
 
 On a fresh Debian machine (as root) it installs etcd-server, etcd-client and
 nats-server with apt-get when missing, and generates etcd's Python gRPC stubs into
@@ -22,6 +23,9 @@ sevendb one), and the lab goes with the cluster. The workloads:
 3. events delivered/s to 100 subscribers of one prefix, all kept up;
 4. events delivered/s, CPU and memory per subscription with 1 and 10,000
    subscriptions fed by the same write stream.
+
+`--groups` runs `bench_groups.py` instead: consumer group throughput with 1, 2 and 4
+member processes and durable-subscription resume after a consumer's kill -9.
 
 It prints one table (median, min and max over runs, and the ratios sevendb/etcd and
 sevendb/NATS computed within each run) and every target of issue 30's table with its
@@ -324,6 +328,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--etcd-watches-per-stream", type=int, default=1)
     p.add_argument("--no-doc", action="store_true", help="print only; leave docs/ alone")
     p.add_argument(
+        "--groups",
+        action="store_true",
+        help="sevendb alone: consumer group throughput with 1, 2 and 4 members and durable "
+        "resume after a consumer's kill -9 (tests/bench/bench_groups.py; --quick: a small "
+        "backlog)",
+    )
+    p.add_argument(
         "--report-only", type=Path, help="rewrite the doc and chart from a saved results file"
     )
     args = p.parse_args(argv)
@@ -346,6 +357,11 @@ def write_outputs(results: JsonDict, no_doc: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.groups:  # sevendb's consumer groups (etcd has none; NATS's are not driven here)
+        from bench_groups import bench
+
+        bench(300 if args.quick else 2000, 4, [1, 2, 4], 1.0, args.runs)
+        return 0
     if args.report_only:
         write_outputs(json.loads(args.report_only.read_text()), args.no_doc)
         return 0
