@@ -45,6 +45,8 @@ class EntryType(IntEnum):
     WRITE_BATCH = 9
     SUBSCRIBE_BATCH = 10
     HISTORY_TRIM = 11
+    TXN = 12
+    TXN_WRITE = 13
 
 
 class OpKind(IntEnum):
@@ -483,6 +485,138 @@ class SubscribeBatch:
                 raise InvalidArgument("a subscribe batch holds only SUBSCRIBEs")
 
 
+class TxnAction(IntEnum):
+    """What a TXN entry does (docs/transactions.md). INIT..RESOLVE apply in the
+    transactional id's coordinator bucket; JOIN and MARK in a participant bucket."""
+
+    INIT = 0
+    """Register the transactional id (its owner) or bump its epoch: fences the
+    previous instance, whose open transaction is decided ABORT."""
+    ADD = 1
+    """Begin a transaction (`number` 0) or add `buckets` to the open one."""
+    END = 2
+    """Decide the open transaction: `outcome` COMMIT or ABORT (the PREPARE record)."""
+    COMPLETE = 3
+    """Every participant has its marker: forget the decided transaction."""
+    EXPIRE = 4
+    """Abort the open transaction if it is older than its timeout at `now_ms`."""
+    RESOLVE = 5
+    """An administrator decides an open transaction (`outcome`), whoever owns it."""
+    JOIN = 6
+    """A participant bucket learns it is part of transaction `number`."""
+    MARK = 7
+    """A participant bucket applies (COMMIT) or discards (ABORT_*) its pending writes."""
+
+
+class TxnOutcome(IntEnum):
+    NONE = 0
+    COMMIT = 1
+    ABORT = 2
+    ABORT_TIMED_OUT = 3
+    """Aborted by the coordinator because its timeout passed."""
+    ABORT_FENCED = 4
+    """Aborted because a newer instance of its transactional id initialised."""
+
+
+TXN_TIMEOUT_MS_DEFAULT: Final = 60_000
+_COORDINATOR_ACTIONS: Final = frozenset(
+    {
+        TxnAction.INIT,
+        TxnAction.ADD,
+        TxnAction.END,
+        TxnAction.COMPLETE,
+        TxnAction.EXPIRE,
+        TxnAction.RESOLVE,
+    }
+)
+
+
+def check_txn_id(value: object) -> str:
+    return _check_str(value, "transactional_id", limits.ID_BYTES_MAX)
+
+
+@dataclass(frozen=True, slots=True)
+class Txn:
+    """One step of the transaction protocol (see `TxnAction`). Fields an action does
+    not use must be zero/empty (so every entry has one canonical encoding)."""
+
+    action: TxnAction
+    txn_id: str
+    epoch: int = 0
+    number: int = 0
+    buckets: tuple[int, ...] = ()
+    outcome: TxnOutcome = TxnOutcome.NONE
+    principal: str = ""
+    now_ms: int = 0
+    timeout_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.action, TxnAction):
+            raise InvalidArgument(f"unknown transaction action {self.action!r}")
+        if not isinstance(self.outcome, TxnOutcome):
+            raise InvalidArgument(f"unknown transaction outcome {self.outcome!r}")
+        check_txn_id(self.txn_id)
+        _check_int(self.epoch, "transaction epoch", hi=2**32 - 1)
+        _check_int(self.number, "transaction number")
+        _check_int(self.now_ms, "now_ms")
+        _check_int(self.timeout_ms, "transaction timeout_ms", hi=limits.TXN_TIMEOUT_MS_MAX)
+        if self.principal:
+            _check_str(self.principal, "principal", limits.PRINCIPAL_BYTES_MAX)
+        if not isinstance(self.buckets, tuple) or len(self.buckets) > limits.TXN_BUCKETS_MAX:
+            raise LimitExceeded(f"a transaction spans at most {limits.TXN_BUCKETS_MAX} buckets")
+        for bucket in self.buckets:
+            _check_int(bucket, "bucket", hi=2**32 - 1)
+        if list(self.buckets) != sorted(set(self.buckets)):
+            raise InvalidArgument("a transaction's buckets are listed once each, in order")
+        self._check_shape()
+
+    def _check_shape(self) -> None:
+        action, outcome = self.action, self.outcome
+        if (self.timeout_ms > 0) != (action is TxnAction.INIT):
+            raise InvalidArgument("only INIT (and every INIT) names a timeout_ms >= 1")
+        if bool(self.buckets) != (action is TxnAction.ADD):
+            raise InvalidArgument("only ADD (and every ADD) names buckets")
+        wants_outcome = action in (TxnAction.END, TxnAction.RESOLVE, TxnAction.MARK)
+        if (outcome is not TxnOutcome.NONE) != wants_outcome:
+            need = "needs" if wants_outcome else "takes no"
+            raise InvalidArgument(f"{action.name} {need} outcome")
+        if action in (TxnAction.END, TxnAction.RESOLVE) and outcome not in (
+            TxnOutcome.COMMIT,
+            TxnOutcome.ABORT,
+        ):
+            raise InvalidArgument(f"{action.name} decides COMMIT or ABORT")
+        if action in (TxnAction.END, TxnAction.COMPLETE, TxnAction.JOIN, TxnAction.MARK) and (
+            self.number < 1
+        ):
+            raise InvalidArgument(f"{action.name} names a transaction number >= 1")
+
+    @property
+    def coordinator_side(self) -> bool:
+        return self.action in _COORDINATOR_ACTIONS
+
+
+@dataclass(frozen=True, slots=True)
+class TxnWrite:
+    """Writes of transaction `number` of `txn_id` (epoch `epoch`) to this bucket:
+    kept pending, applied at its COMMIT marker, discarded at an ABORT one."""
+
+    txn_id: str
+    epoch: int
+    number: int
+    ops: tuple[Op, ...]
+    principal: str = ""
+    now_ms: int = 0
+
+    def __post_init__(self) -> None:
+        check_txn_id(self.txn_id)
+        _check_int(self.epoch, "transaction epoch", hi=2**32 - 1)
+        _check_int(self.number, "transaction number", lo=1)
+        _check_int(self.now_ms, "now_ms")
+        if self.principal:
+            _check_str(self.principal, "principal", limits.PRINCIPAL_BYTES_MAX)
+        Write(self.ops)  # the same checks as a plain write's ops
+
+
 Entry = (
     Write
     | WriteBatch
@@ -495,6 +629,8 @@ Entry = (
     | Lease
     | InitProducer
     | HistoryTrim
+    | Txn
+    | TxnWrite
 )
 
 _TYPE_OF: Final[dict[type, EntryType]] = {
@@ -509,6 +645,8 @@ _TYPE_OF: Final[dict[type, EntryType]] = {
     WriteBatch: EntryType.WRITE_BATCH,
     SubscribeBatch: EntryType.SUBSCRIBE_BATCH,
     HistoryTrim: EntryType.HISTORY_TRIM,
+    Txn: EntryType.TXN,
+    TxnWrite: EntryType.TXN_WRITE,
 }
 
 
@@ -592,9 +730,40 @@ def _fields(entry: Entry) -> list[object]:
         return [entry.holder, entry.now_ms]
     if isinstance(entry, HistoryTrim):
         return [entry.through_index, entry.now_ms]
+    if isinstance(entry, Txn | TxnWrite):
+        return _txn_fields(entry)
     if entry.principal:
         return [entry.producer_id, entry.now_ms, entry.principal]
     return [entry.producer_id, entry.now_ms]
+
+
+def _txn_fields(entry: Txn | TxnWrite) -> list[object]:
+    if isinstance(entry, TxnWrite):
+        ops = _write_fields(Write(entry.ops))[0]
+        return [entry.txn_id, entry.epoch, entry.number, ops, entry.principal, entry.now_ms]
+    return [
+        int(entry.action),
+        entry.txn_id,
+        entry.epoch,
+        entry.number,
+        list(entry.buckets),
+        int(entry.outcome),
+        entry.principal,
+        entry.now_ms,
+        entry.timeout_ms,
+    ]
+
+
+def _decode_txn(kind: EntryType, f: list[object]) -> Txn | TxnWrite:
+    if kind is EntryType.TXN_WRITE:
+        _arity(f, 6, "TXN_WRITE")
+        ops = tuple(_decode_op(raw) for raw in _as_list(f[3], "ops", limits.OPS_PER_WRITE_MAX))
+        return TxnWrite(f[0], f[1], f[2], ops, f[4], f[5])  # type: ignore[arg-type]
+    _arity(f, 9, "TXN")
+    action = TxnAction(_check_int(f[0], "transaction action", hi=len(TxnAction) - 1))
+    outcome = TxnOutcome(_check_int(f[5], "transaction outcome", hi=len(TxnOutcome) - 1))
+    buckets = tuple(_as_list(f[4], "buckets", limits.TXN_BUCKETS_MAX))
+    return Txn(action, f[1], f[2], f[3], buckets, outcome, f[6], f[7], f[8])  # type: ignore[arg-type]
 
 
 def encode_entry(entry: Entry) -> bytes:
@@ -705,6 +874,8 @@ def _decode_fields(kind: EntryType, f: list[object]) -> Entry:
     if kind is EntryType.HISTORY_TRIM:
         _arity(f, 2, "HISTORY_TRIM")
         return HistoryTrim(*f)  # type: ignore[arg-type]
+    if kind in (EntryType.TXN, EntryType.TXN_WRITE):
+        return _decode_txn(kind, f)
     if len(f) != 3 or not f[2]:  # the principal is optional; an empty one not canonical
         _arity(f, 2, "INIT_PRODUCER")
     return InitProducer(*f)  # type: ignore[arg-type]
@@ -782,10 +953,16 @@ __all__ = [
     "StartKind",
     "Subscribe",
     "SubscribeBatch",
+    "TXN_TIMEOUT_MS_DEFAULT",
+    "Txn",
+    "TxnAction",
+    "TxnOutcome",
+    "TxnWrite",
     "Unsubscribe",
     "Write",
     "WriteBatch",
     "check_key",
+    "check_txn_id",
     "decode_entry",
     "encode_entry",
     "entry_type",

@@ -10,7 +10,7 @@ from enum import IntEnum, StrEnum
 from typing import NamedTuple
 
 from .emitseq import EmitSeq, EpochId
-from .entries import OpKind
+from .entries import OpKind, TxnOutcome
 from .errors import Rejection
 from .query import Query
 
@@ -226,6 +226,27 @@ class HistoryTrimResult:
     """The oldest position the history now reaches back to."""
 
 
+@dataclass(frozen=True, slots=True)
+class TxnResult:
+    """The answer to a TXN entry (`error` set when refused: nothing changed)."""
+
+    txn_id: str
+    epoch: int = 0
+    number: int = 0
+    outcome: TxnOutcome = TxnOutcome.NONE
+    buckets: tuple[int, ...] = ()
+    """ADD: the buckets newly added (to be joined); END/RESOLVE/EXPIRE/INIT: the
+    participants of the transaction decided (whose markers are due)."""
+    error: Rejection | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TxnWriteResult:
+    txn_id: str
+    number: int
+    error: Rejection | None = None
+
+
 Result = (
     WriteResult
     | WriteBatchResult
@@ -238,6 +259,8 @@ Result = (
     | EpochResult
     | LeaseResult
     | HistoryTrimResult
+    | TxnResult
+    | TxnWriteResult
 )
 
 

@@ -30,6 +30,7 @@ from .entries import (
     HistoryTrim,
     InitProducer,
     Lease,
+    Op,
     OpKind,
     OutboxPurge,
     OutboxWrite,
@@ -37,6 +38,9 @@ from .entries import (
     StartKind,
     Subscribe,
     SubscribeBatch,
+    Txn,
+    TxnAction,
+    TxnWrite,
     Unsubscribe,
     Write,
     WriteBatch,
@@ -83,6 +87,7 @@ from .model import (
     SubscribeResult,
     SubscriptionClosed,
     SyncPage,
+    TxnResult,
     UnsubscribeResult,
     WriteBatchResult,
     WriteResult,
@@ -90,6 +95,7 @@ from .model import (
 )
 from .producer_results import ProducerResults
 from .query import Plan, Planner, Query, QueryIndex, QueryKind, plan_query
+from .txn import TxnState
 
 SNAPSHOT_FORMAT_VERSION: Final = 3
 """3: each subscription carries its durable name ("" for none) and the index of its
@@ -101,7 +107,8 @@ expired subscriptions remembered follow the pending rows), and a subscription's 
 include those computed and not yet checkpointed (1 kept them only in the pending
 batches). Versions 1 and 2 are still read (`restore`).
 A producer's owner is a sixth field of its item, absent when it has none: a state
-without owners snapshots as before."""
+without owners snapshots as before. So is the transaction state (outbox/txn.py): a
+fifteenth field, absent when the bucket has none."""
 
 
 @dataclass(slots=True)
@@ -264,6 +271,9 @@ class BucketStateMachine:
         """The oldest position it reaches back to: everything after it is retained."""
         self._history_after_ms = 0
         """Commit time of the newest change set dropped (0: none ever was)."""
+        self._txns = TxnState()
+        """Transactions coordinated here and pending writes of those writing here
+        (outbox/txn.py)."""
 
     # ---- identity and positions ------------------------------------------------
 
@@ -343,6 +353,10 @@ class BucketStateMachine:
             result = LeaseResult(entry.holder, commit_index)
         elif isinstance(entry, HistoryTrim):
             result = self._apply_history_trim(commit_index, entry)
+        elif isinstance(entry, Txn):
+            result = self._apply_txn(commit_index, entry, effects)
+        elif isinstance(entry, TxnWrite):
+            result = self._txns.write(entry, self._version_of)
         else:
             result = self._apply_init_producer(entry)
         self._applied_index = commit_index
@@ -422,6 +436,28 @@ class BucketStateMachine:
             producer.last_active_ms = max(producer.last_active_ms, entry.now_ms)
         return result, changes
 
+    def _version_of(self, key: str) -> int | None:
+        record = self._data.get(key)
+        return None if record is None else record[1]
+
+    def _apply_txn(self, index: int, entry: Txn, effects: list[Effect]) -> TxnResult:
+        """A TXN entry (outbox/txn.py); a COMMIT marker applies the transaction's
+        pending writes here, as one change set at the marker's position."""
+        if entry.coordinator_side:
+            return self._txns.apply(entry)
+        if entry.action is TxnAction.JOIN:
+            return self._txns.join(entry)
+        result, ops = self._txns.mark(entry)
+        if ops:
+            commit = self.emit_seq(index)
+            self._emit_rows(commit, self._set_ops(index, ops)[0], entry.now_ms, effects)
+        return result
+
+    @property
+    def txns(self) -> TxnState:
+        """The bucket's transactions (read-only: change them only through entries)."""
+        return self._txns
+
     def _write_ops(self, commit: EmitSeq, entry: Write) -> tuple[WriteResult, list[Change]]:
         index = commit.commit_index
         for op in entry.ops:
@@ -442,9 +478,17 @@ class BucketStateMachine:
                     f"key {op.key!r} expected {expected} but is {actual}",
                 ),
             )
+        changes, versions = self._set_ops(index, entry.ops)
+        return WriteResult(commit, tuple(versions)), changes
+
+    def _set_ops(
+        self, index: int, ops: tuple[Op, ...]
+    ) -> tuple[list[Change], list[tuple[str, int]]]:
+        """Apply `ops` (preconditions already checked) at log index `index`: the
+        changes made and each op's key and resulting version (0: deleted)."""
         changes: list[Change] = []
         versions: list[tuple[str, int]] = []
-        for op in entry.ops:
+        for op in ops:
             current = self._data.get(op.key)
             if op.kind is OpKind.SET:
                 version = 1 if current is None else current[1] + 1
@@ -456,7 +500,7 @@ class BucketStateMachine:
                 if current is not None:
                     del self._data[op.key]
                     changes.append(Change(op.key, OpKind.DEL, b"", current[1]))
-        return WriteResult(commit, tuple(versions)), changes
+        return changes, versions
 
     def _emit_rows(
         self, commit: EmitSeq, changes: list[Change], now_ms: int, effects: list[Effect]
@@ -1237,6 +1281,7 @@ class BucketStateMachine:
         expired = [[sub_id, owner] for sub_id, owner in self._expired.items()]
         history = tuple(self._history)
         reaches = [self._history_after.pack(), self._history_after_ms]
+        txns = self._txns.pack() if self._txns else None  # absent: as before transactions
         head = [
             SNAPSHOT_FORMAT_VERSION,
             self._bucket_uuid,
@@ -1250,7 +1295,7 @@ class BucketStateMachine:
         def make() -> bytes:
             packer = msgpack.Packer(use_bin_type=True, autoreset=False)
             pack = packer.pack
-            packer.pack_array_header(len(head) + 7)
+            packer.pack_array_header(len(head) + 7 + (txns is not None))
             for item in head:
                 pack(item)
             packer.pack_array_header(len(records))
@@ -1292,6 +1337,8 @@ class BucketStateMachine:
                     ]
                 )
             pack(reaches)
+            if txns is not None:
+                pack(txns)
             return packer.bytes()
 
         return make
@@ -1313,7 +1360,7 @@ class BucketStateMachine:
                 f"snapshot format {version!r}; this build reads 1 to {SNAPSHOT_FORMAT_VERSION}"
             )
         try:
-            if len(raw) != {1: 11, 2: 12}.get(version, 14):
+            if len(raw) != {1: 11, 2: 12}.get(version, 14) and (version, len(raw)) != (3, 15):
                 raise ValueError(f"{len(raw)} fields")
             _, uuid, epoch, applied, outboxed, holder, lease_index, kv, producers, subs = raw[:10]
             pending = raw[10]
@@ -1339,6 +1386,10 @@ class BucketStateMachine:
                     sm._history_bytes += size
                 after, sm._history_after_ms = raw[13]
                 sm._history_after = EmitSeq(*after)
+                if len(raw) == 15:  # transactions (outbox/txn.py), absent when none
+                    sm._txns = TxnState.unpack(raw[14])
+                    if not sm._txns:
+                        raise ValueError("an empty transaction state is not canonical")
             for pid, p_epoch, last_seq, results, p_active, *owner in producers:
                 producer = _Producer(p_epoch, p_active, last_seq, owner=_owner(owner))
                 producer.results = ProducerResults.restore(results, last_seq)

@@ -22,7 +22,14 @@ May import: `sevendb.proto`, `sevendb.outbox`.
 from sevendb.outbox.emitseq import EmitSeq, EpochId
 from sevendb.outbox.entries import Expected, ExpectKind, Op, OpKind
 from sevendb.outbox.errors import (
+    AbortPartialFailure,
+    BucketNotInTxn,
+    ConcurrentTransactions,
     DuplicateSequence,
+    InvalidTxnId,
+    InvalidTxnState,
+    TooManyTransactions,
+    TransactionTimedOut,
     ErrorCode,
     InvalidArgument,
     InvalidProducerEpoch,
@@ -107,6 +114,13 @@ __all__ = [
     "PermissionDenied",
     "PreconditionFailed",
     "ProducerFenced",
+    "AbortPartialFailure",
+    "BucketNotInTxn",
+    "ConcurrentTransactions",
+    "InvalidTxnId",
+    "InvalidTxnState",
+    "TooManyTransactions",
+    "TransactionTimedOut",
     "Query",
     "QueryKind",
     "RangePage",
