@@ -577,6 +577,8 @@ class Txn:
         if bool(self.buckets) != (action is TxnAction.ADD):
             raise InvalidArgument("only ADD (and every ADD) names buckets")
         wants_outcome = action in (TxnAction.END, TxnAction.RESOLVE, TxnAction.MARK)
+        if action is TxnAction.ADD and self.number < 1:
+            raise InvalidArgument("ADD names a transaction number >= 1 (the next one begins it)")
         if (outcome is not TxnOutcome.NONE) != wants_outcome:
             need = "needs" if wants_outcome else "takes no"
             raise InvalidArgument(f"{action.name} {need} outcome")
@@ -606,11 +608,15 @@ class TxnWrite:
     ops: tuple[Op, ...]
     principal: str = ""
     now_ms: int = 0
+    sequence: int = 1
+    """Its place among the transaction's writes to this bucket (1, 2, ...): a retried
+    write is taken once."""
 
     def __post_init__(self) -> None:
         check_txn_id(self.txn_id)
         _check_int(self.epoch, "transaction epoch", hi=2**32 - 1)
         _check_int(self.number, "transaction number", lo=1)
+        _check_int(self.sequence, "transactional write sequence", lo=1)
         _check_int(self.now_ms, "now_ms")
         if self.principal:
             _check_str(self.principal, "principal", limits.PRINCIPAL_BYTES_MAX)
@@ -740,7 +746,15 @@ def _fields(entry: Entry) -> list[object]:
 def _txn_fields(entry: Txn | TxnWrite) -> list[object]:
     if isinstance(entry, TxnWrite):
         ops = _write_fields(Write(entry.ops))[0]
-        return [entry.txn_id, entry.epoch, entry.number, ops, entry.principal, entry.now_ms]
+        return [
+            entry.txn_id,
+            entry.epoch,
+            entry.number,
+            ops,
+            entry.principal,
+            entry.now_ms,
+            entry.sequence,
+        ]
     return [
         int(entry.action),
         entry.txn_id,
@@ -756,9 +770,9 @@ def _txn_fields(entry: Txn | TxnWrite) -> list[object]:
 
 def _decode_txn(kind: EntryType, f: list[object]) -> Txn | TxnWrite:
     if kind is EntryType.TXN_WRITE:
-        _arity(f, 6, "TXN_WRITE")
+        _arity(f, 7, "TXN_WRITE")
         ops = tuple(_decode_op(raw) for raw in _as_list(f[3], "ops", limits.OPS_PER_WRITE_MAX))
-        return TxnWrite(f[0], f[1], f[2], ops, f[4], f[5])  # type: ignore[arg-type]
+        return TxnWrite(f[0], f[1], f[2], ops, f[4], f[5], f[6])  # type: ignore[arg-type]
     _arity(f, 9, "TXN")
     action = TxnAction(_check_int(f[0], "transaction action", hi=len(TxnAction) - 1))
     outcome = TxnOutcome(_check_int(f[5], "transaction outcome", hi=len(TxnOutcome) - 1))

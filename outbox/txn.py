@@ -83,6 +83,8 @@ class PendingTxn:
     owner: str
     ops: list[Op] = field(default_factory=list)
     value_bytes: int = 0
+    writes: int = 0
+    """The sequence of the last TXN_WRITE taken (a retried one is not taken twice)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +190,7 @@ class TxnState:
                     ),
                 )
             self.ids[entry.txn_id] = TxnIdState(entry.principal, 0, entry.timeout_ms)
-            return TxnResult(entry.txn_id, 0)
+            return TxnResult(entry.txn_id, 0)  # number 0: the first transaction is 1
         if state.owner and entry.principal != state.owner:
             return TxnResult(
                 entry.txn_id,
@@ -210,7 +212,7 @@ class TxnState:
         state.timeout_ms = entry.timeout_ms
         state.owner = state.owner or entry.principal
         if fenced is None:
-            return TxnResult(entry.txn_id, state.epoch)
+            return TxnResult(entry.txn_id, state.epoch, state.last_number)
         self._prepare(state, fenced, TxnOutcome.ABORT_FENCED)
         return TxnResult(
             entry.txn_id, state.epoch, fenced.number, TxnOutcome.ABORT_FENCED, fenced.buckets
@@ -239,7 +241,8 @@ class TxnState:
         return None
 
     def _add(self, entry: Txn, state: TxnIdState) -> TxnResult:
-        if entry.number == 0:
+        found = state.txns.get(entry.number)
+        if found is None and entry.number == state.last_number + 1:
             current = state.open
             if current is not None:
                 return TxnResult(
@@ -266,7 +269,6 @@ class TxnState:
             txn = TxnRecord(state.last_number, state.epoch, TxnPhase.ONGOING, (), entry.now_ms)
             state.txns[txn.number] = txn
         else:
-            found = state.txns.get(entry.number)
             if found is None or found.phase is not TxnPhase.ONGOING:
                 return TxnResult(
                     entry.txn_id, state.epoch, entry.number, error=self._gone(entry, state)
@@ -400,6 +402,19 @@ class TxnState:
         if refused is not None:
             return TxnWriteResult(entry.txn_id, entry.number, refused)
         assert pending is not None
+        if entry.sequence <= pending.writes:
+            return TxnWriteResult(entry.txn_id, entry.number)  # a retry: taken before
+        if entry.sequence != pending.writes + 1:
+            return TxnWriteResult(
+                entry.txn_id,
+                entry.number,
+                _reject(
+                    ErrorCode.OUT_OF_ORDER_SEQUENCE,
+                    f"transactional write {entry.sequence} skips ahead; expected "
+                    f"{pending.writes + 1}",
+                ),
+            )
+        pending.writes = entry.sequence
         pending.ops.extend(entry.ops)
         pending.value_bytes += sum(len(op.value) for op in entry.ops)
         return TxnWriteResult(entry.txn_id, entry.number)
@@ -500,6 +515,7 @@ class TxnState:
                 p.epoch,
                 p.owner,
                 [[int(op.kind), op.key, op.value] for op in p.ops],
+                p.writes,
             ]
             for (txn_id, number), p in sorted(self.pending.items())
         ]
@@ -525,8 +541,8 @@ class TxnState:
             state.ids[txn_id] = TxnIdState(
                 owner, epoch, timeout_ms, last_number, records, (number, TxnOutcome(outcome))
             )
-        for txn_id, number, epoch, owner, ops in pending:
-            made = PendingTxn(epoch, owner)
+        for txn_id, number, epoch, owner, ops, writes in pending:
+            made = PendingTxn(epoch, owner, writes=writes)
             for kind, key, value in ops:
                 made.ops.append(Op(OpKind(kind), key, value))
                 made.value_bytes += len(value)

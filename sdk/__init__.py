@@ -26,13 +26,11 @@ from sevendb.outbox.errors import (
     BucketNotInTxn,
     ConcurrentTransactions,
     DuplicateSequence,
-    InvalidTxnId,
-    InvalidTxnState,
-    TooManyTransactions,
-    TransactionTimedOut,
     ErrorCode,
     InvalidArgument,
     InvalidProducerEpoch,
+    InvalidTxnId,
+    InvalidTxnState,
     LimitExceeded,
     NotOwner,
     OutOfOrderSequence,
@@ -44,12 +42,14 @@ from sevendb.outbox.errors import (
     StaleSubscription,
     SubscriptionExists,
     SubscriptionNotFound,
+    TooManyTransactions,
+    TransactionTimedOut,
     UnknownProducer,
 )
 from sevendb.outbox.model import Change
 from sevendb.outbox.query import Query, QueryKind
 from sevendb.sdk.async_client import AsyncClient, AsyncIdempotentProducer
-from sevendb.sdk.client import Client, IdempotentProducer, RetryPolicy, WriteQueue
+from sevendb.sdk.client import Client, IdempotentProducer, RetryPolicy, Transaction, WriteQueue
 from sevendb.sdk.cursor_store import CursorStore, SavedCursor
 from sevendb.sdk.errors import (
     BrokenReason,
@@ -82,6 +82,7 @@ from sevendb.sdk.subscription import (
     SubscriptionStats,
 )
 from sevendb.sdk.tls import TLS
+from sevendb.sdk.transactions import AsyncTransaction
 
 __all__ = [
     "AckMode",
@@ -114,6 +115,8 @@ __all__ = [
     "PermissionDenied",
     "PreconditionFailed",
     "ProducerFenced",
+    "AsyncTransaction",
+    "Transaction",
     "AbortPartialFailure",
     "BucketNotInTxn",
     "ConcurrentTransactions",

@@ -37,8 +37,13 @@ def txn(d: Driver, action: TxnAction, **kw: object) -> TxnResult:
     return result
 
 
-def twrite(d: Driver, number: int, *ops: Op, epoch: int = 0, who: str = "alice") -> TxnWriteResult:
-    result = d.apply(TxnWrite(TID, epoch, number, ops, who, d.tick())).result
+def twrite(
+    d: Driver, number: int, *ops: Op, epoch: int = 0, who: str = "alice", seq: int = 0
+) -> TxnWriteResult:
+    if not seq:
+        pending = d.sm.txns.pending.get((TID, number))
+        seq = 1 if pending is None else pending.writes + 1
+    result = d.apply(TxnWrite(TID, epoch, number, ops, who, d.tick(), seq)).result
     assert isinstance(result, TxnWriteResult)
     return result
 
@@ -48,7 +53,8 @@ def put(key: str, value: bytes = b"v") -> Op:
 
 
 def begin(d: Driver, epoch: int = 0, buckets: tuple[int, ...] = (0,)) -> int:
-    got = txn(d, TxnAction.ADD, epoch=epoch, buckets=buckets)
+    state = d.sm.txns.ids[TID]
+    got = txn(d, TxnAction.ADD, epoch=epoch, number=state.last_number + 1, buckets=buckets)
     assert got.error is None, got.error
     return got.number
 
@@ -70,22 +76,25 @@ def test_init_twice_bumps_the_epoch_and_fences_the_first_instance() -> None:
     assert (again.number, again.outcome, again.buckets) == (number, TxnOutcome.ABORT_FENCED, (0,))
     stale = txn(d, TxnAction.END, epoch=0, number=number, outcome=TxnOutcome.COMMIT)
     assert code(stale) is ErrorCode.PRODUCER_FENCED
-    assert code(txn(d, TxnAction.ADD, epoch=0, buckets=(1,))) is ErrorCode.PRODUCER_FENCED
-    assert code(txn(d, TxnAction.ADD, epoch=2, buckets=(1,))) is ErrorCode.INVALID_PRODUCER_EPOCH
+    assert code(txn(d, TxnAction.ADD, epoch=0, number=2, buckets=(1,))) is ErrorCode.PRODUCER_FENCED
+    assert (
+        code(txn(d, TxnAction.ADD, epoch=2, number=2, buckets=(1,)))
+        is ErrorCode.INVALID_PRODUCER_EPOCH
+    )
 
 
 def test_another_principal_cannot_init_or_use_a_transactional_id() -> None:
     d = Driver()
     txn(d, TxnAction.INIT)
     assert code(txn(d, TxnAction.INIT, principal="mallory")) is ErrorCode.PERMISSION_DENIED
-    got = txn(d, TxnAction.ADD, buckets=(0,), principal="mallory")
+    got = txn(d, TxnAction.ADD, number=1, buckets=(0,), principal="mallory")
     assert code(got) is ErrorCode.PERMISSION_DENIED
     assert d.sm.txns.ids[TID].epoch == 0
 
 
 def test_unknown_transactional_id_is_invalid_txn_id() -> None:
     d = Driver()
-    assert code(txn(d, TxnAction.ADD, buckets=(0,))) is ErrorCode.INVALID_TXN_ID
+    assert code(txn(d, TxnAction.ADD, number=1, buckets=(0,))) is ErrorCode.INVALID_TXN_ID
 
 
 def test_begin_add_commit_complete() -> None:
@@ -113,12 +122,15 @@ def test_one_open_transaction_and_at_most_five_not_complete() -> None:
     d = Driver()
     txn(d, TxnAction.INIT)
     first = begin(d)
-    assert code(txn(d, TxnAction.ADD, buckets=(0,))) is ErrorCode.CONCURRENT_TRANSACTIONS
+    concurrent = txn(d, TxnAction.ADD, number=first + 1, buckets=(0,))
+    assert code(concurrent) is ErrorCode.CONCURRENT_TRANSACTIONS
+    # a retried begin of the open one is an ADD to it
+    assert txn(d, TxnAction.ADD, number=first, buckets=(0,)).error is None
     txn(d, TxnAction.END, number=first, outcome=TxnOutcome.COMMIT)
     for _ in range(limits.TXN_PENDING_PER_PRODUCER_MAX - 1):
         number = begin(d)
         txn(d, TxnAction.END, number=number, outcome=TxnOutcome.ABORT)
-    refused = txn(d, TxnAction.ADD, buckets=(0,))
+    refused = txn(d, TxnAction.ADD, number=d.sm.txns.ids[TID].last_number + 1, buckets=(0,))
     assert code(refused) is ErrorCode.TOO_MANY_TRANSACTIONS
     txn(d, TxnAction.COMPLETE, number=first)
     assert begin(d) == limits.TXN_PENDING_PER_PRODUCER_MAX + 1
@@ -214,6 +226,15 @@ def test_writes_of_a_fenced_epoch_or_another_principal_are_refused() -> None:
     assert code(twrite(d, 1, put("k"), epoch=2)) is ErrorCode.PRODUCER_FENCED
 
 
+def test_a_retried_write_is_taken_once() -> None:
+    d = Driver()
+    join(d, 1)
+    assert twrite(d, 1, put("a"), seq=1).error is None
+    assert twrite(d, 1, put("a"), seq=1).error is None  # the retry: answered, not taken
+    assert code(twrite(d, 1, put("b"), seq=3)) is ErrorCode.OUT_OF_ORDER_SEQUENCE
+    assert d.sm.txns.pending[TID, 1].ops == [put("a")]
+
+
 def test_a_precondition_is_checked_against_committed_data() -> None:
     d = Driver()
     d.set("k", b"old")
@@ -251,7 +272,8 @@ def test_bad_txn_entries_are_refused(kwargs: dict[str, object]) -> None:
     [
         [99, TID, 0, 0, [], 0, "", 0, 0],  # unknown action
         [int(TxnAction.ADD), TID, 0, 0, [], 0, "", 0, 0],  # ADD without buckets
-        [int(TxnAction.ADD), TID, 0, 0, [1], 0, "", 0],  # a field short
+        [int(TxnAction.ADD), TID, 0, 1, [1], 0, "", 0],  # a field short
+        [int(TxnAction.ADD), TID, 0, 0, [1], 0, "", 0, 0],  # ADD of number 0
         [int(TxnAction.INIT), "", 0, 0, [], 0, "", 0, 10],  # empty id
         [int(TxnAction.MARK), TID, 0, 1, [], 9, "", 0, 0],  # unknown outcome
     ],
@@ -268,9 +290,12 @@ def test_bad_txn_bytes_are_malformed_and_change_nothing(fields: list[object]) ->
 def test_bad_txn_write_bytes_are_malformed() -> None:
     d = Driver()
     with pytest.raises(MalformedEntry):
-        d.sm.apply(1, msgpack.packb([1, int(EntryType.TXN_WRITE), TID, 0, 0, [], "", 0]))
+        d.sm.apply(1, msgpack.packb([1, int(EntryType.TXN_WRITE), TID, 0, 0, [], "", 0, 1]))
     with pytest.raises(MalformedEntry):
-        d.sm.apply(1, msgpack.packb([1, int(EntryType.TXN_WRITE), TID, 0, 1, [], "", 0]))
+        d.sm.apply(1, msgpack.packb([1, int(EntryType.TXN_WRITE), TID, 0, 1, [], "", 0, 1]))
+    with pytest.raises(MalformedEntry):  # sequence 0
+        op = [0, "k", b"", 0, 0]
+        d.sm.apply(1, msgpack.packb([1, int(EntryType.TXN_WRITE), TID, 0, 1, [op], "", 0, 0]))
 
 
 def test_txn_entries_round_trip() -> None:
@@ -278,9 +303,9 @@ def test_txn_entries_round_trip() -> None:
 
     for entry in (
         Txn(TxnAction.INIT, TID, principal="a", timeout_ms=5),
-        Txn(TxnAction.ADD, TID, 1, 0, (0, 4)),
+        Txn(TxnAction.ADD, TID, 1, 1, (0, 4)),
         Txn(TxnAction.MARK, TID, 1, 3, outcome=TxnOutcome.ABORT_FENCED, now_ms=9),
-        TxnWrite(TID, 1, 2, (put("a"), Op(OpKind.DEL, "b")), "p", 7),
+        TxnWrite(TID, 1, 2, (put("a"), Op(OpKind.DEL, "b")), "p", 7, 3),
     ):
         assert decode_entry(encode_entry(entry)) == entry
 

@@ -11,6 +11,8 @@ they use it), behind the guard of `rpc` (token first, then parsing).
 
 from __future__ import annotations
 
+import contextlib
+
 from grpc import aio
 
 from sevendb.cluster.server.acks import Acks
@@ -25,6 +27,7 @@ from sevendb.cluster.server.rpc import Auth, Route, method_handlers, register
 from sevendb.cluster.server.session import Sessions
 from sevendb.cluster.server.streams import Streams
 from sevendb.cluster.server.subscriptions import SubscriptionAdmin
+from sevendb.cluster.server.txns import Transactions
 from sevendb.cluster.server.writes import Writes
 from sevendb.proto import sevendb_pb2 as pb
 
@@ -48,6 +51,8 @@ class NodeService:
         self.backups = Backups(self.edge)
         self.metadata = Metadata(self.edge)
         self.subscriptions = SubscriptionAdmin(self.edge, self.streams)
+        self.txns = Transactions(self.edge)
+        self.writes.transactional = self.txns.write
 
     def routes(self) -> dict[str, Route]:
         """Each method of the service and the handler that serves it."""
@@ -87,13 +92,19 @@ class NodeService:
             "ListSubscriptions": Route(self.subscriptions.list_subscriptions),
             "ShowSubscription": Route(self.subscriptions.show_subscription),
             "DeleteSubscription": Route(self.subscriptions.delete_subscription),
+            "Txn": Route(self.txns.txn, replica_of=self.txns.coordinator),
+            "TxnMark": Route(self.txns.txn_mark, replica_of=self.txns.mark_bucket),
+            "ListTransactions": Route(self.txns.list_transactions),
         }
 
     def serve_on(self, server: aio.Server) -> None:
         """Register every method on `server` (raw bytes in: see `rpc`)."""
         register(server, method_handlers(self.edge, self.routes()))
+        with contextlib.suppress(RuntimeError):  # no running loop: no driver (tests)
+            self.txns.start()
 
     async def close(self) -> None:
+        await self.txns.stop()
         self.writes.close()
         await self.edge.close()
 

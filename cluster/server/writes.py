@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Final
 
 import grpc
@@ -27,7 +27,7 @@ from sevendb.cluster.server.edge import PROPOSE_TIMEOUT_S, Call, Edge, now_ms
 from sevendb.cluster.server.errors import Failure
 from sevendb.outbox import limits
 from sevendb.outbox.emitseq import EmitSeq
-from sevendb.outbox.entries import InitProducer, Write
+from sevendb.outbox.entries import InitProducer, TxnWrite, Write
 from sevendb.outbox.errors import SevenDBError
 from sevendb.outbox.keys import bucket_of
 from sevendb.outbox.model import InitProducerResult, WriteResult
@@ -35,6 +35,8 @@ from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
 
 log = logging.getLogger(__name__)
+
+TransactionalWrite = Callable[[pb.WriteRequest, Call, int, TxnWrite], Awaitable[pb.WriteResponse]]
 
 STREAM_WRITES_IN_FLIGHT: Final = 16
 """WriteMany requests one WriteStream has handled at once."""
@@ -46,6 +48,8 @@ class Writes:
     def __init__(self, edge: Edge) -> None:
         self._edge = edge
         self._batchers: dict[int, WriteBatcher] = {}
+        self.transactional: TransactionalWrite | None = None
+        """Where a transactional write goes (cluster/server/txns.py)."""
 
     def close(self) -> None:
         for batcher in self._batchers.values():
@@ -56,6 +60,8 @@ class Writes:
         bucket (raises Failure). A producer's write carries its principal: only the
         producer's owner may use it (the core checks)."""
         try:
+            if request.HasField("txn"):
+                raise Failure.invalid("a transactional write is sent alone, with Write")
             ops = tuple(codec.op_from_pb(op) for op in request.ops)
             producer = (
                 codec.producer_from_pb(request.producer) if request.HasField("producer") else None
@@ -150,7 +156,34 @@ class Writes:
         for key, version in done.versions:
             out.versions.add(key=key, version=version)
 
+    def _parse_txn(self, request: pb.WriteRequest, principal: str) -> tuple[int, TxnWrite]:
+        """A transactional write's bucket and entry (raises Failure)."""
+        if request.HasField("producer"):
+            raise Failure.invalid("a transactional write names no idempotent producer")
+        ref = request.txn
+        try:
+            ops = tuple(codec.op_from_pb(op) for op in request.ops)
+            entry = TxnWrite(
+                ref.transactional_id, ref.epoch, ref.number, ops, principal, now_ms(), ref.sequence
+            )
+        except SevenDBError as exc:
+            raise Failure.domain(exc) from None
+        except ValueError as exc:
+            raise Failure.invalid(f"bad op: {exc}") from None
+        for op in ops:
+            self._edge.allow(principal, Permission.WRITE, op.key)
+        count = len(self._edge.spec.buckets)
+        buckets = {bucket_of(op.key, count) for op in ops}
+        if len(buckets) > 1:
+            raise Failure.invalid(
+                f"ops route to buckets {sorted(buckets)}; send one Write per bucket"
+            )
+        return buckets.pop(), entry
+
     async def write(self, request: pb.WriteRequest, call: Call) -> pb.WriteResponse:
+        if request.HasField("txn") and self.transactional is not None:
+            bucket, txn_entry = self._parse_txn(request, call.principal)
+            return await self.transactional(request, call, bucket, txn_entry)
         bucket, entry = self._parse(request, call.principal)
         batcher = self._batcher(bucket)
         done: Outcome | pb.WriteResponse

@@ -1,0 +1,138 @@
+"""Transactions on a real cluster (issue 29, docs/transactions.md): atomic writes across
+buckets, invisible until the commit; abort; fencing of an earlier instance; a write to
+a bucket not added; the timeout; listing. One cluster for the module (CI time)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from cluster_harness import STARTED, LocalCluster, wait_for
+
+from sevendb.cluster.common.auth import auth_metadata
+from sevendb.outbox.keys import bucket_of
+from sevendb.proto import sevendb_pb2 as pb
+from sevendb.sdk import ProducerFenced, TransactionTimedOut
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    c = LocalCluster.start(tmp_path_factory.mktemp("txn") / "data", buckets=2)
+    try:
+        c.wait_settled()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def live(cluster: LocalCluster) -> LocalCluster:
+    STARTED.append(Path(cluster.data_dir))
+    return cluster
+
+
+def keys_in_both(prefix: str) -> tuple[str, str]:
+    a = next(f"{prefix}{i}" for i in range(100) if bucket_of(f"{prefix}{i}", 2) == 0)
+    b = next(f"{prefix}{i}" for i in range(100) if bucket_of(f"{prefix}{i}", 2) == 1)
+    return a, b
+
+
+def test_a_transaction_across_buckets_is_visible_at_the_commit_and_delivered_whole(
+    live: LocalCluster,
+) -> None:
+    a, b = keys_in_both("t1/")
+    with live.client() as client:
+        sub = client.subscribe("prefix:t1/")
+        with client.transaction("t1-app") as txn:
+            txn.put(a, b"1")
+            txn.put(b, b"2")
+            txn.put(a + "x", b"3")
+            assert client.get(a) is None and client.get(b) is None  # pending: invisible
+        assert client.get(a) is not None and client.get(b) is not None
+        seen: dict[str, bytes] = {}
+        events = 0
+        for event in sub:
+            events += 1
+            for change in event.changes:
+                seen[change.key] = change.value
+            if len(seen) == 3:
+                break
+        assert seen == {a: b"1", b: b"2", a + "x": b"3"}
+        assert events == 2  # one per bucket: each at its COMMIT marker
+        sub.close()
+
+
+def test_an_aborted_transaction_is_never_visible(live: LocalCluster) -> None:
+    a, b = keys_in_both("t2/")
+    with live.client() as client:
+        txn = client.transaction("t2-app")
+        txn.put(a, b"1")
+        txn.put(b, b"2")
+        txn.abort()
+        with pytest.raises(RuntimeError), client.transaction("t2-app") as doomed:
+            doomed.put(a, b"3")
+            raise RuntimeError("the block fails: the transaction aborts")
+        client.put(b + "marker", b"after")
+        assert client.get(a) is None and client.get(b) is None
+        # the next transaction of the id commits
+        with client.transaction("t2-app") as txn:
+            txn.put(a, b"4")
+        record = client.get(a)
+        assert record is not None and record.value == b"4"
+
+
+def test_a_second_instance_fences_the_first(live: LocalCluster) -> None:
+    a, b = keys_in_both("t3/")
+    with live.client() as first, live.client() as second:
+        zombie = first.transaction("t3-app")
+        zombie.put(a, b"zombie")
+        with second.transaction("t3-app") as txn:  # INIT: fences the first instance
+            txn.put(b, b"new")
+        with pytest.raises(ProducerFenced):
+            zombie.put(b, b"zombie")
+            zombie.commit()
+        assert first.get(a) is None
+        record = first.get(b)
+        assert record is not None and record.value == b"new"
+
+
+def test_a_write_to_a_bucket_not_added_is_refused(live: LocalCluster) -> None:
+    a, b = keys_in_both("t4/")
+    with live.client() as client:
+        txn = client.transaction("t4-app")
+        txn.put(a, b"1")  # adds bucket of a only
+        stub = live.stub(live.spec.nodes[0].grpc_address)
+        ref = pb.TxnRef(transactional_id="t4-app", epoch=0, number=txn.number, sequence=1)
+        request = pb.WriteRequest(ops=[pb.Op(kind=pb.Op.SET, key=b, value=b"x")], txn=ref)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Write(request, metadata=auth_metadata(live.token()), timeout=10)
+        assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "not added" in (refused.value.details() or "")
+        txn.abort()
+
+
+def test_a_transaction_past_its_timeout_is_aborted_and_listed_until_then(
+    live: LocalCluster,
+) -> None:
+    a, _ = keys_in_both("t5/")
+    stub = live.stub(live.spec.nodes[0].grpc_address)
+    admin = auth_metadata(live.token("admin"))
+    with live.client() as client:
+        txn = client.transaction("t5-app", timeout_ms=1500)
+        txn.put(a, b"late")
+        listed = stub.ListTransactions(pb.ListTransactionsRequest(), metadata=admin, timeout=10)
+        mine = [t for t in listed.transactions if t.transactional_id == "t5-app"]
+        assert [(t.phase, t.number) for t in mine] == [("ONGOING", txn.number)]
+
+        def gone() -> bool:
+            answer = stub.ListTransactions(pb.ListTransactionsRequest(), metadata=admin, timeout=10)
+            return not [t for t in answer.transactions if t.transactional_id == "t5-app"]
+
+        wait_for(gone, 30, "the coordinator to abort the transaction past its timeout")
+        with pytest.raises(TransactionTimedOut):
+            txn.commit()
+        assert client.get(a) is None
