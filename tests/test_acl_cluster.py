@@ -176,10 +176,10 @@ def test_the_acl_matrix_every_rpc_allowed_and_denied(live: LocalCluster) -> None
         _code(lambda: m.stub.TxnMark(join, metadata=m.md("ops"), timeout=10)),
         _code(lambda: m.stub.TxnMark(join, metadata=m.md("writer"), timeout=10)),
     )
-    listing = pb.ListTransactionsRequest()
+    txn_listing = pb.ListTransactionsRequest()
     seen["ListTransactions"] = (
-        _code(lambda: m.stub.ListTransactions(listing, metadata=m.md("ops"), timeout=10)),
-        _code(lambda: m.stub.ListTransactions(listing, metadata=m.md("writer"), timeout=10)),
+        _code(lambda: m.stub.ListTransactions(txn_listing, metadata=m.md("ops"), timeout=10)),
+        _code(lambda: m.stub.ListTransactions(txn_listing, metadata=m.md("writer"), timeout=10)),
     )
     with pytest.raises(grpc.RpcError) as named:
         m.stub.Write(

@@ -4,12 +4,14 @@ a bucket not added; the timeout; listing. One cluster for the module (CI time)."
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 from cluster_harness import STARTED, LocalCluster, wait_for
+from test_cli_bad_input import sevendb
 
 from sevendb.cluster.common.auth import auth_metadata
 from sevendb.outbox.keys import bucket_of
@@ -136,3 +138,33 @@ def test_a_transaction_past_its_timeout_is_aborted_and_listed_until_then(
         with pytest.raises(TransactionTimedOut):
             txn.commit()
         assert client.get(a) is None
+
+
+def test_cli_lists_an_open_transaction_and_resolves_it(live: LocalCluster) -> None:
+    a, b = keys_in_both("t6/")
+    with live.client() as client:
+        txn = client.transaction("t6-app")
+        txn.put(a, b"1")
+        txn.put(b, b"2")
+        listed = sevendb("txn", "list", "--json", data=live.data_dir)
+        assert listed.code == 0, listed.err
+        (row,) = [r for r in json.loads(listed.out) if r["transactional_id"] == "t6-app"]
+        assert (row["phase"], row["buckets"], row["owner"]) == ("ONGOING", [0, 1], "default")
+        done = sevendb("txn", "resolve", "t6-app", str(txn.number), "commit", data=live.data_dir)
+        assert done.code == 0, done.err
+        assert "commit decided" in done.out
+        wait_for(lambda: client.get(b) is not None, 30, "the resolved commit's markers")
+        record = client.get(a)
+        assert record is not None and record.value == b"1"
+        # the owner's own commit is answered as the decision it matches (an abort is not)
+        txn.commit()
+        stub = live.stub(live.spec.nodes[0].grpc_address)
+        abort = pb.TxnRequest(
+            action=pb.TxnRequest.ABORT, transactional_id="t6-app", number=txn.number
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Txn(abort, metadata=auth_metadata(live.token()), timeout=10)
+        assert "already decided (COMMIT)" in (refused.value.details() or "")
+        bad = sevendb("txn", "resolve", "t6-app", "99", "abort", data=live.data_dir)
+        assert bad.code == 1 and "never begun" in bad.err
+        assert "Traceback" not in bad.err
