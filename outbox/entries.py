@@ -257,6 +257,17 @@ class Start:
 LATEST: Final = Start()
 
 
+class Isolation(IntEnum):
+    """What a subscription receives of transactions (docs/transactions.md)."""
+
+    READ_COMMITTED = 0
+    """A committed transaction's changes in a bucket, as one event at its COMMIT
+    marker; nothing of an open or aborted one."""
+    READ_UNCOMMITTED = 1
+    """Transactional writes as they apply (before any decision; an aborted
+    transaction's included), with version 0; nothing at the marker."""
+
+
 @dataclass(frozen=True, slots=True)
 class Subscribe:
     """A subscription to `query`. With `durable` (a name of the principal's), it is
@@ -271,8 +282,11 @@ class Subscribe:
     now_ms: int = 0
     durable: str = ""
     start: Start = LATEST
+    isolation: Isolation = Isolation.READ_COMMITTED
 
     def __post_init__(self) -> None:
+        if not isinstance(self.isolation, Isolation):
+            raise InvalidArgument(f"unknown isolation level {self.isolation!r}")
         _check_str(self.sub_id, "sub_id", limits.ID_BYTES_MAX)
         _check_str(self.principal, "principal", limits.PRINCIPAL_BYTES_MAX)
         _check_str(self.durable, "durable name", limits.ID_BYTES_MAX, empty_ok=True)
@@ -697,10 +711,13 @@ def _subscribe_fields(entry: Subscribe) -> list[object]:
         entry.plan_hash,
         entry.now_ms,
     ]
-    if entry.durable or entry.start != LATEST:
+    uncommitted = entry.isolation is not Isolation.READ_COMMITTED
+    if entry.durable or entry.start != LATEST or uncommitted:
         fields.append(entry.durable)
-    if entry.start != LATEST:
+    if entry.start != LATEST or uncommitted:
         fields.append(entry.start.pack())
+    if uncommitted:  # a ninth field, only for a non-default isolation level
+        fields.append(int(entry.isolation))
     return fields
 
 
@@ -844,16 +861,21 @@ def _decode_subscribe(f: list[object]) -> Subscribe:
     """Six fields, seven with a durable name, eight with a start; fields that encode
     shorter (an empty name and no start, a LATEST start) are not canonical, and
     refused."""
-    if len(f) not in (7, 8):
+    if len(f) not in (7, 8, 9):
         _arity(f, 6, "SUBSCRIBE")
     query = Query(QueryKind(_check_int(f[2], "query kind", hi=2)), f[3])  # type: ignore[arg-type]
     durable = f[6] if len(f) >= 7 else ""
-    start = Start.unpack(f[7]) if len(f) == 8 else LATEST
+    start = Start.unpack(f[7]) if len(f) >= 8 else LATEST
+    isolation = Isolation.READ_COMMITTED
+    if len(f) == 9:
+        isolation = Isolation(_check_int(f[8], "isolation", hi=1))
+        if isolation is Isolation.READ_COMMITTED:
+            raise InvalidArgument("SUBSCRIBE with the default isolation must not carry it")
     if len(f) == 7 and not durable:
         raise InvalidArgument("SUBSCRIBE with an empty durable name must have six fields")
     if len(f) == 8 and start == LATEST:
         raise InvalidArgument("SUBSCRIBE with a LATEST start must not carry it")
-    return Subscribe(f[0], f[1], query, f[4], f[5], durable, start)  # type: ignore[arg-type]
+    return Subscribe(f[0], f[1], query, f[4], f[5], durable, start, isolation)  # type: ignore[arg-type]
 
 
 def _decode_fields(kind: EntryType, f: list[object]) -> Entry:
@@ -869,7 +891,7 @@ def _decode_fields(kind: EntryType, f: list[object]) -> Entry:
         _arity(f, 1, "SUBSCRIBE_BATCH")
         subscribes = _as_list(f[0], "subscribes", limits.SUBSCRIBES_PER_BATCH_MAX)
         return SubscribeBatch(
-            tuple(_decode_subscribe(_as_list(s, "subscribe", 8)) for s in subscribes)
+            tuple(_decode_subscribe(_as_list(s, "subscribe", 9)) for s in subscribes)
         )
     if kind is EntryType.UNSUBSCRIBE:
         _arity(f, 3, "UNSUBSCRIBE")
@@ -956,6 +978,7 @@ __all__ = [
     "Expected",
     "HistoryTrim",
     "InitProducer",
+    "Isolation",
     "LATEST",
     "Lease",
     "Op",

@@ -29,6 +29,7 @@ from .entries import (
     ExpectKind,
     HistoryTrim,
     InitProducer,
+    Isolation,
     Lease,
     Op,
     OpKind,
@@ -137,6 +138,8 @@ class Subscription:
     born: int = 0
     """Log index of the SUBSCRIBE that made it (its start's, unless it started in the
     past): rows computed before it were an earlier incarnation's of its sub_id."""
+    isolation: Isolation = Isolation.READ_COMMITTED
+    """What it receives of transactions (docs/transactions.md)."""
 
     @property
     def last_row(self) -> EmitSeq:
@@ -249,6 +252,8 @@ class BucketStateMachine:
         """Expired subscriptions remembered, oldest first: sub_id -> owner (so their
         Reconnect is STALE_SEQUENCE); at most EXPIRED_REMEMBERED_MAX."""
         self._owned: dict[str, int] = {}
+        self._uncommitted = 0
+        """How many subscriptions read uncommitted (derived; not in snapshots)."""
         """principal -> how many subscriptions it has here (derived; not in snapshots)."""
         self._durable: dict[tuple[str, str], str] = {}
         """(principal, durable name) -> sub_id of the live subscription of that name
@@ -357,6 +362,8 @@ class BucketStateMachine:
             result = self._apply_txn(commit_index, entry, effects)
         elif isinstance(entry, TxnWrite):
             result = self._txns.write(entry, self._version_of)
+            if self._uncommitted and result.error is None:
+                self._emit_uncommitted(commit_index, entry, effects)
         else:
             result = self._apply_init_producer(entry)
         self._applied_index = commit_index
@@ -440,6 +447,17 @@ class BucketStateMachine:
         record = self._data.get(key)
         return None if record is None else record[1]
 
+    def _emit_uncommitted(self, index: int, entry: TxnWrite, effects: list[Effect]) -> None:
+        """Rows of a transactional write for the subscriptions reading uncommitted (and
+        for no one else, nor for the retained history: it is not committed). Its
+        changes carry version 0: the versions are set at the COMMIT marker."""
+        changes = tuple(Change(op.key, op.kind, op.value, 0) for op in entry.ops)
+        commit = self.emit_seq(index)
+        rows = self._rows_for(commit, changes, entry.now_ms, Isolation.READ_UNCOMMITTED)
+        if rows:
+            self._pending.append(_PendingBatch(index, rows))
+            effects.append(RowsPending(rows))
+
     def _apply_txn(self, index: int, entry: Txn, effects: list[Effect]) -> TxnResult:
         """A TXN entry (outbox/txn.py); a COMMIT marker applies the transaction's
         pending writes here, as one change set at the marker's position."""
@@ -450,7 +468,8 @@ class BucketStateMachine:
         result, ops = self._txns.mark(entry)
         if ops:
             commit = self.emit_seq(index)
-            self._emit_rows(commit, self._set_ops(index, ops)[0], entry.now_ms, effects)
+            changes = self._set_ops(index, ops)[0]
+            self._emit_rows(commit, changes, entry.now_ms, effects, Isolation.READ_COMMITTED)
         return result
 
     @property
@@ -503,36 +522,59 @@ class BucketStateMachine:
         return changes, versions
 
     def _emit_rows(
-        self, commit: EmitSeq, changes: list[Change], now_ms: int, effects: list[Effect]
+        self,
+        commit: EmitSeq,
+        changes: list[Change],
+        now_ms: int,
+        effects: list[Effect],
+        only: Isolation | None = None,
     ) -> None:
         made = tuple(changes)
         if made:
             size = delta_bytes(made)
             self._history.append(RetainedChange(commit, now_ms, made, size))
             self._history_bytes += size
-        rows = self._rows_for(commit, made, now_ms)
+        rows = self._rows_for(commit, made, now_ms, only)
         if rows:
             self._pending.append(_PendingBatch(commit.commit_index, rows))
             effects.append(RowsPending(rows))
 
     def _rows_for(
-        self, commit: EmitSeq, changes: tuple[Change, ...], now_ms: int
+        self,
+        commit: EmitSeq,
+        changes: tuple[Change, ...],
+        now_ms: int,
+        only: Isolation | None = None,
     ) -> tuple[OutboxRow, ...]:
-        """One row per live subscription that any change matches, in sub_id order;
-        each joins its subscription's outbox."""
+        """One row per live subscription that any change matches (of isolation level
+        `only`, if given: a COMMIT marker's changes go to those reading committed, a
+        transactional write's to those reading uncommitted), in sub_id order; each
+        joins its subscription's outbox."""
         if not changes or not self._subs:
             return ()
+        keep = None
+        if only is not None and self._uncommitted:
+            subs = self._subs
+
+            def keep(sub_id: str) -> bool:
+                return subs[sub_id].isolation is only
+
         if len(changes) == 1:  # the common case: every matching sub gets the one delta
-            return self._rows_of_one(commit, changes, now_ms)
-        return self._rows_matched(commit, changes, now_ms)
+            return self._rows_of_one(commit, changes, now_ms, keep)
+        return self._rows_matched(commit, changes, now_ms, keep)
 
     def _rows_matched(
-        self, commit: EmitSeq, changes: tuple[Change, ...], now_ms: int
+        self,
+        commit: EmitSeq,
+        changes: tuple[Change, ...],
+        now_ms: int,
+        keep: Callable[[str], bool] | None = None,
     ) -> tuple[OutboxRow, ...]:
         matched: dict[str, list[int]] = {}
         for i, change in enumerate(changes):
             for sub_id in self._queries.matching(change.key):
-                matched.setdefault(sub_id, []).append(i)
+                if keep is None or keep(sub_id):
+                    matched.setdefault(sub_id, []).append(i)
         deltas: dict[tuple[int, ...], Delta] = {}
         rows = []
         for sub_id in sorted(matched):
@@ -549,10 +591,16 @@ class BucketStateMachine:
         return tuple(rows)
 
     def _rows_of_one(
-        self, commit: EmitSeq, changes: tuple[Change, ...], now_ms: int
+        self,
+        commit: EmitSeq,
+        changes: tuple[Change, ...],
+        now_ms: int,
+        keep: Callable[[str], bool] | None = None,
     ) -> tuple[OutboxRow, ...]:
         """`_rows_for` of a single change: the same rows, without the per-sub bookkeeping."""
         hits = self._queries.matching(changes[0].key)
+        if keep is not None:
+            hits = {sub_id for sub_id in hits if keep(sub_id)}
         if not hits:
             return ()
         delta = Delta(changes, now_ms, delta_bytes(changes))
@@ -627,13 +675,14 @@ class BucketStateMachine:
                         + (f", not as durable {entry.durable!r}" if entry.durable else ""),
                     ),
                 )
-            if existing.query != entry.query:
+            if existing.query != entry.query or existing.isolation is not entry.isolation:
                 what = f"durable {entry.durable!r}" if entry.durable else entry.sub_id
                 return SubscribeResult(
                     entry.sub_id,
                     error=_reject(
                         ErrorCode.SUBSCRIPTION_EXISTS,
-                        f"subscription {what} exists with query {existing.query}",
+                        f"subscription {what} exists with query {existing.query} "
+                        f"({existing.isolation.name.lower()})",
                     ),
                 )
             return SubscribeResult(
@@ -671,6 +720,7 @@ class BucketStateMachine:
             entry.now_ms,
             durable=entry.durable,
             born=index,
+            isolation=entry.isolation,
         )
         self._expired.pop(entry.sub_id, None)  # a new incarnation of an expired sub_id
         self._add_sub(sub)
@@ -794,6 +844,7 @@ class BucketStateMachine:
         self._subs[sub.sub_id] = sub
         self._queries.add(sub.sub_id, sub.plan)
         self._owned[sub.principal] = self._owned.get(sub.principal, 0) + 1
+        self._uncommitted += sub.isolation is Isolation.READ_UNCOMMITTED
         if sub.durable:
             self._durable[sub.principal, sub.durable] = sub.sub_id
 
@@ -809,6 +860,7 @@ class BucketStateMachine:
         remembered (bounded), so that its Reconnect is STALE_SEQUENCE."""
         self._queries.remove(sub.sub_id, sub.plan)
         del self._subs[sub.sub_id]
+        self._uncommitted -= sub.isolation is Isolation.READ_UNCOMMITTED
         if sub.durable:
             del self._durable[sub.principal, sub.durable]
         left = self._owned[sub.principal] - 1
@@ -1274,6 +1326,7 @@ class BucketStateMachine:
                 tuple(s.rows),
                 s.durable,
                 s.born,
+                s.isolation,
             )
             for s in self.subscriptions()
         ]
@@ -1306,7 +1359,20 @@ class BucketStateMachine:
                 pack(producer)
             packer.pack_array_header(len(subs))
             for sub in subs:
-                sub_id, who, query, plan_hash, start, head_, acked, active, rows, name, born = sub
+                (
+                    sub_id,
+                    who,
+                    query,
+                    plan_hash,
+                    start,
+                    head_,
+                    acked,
+                    active,
+                    rows,
+                    name,
+                    born,
+                    iso,
+                ) = sub
                 pack(
                     [
                         sub_id,
@@ -1321,6 +1387,8 @@ class BucketStateMachine:
                         [row.pack() for row in rows],
                         name,
                         born,
+                        # a thirteenth item only for a non-default isolation level
+                        *((int(iso),) if iso is not Isolation.READ_COMMITTED else ()),
                     ]
                 )
             packer.pack_array_header(len(pending))
@@ -1407,6 +1475,7 @@ class BucketStateMachine:
                 rows,
                 name,
                 born,
+                *isolation,
             ) in subs:
                 query = Query(QueryKind(kind), arg)
                 plan = planner(query)
@@ -1428,6 +1497,7 @@ class BucketStateMachine:
                         deque(_unpack_row(r) for r in rows),
                         name,
                         born,
+                        _isolation(isolation),
                     )
                 )
             sm._expired = {sub_id: owner for sub_id, owner in expired}
@@ -1441,6 +1511,16 @@ class BucketStateMachine:
         except Exception as exc:
             raise SnapshotError(f"snapshot content is invalid: {exc}") from None
         return sm
+
+
+def _isolation(rest: list[Any]) -> Isolation:
+    """A snapshot's subscription isolation: a thirteenth item, absent for the default."""
+    if not rest:
+        return Isolation.READ_COMMITTED
+    (level,) = rest
+    if level != Isolation.READ_UNCOMMITTED or isinstance(level, bool):
+        raise ValueError(f"subscription isolation {level!r}")
+    return Isolation(level)
 
 
 def _owner(rest: list[Any]) -> str:

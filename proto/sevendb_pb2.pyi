@@ -39,18 +39,26 @@ class Query(_message.Message):
     def __init__(self, kind: _Optional[_Union[Query.Kind, str]] = ..., arg: _Optional[str] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("bucket", "query", "sub_id", "durable", "start")
+    __slots__ = ("bucket", "query", "sub_id", "durable", "start", "isolation")
+    class Isolation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        READ_COMMITTED: _ClassVar[SubscribeRequest.Isolation]
+        READ_UNCOMMITTED: _ClassVar[SubscribeRequest.Isolation]
+    READ_COMMITTED: SubscribeRequest.Isolation
+    READ_UNCOMMITTED: SubscribeRequest.Isolation
     BUCKET_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
     DURABLE_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_FIELD_NUMBER: _ClassVar[int]
     bucket: int
     query: Query
     sub_id: str
     durable: str
     start: StartPosition
-    def __init__(self, bucket: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., sub_id: _Optional[str] = ..., durable: _Optional[str] = ..., start: _Optional[_Union[StartPosition, _Mapping]] = ...) -> None: ...
+    isolation: SubscribeRequest.Isolation
+    def __init__(self, bucket: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., sub_id: _Optional[str] = ..., durable: _Optional[str] = ..., start: _Optional[_Union[StartPosition, _Mapping]] = ..., isolation: _Optional[_Union[SubscribeRequest.Isolation, str]] = ...) -> None: ...
 
 class StartPosition(_message.Message):
     __slots__ = ("earliest", "after", "time_ms")

@@ -408,6 +408,11 @@ class BucketStreams:
             sub_id=stream.sub_id,
             durable=self.durable,
             start=codec.start_to_pb(stream.begin),
+            isolation=(
+                pb.SubscribeRequest.READ_UNCOMMITTED
+                if self.options.isolation == "read_uncommitted"
+                else pb.SubscribeRequest.READ_COMMITTED
+            ),
         )
         call = self._sessions.subscribe(target, request)
         try:

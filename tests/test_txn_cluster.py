@@ -16,7 +16,9 @@ from test_cli_bad_input import sevendb
 from sevendb.cluster.common.auth import auth_metadata
 from sevendb.outbox.keys import bucket_of
 from sevendb.proto import sevendb_pb2 as pb
-from sevendb.sdk import ProducerFenced, TransactionTimedOut
+from sevendb.sdk import ProducerFenced, SubscribeOptions, TransactionTimedOut
+from sevendb.sdk.streams import Event
+from sevendb.sdk.subscription import Subscription
 
 pytestmark = pytest.mark.slow
 
@@ -168,3 +170,31 @@ def test_cli_lists_an_open_transaction_and_resolves_it(live: LocalCluster) -> No
         bad = sevendb("txn", "resolve", "t6-app", "99", "abort", data=live.data_dir)
         assert bad.code == 1 and "never begun" in bad.err
         assert "Traceback" not in bad.err
+
+
+def test_read_uncommitted_sees_an_aborted_write_read_committed_never(live: LocalCluster) -> None:
+    a, _ = keys_in_both("t7/")
+    with live.client() as client:
+        dirty = client.subscribe(
+            "prefix:t7/", options=SubscribeOptions(isolation="read_uncommitted")
+        )
+        clean = client.subscribe("prefix:t7/")
+        txn = client.transaction("t7-app")
+        txn.put(a, b"never")
+        txn.abort()
+        client.put(a, b"plain")
+        got_dirty = [(c.key, c.value, c.version) for e in _take(dirty, 2) for c in e.changes]
+        assert got_dirty == [(a, b"never", 0), (a, b"plain", 1)]
+        got_clean = [(c.key, c.value, c.version) for e in _take(clean, 1) for c in e.changes]
+        assert got_clean == [(a, b"plain", 1)]
+        dirty.close()
+        clean.close()
+
+
+def _take(sub: Subscription, n: int) -> list[Event]:
+    out = []
+    for event in sub:
+        out.append(event)
+        if len(out) == n:
+            break
+    return out

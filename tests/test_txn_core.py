@@ -11,16 +11,20 @@ from helpers import Driver
 from sevendb.outbox import limits
 from sevendb.outbox.entries import (
     EntryType,
+    Isolation,
     Op,
     OpKind,
+    Subscribe,
     Txn,
     TxnAction,
     TxnOutcome,
     TxnWrite,
+    decode_entry,
     encode_entry,
 )
 from sevendb.outbox.errors import ErrorCode, InvalidArgument, MalformedEntry
 from sevendb.outbox.model import Change, TxnResult, TxnWriteResult
+from sevendb.outbox.query import Query, plan_query
 from sevendb.outbox.state import BucketStateMachine
 from sevendb.outbox.txn import TxnPhase
 
@@ -299,8 +303,6 @@ def test_bad_txn_write_bytes_are_malformed() -> None:
 
 
 def test_txn_entries_round_trip() -> None:
-    from sevendb.outbox.entries import decode_entry
-
     for entry in (
         Txn(TxnAction.INIT, TID, principal="a", timeout_ms=5),
         Txn(TxnAction.ADD, TID, 1, 1, (0, 4)),
@@ -345,3 +347,68 @@ def test_a_bucket_without_transactions_snapshots_as_before() -> None:
     d.set("k")
     raw = msgpack.unpackb(d.sm.snapshot())
     assert len(raw) == 14
+
+
+# ---- isolation levels -----------------------------------------------------------------
+
+
+def subscribe(d: Driver, sub_id: str, isolation: Isolation) -> None:
+    query = Query.parse("prefix:k")
+    entry = Subscribe(
+        sub_id, "alice", query, plan_query(query).plan_hash, d.tick(), isolation=isolation
+    )
+    d.apply(entry)
+
+
+def test_read_uncommitted_gets_writes_as_they_apply_read_committed_at_the_marker() -> None:
+    d = Driver()
+    subscribe(d, "committed", Isolation.READ_COMMITTED)
+    subscribe(d, "dirty", Isolation.READ_UNCOMMITTED)
+    join(d, 1)
+    join(d, 2)
+    write_at = d.index + 1
+    twrite(d, 1, put("k1", b"a"))
+    twrite(d, 2, put("k2", b"b"))
+    assert d.rows("committed") == ()
+    dirty = d.rows("dirty")
+    assert [(r.emit_seq.commit_index, r.delta.changes) for r in dirty] == [
+        (write_at, (Change("k1", OpKind.SET, b"a", 0),)),
+        (write_at + 1, (Change("k2", OpKind.SET, b"b", 0),)),
+    ]
+    marker = d.index + 1
+    mark(d, 1, TxnOutcome.COMMIT)
+    mark(d, 2, TxnOutcome.ABORT)
+    (row,) = d.rows("committed")  # the commit, at its marker; the abort never
+    assert (row.emit_seq.commit_index, row.delta.changes) == (
+        marker,
+        (Change("k1", OpKind.SET, b"a", 1),),
+    )
+    assert d.rows("dirty") == dirty  # nothing more at the markers
+    # the chain stays gapless for both
+    assert row.prev_emit_seq == d.sm.subscription("committed").start  # type: ignore[union-attr]
+    assert dirty[1].prev_emit_seq == dirty[0].emit_seq
+    # plain writes reach both
+    d.set("k3")
+    assert len(d.rows("committed")) == 2 and len(d.rows("dirty")) == 3
+    # the retained history holds only what committed
+    assert [c.key for kept in d.sm.retained() for c in kept.changes] == ["k1", "k3"]
+
+
+def test_isolation_survives_snapshot_and_encoding() -> None:
+    d = Driver()
+    subscribe(d, "dirty", Isolation.READ_UNCOMMITTED)
+    restored = BucketStateMachine.restore(d.sm.snapshot())
+    assert restored.snapshot() == d.sm.snapshot()
+    assert restored.subscription("dirty").isolation is Isolation.READ_UNCOMMITTED  # type: ignore[union-attr]
+    query = Query.parse("all")
+    entry = Subscribe("s", "a", query, 1, 2, isolation=Isolation.READ_UNCOMMITTED)
+    assert decode_entry(encode_entry(entry)) == entry
+    raw = msgpack.unpackb(encode_entry(entry))
+    for bad in (0, 2, "x"):  # the default spelled out, unknown levels
+        with pytest.raises(MalformedEntry):
+            decode_entry(msgpack.packb([*raw[:-1], bad]))
+    d2 = Driver()
+    before = d2.sm.snapshot()
+    with pytest.raises(MalformedEntry):
+        d2.sm.apply(1, msgpack.packb([*raw[:-1], 7]))
+    assert d2.sm.snapshot() == before
