@@ -625,6 +625,9 @@ class TxnWrite:
     sequence: int = 1
     """Its place among the transaction's writes to this bucket (1, 2, ...): a retried
     write is taken once."""
+    acks: tuple[Ack, ...] = ()
+    """Acknowledgements of subscriptions in this bucket that commit with the
+    transaction, or not at all (consume-transform-produce, docs/transactions.md)."""
 
     def __post_init__(self) -> None:
         check_txn_id(self.txn_id)
@@ -634,7 +637,17 @@ class TxnWrite:
         _check_int(self.now_ms, "now_ms")
         if self.principal:
             _check_str(self.principal, "principal", limits.PRINCIPAL_BYTES_MAX)
-        Write(self.ops)  # the same checks as a plain write's ops
+        if not isinstance(self.acks, tuple) or len(self.acks) > limits.TXN_ACKS_PER_WRITE_MAX:
+            raise LimitExceeded(
+                f"a transactional write carries at most {limits.TXN_ACKS_PER_WRITE_MAX} acks"
+            )
+        for ack in self.acks:
+            if not isinstance(ack, Ack):
+                raise InvalidArgument("a transactional write's acks must be Ack values")
+        if len({ack.sub_id for ack in self.acks}) != len(self.acks):
+            raise InvalidArgument("a transactional write acks each subscription at most once")
+        if self.ops or not self.acks:
+            Write(self.ops)  # the same checks as a plain write's ops
 
 
 Entry = (
@@ -762,8 +775,11 @@ def _fields(entry: Entry) -> list[object]:
 
 def _txn_fields(entry: Txn | TxnWrite) -> list[object]:
     if isinstance(entry, TxnWrite):
-        ops = _write_fields(Write(entry.ops))[0]
-        return [
+        ops = [
+            [int(op.kind), op.key, op.value, int(op.expected.kind), op.expected.version]
+            for op in entry.ops
+        ]
+        fields: list[object] = [
             entry.txn_id,
             entry.epoch,
             entry.number,
@@ -772,6 +788,9 @@ def _txn_fields(entry: Txn | TxnWrite) -> list[object]:
             entry.now_ms,
             entry.sequence,
         ]
+        if entry.acks:  # an eighth field only with acks
+            fields.append([[a.sub_id, a.principal, a.up_to.pack()] for a in entry.acks])
+        return fields
     return [
         int(entry.action),
         entry.txn_id,
@@ -787,9 +806,17 @@ def _txn_fields(entry: Txn | TxnWrite) -> list[object]:
 
 def _decode_txn(kind: EntryType, f: list[object]) -> Txn | TxnWrite:
     if kind is EntryType.TXN_WRITE:
-        _arity(f, 7, "TXN_WRITE")
+        if len(f) != 8:
+            _arity(f, 7, "TXN_WRITE")
         ops = tuple(_decode_op(raw) for raw in _as_list(f[3], "ops", limits.OPS_PER_WRITE_MAX))
-        return TxnWrite(f[0], f[1], f[2], ops, f[4], f[5], f[6])  # type: ignore[arg-type]
+        acks = (
+            tuple(_decode_ack(raw) for raw in _as_list(f[7], "acks", limits.TXN_ACKS_PER_WRITE_MAX))
+            if len(f) == 8
+            else ()
+        )
+        if len(f) == 8 and not acks:
+            raise InvalidArgument("TXN_WRITE with no acks must have seven fields")
+        return TxnWrite(f[0], f[1], f[2], ops, f[4], f[5], f[6], acks)  # type: ignore[arg-type]
     _arity(f, 9, "TXN")
     action = TxnAction(_check_int(f[0], "transaction action", hi=len(TxnAction) - 1))
     outcome = TxnOutcome(_check_int(f[5], "transaction outcome", hi=len(TxnOutcome) - 1))
@@ -917,16 +944,18 @@ def _decode_fields(kind: EntryType, f: list[object]) -> Entry:
     return InitProducer(*f)  # type: ignore[arg-type]
 
 
+def _decode_ack(raw: object) -> Ack:
+    item = _as_list(raw, "ack", 3)
+    _arity(item, 3, "ack")
+    return Ack(item[0], item[1], _emit_seq(item[2]))  # type: ignore[arg-type]
+
+
 def _decode_purge(f: list[object]) -> OutboxPurge:
     """Five fields, or eight with the lifecycle fields (`OutboxPurge.lifecycle_fields`);
     eight that encode as five are not canonical, and refused."""
     if len(f) != 8:
         _arity(f, 5, "OUTBOX_PURGE")
-    acks = []
-    for raw in _as_list(f[1], "acks", limits.ACKS_PER_PURGE_MAX):
-        item = _as_list(raw, "ack", 3)
-        _arity(item, 3, "ack")
-        acks.append(Ack(item[0], item[1], _emit_seq(item[2])))  # type: ignore[arg-type]
+    acks = [_decode_ack(raw) for raw in _as_list(f[1], "acks", limits.ACKS_PER_PURGE_MAX)]
     expire = tuple(_as_list(f[2], "expire", limits.EXPIRES_PER_PURGE_MAX))
     if len(f) == 5:
         return OutboxPurge(f[0], tuple(acks), expire, f[3], f[4])  # type: ignore[arg-type]

@@ -70,3 +70,5 @@ TXN_IDS_PER_BUCKET_MAX: Final = 65_536
 """Most transactional ids one coordinator bucket remembers."""
 TXN_ENDED_REMEMBERED_MAX: Final = 65_536
 """Transactional ids a participant bucket remembers the last ended transaction of."""
+TXN_ACKS_PER_WRITE_MAX: Final = 64
+"""Most subscription acks one transactional write carries (consume-transform-produce)."""

@@ -361,7 +361,7 @@ class BucketStateMachine:
         elif isinstance(entry, Txn):
             result = self._apply_txn(commit_index, entry, effects)
         elif isinstance(entry, TxnWrite):
-            result = self._txns.write(entry, self._version_of)
+            result = self._txns.write(entry, self._version_of, self.check_ack)
             if self._uncommitted and result.error is None:
                 self._emit_uncommitted(commit_index, entry, effects)
         else:
@@ -465,11 +465,17 @@ class BucketStateMachine:
             return self._txns.apply(entry)
         if entry.action is TxnAction.JOIN:
             return self._txns.join(entry)
-        result, ops = self._txns.mark(entry)
+        result, ops, acks = self._txns.mark(entry)
         if ops:
             commit = self.emit_seq(index)
             changes = self._set_ops(index, ops)[0]
             self._emit_rows(commit, changes, entry.now_ms, effects, Isolation.READ_COMMITTED)
+        purged: list[OutboxRow] = []
+        for ack in acks:  # consumed input commits with the output (if still ahead)
+            if self.check_ack(ack.sub_id, ack.principal, ack.up_to).status is AckStatus.ACCEPTED:
+                purged.extend(self._purge(ack, entry.now_ms))
+        if purged:
+            effects.insert(0, RowsPurged(tuple(purged), entry.now_ms))
         return result
 
     @property

@@ -17,9 +17,10 @@ from enum import IntEnum
 from typing import Any, Final
 
 from . import limits
-from .entries import ExpectKind, Op, OpKind, Txn, TxnAction, TxnOutcome, TxnWrite
+from .emitseq import EmitSeq
+from .entries import Ack, ExpectKind, Op, OpKind, Txn, TxnAction, TxnOutcome, TxnWrite
 from .errors import ErrorCode, Rejection
-from .model import TxnResult, TxnWriteResult
+from .model import AckOutcome, AckStatus, TxnResult, TxnWriteResult
 
 
 class TxnPhase(IntEnum):
@@ -27,6 +28,17 @@ class TxnPhase(IntEnum):
     PREPARE_COMMIT = 1
     PREPARE_ABORT = 2
 
+
+_ACK_ERRORS: Final = {
+    AckStatus.REGRESSIVE: ErrorCode.REGRESSIVE_ACK,
+    AckStatus.DUPLICATE: ErrorCode.DUPLICATE_ACK,
+    AckStatus.FUTURE: ErrorCode.FUTURE_ACK,
+    AckStatus.NOT_OWNER: ErrorCode.NOT_OWNER,
+    AckStatus.SUBSCRIPTION_NOT_FOUND: ErrorCode.SUBSCRIPTION_NOT_FOUND,
+    AckStatus.STALE: ErrorCode.STALE_SUBSCRIPTION,
+}
+AckCheck = Callable[[str, str, EmitSeq], AckOutcome]
+"""`BucketStateMachine.check_ack`: would an ack be accepted now?"""
 
 _ABORTS: Final = frozenset({TxnOutcome.ABORT, TxnOutcome.ABORT_TIMED_OUT, TxnOutcome.ABORT_FENCED})
 
@@ -85,6 +97,8 @@ class PendingTxn:
     value_bytes: int = 0
     writes: int = 0
     """The sequence of the last TXN_WRITE taken (a retried one is not taken twice)."""
+    acks: dict[str, Ack] = field(default_factory=dict)
+    """Subscription acks to apply with the commit: sub_id -> the furthest one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,11 +408,17 @@ class TxnState:
         self.pending[key] = PendingTxn(entry.epoch, entry.principal)
         return TxnResult(entry.txn_id, entry.epoch, entry.number)
 
-    def write(self, entry: TxnWrite, version_of: Callable[[str], int | None]) -> TxnWriteResult:
-        """Keep `entry`'s ops pending (checked now against the committed versions
-        `version_of` gives: None for an absent key)."""
+    def write(
+        self, entry: TxnWrite, version_of: Callable[[str], int | None], check_ack: AckCheck
+    ) -> TxnWriteResult:
+        """Keep `entry`'s ops and acks pending (checked now against the committed
+        versions `version_of` gives, None for an absent key, and the acks against the
+        subscriptions as `check_ack` judges them: each must be one that would be
+        accepted, beyond any the transaction holds already)."""
         pending = self.pending.get((entry.txn_id, entry.number))
         refused = self._write_refusal(entry, pending, version_of)
+        if refused is None and pending is not None and entry.sequence > pending.writes:
+            refused = self._ack_refusal(entry, pending, check_ack)
         if refused is not None:
             return TxnWriteResult(entry.txn_id, entry.number, refused)
         assert pending is not None
@@ -416,6 +436,8 @@ class TxnState:
             )
         pending.writes = entry.sequence
         pending.ops.extend(entry.ops)
+        for ack in entry.acks:
+            pending.acks[ack.sub_id] = ack
         pending.value_bytes += sum(len(op.value) for op in entry.ops)
         return TxnWriteResult(entry.txn_id, entry.number)
 
@@ -475,9 +497,25 @@ class TxnState:
             )
         return None
 
-    def mark(self, entry: Txn) -> tuple[TxnResult, tuple[Op, ...]]:
-        """A marker: the pending ops to apply now (COMMIT), or none (an abort, or a
-        marker that was applied before: markers are idempotent)."""
+    @staticmethod
+    def _ack_refusal(entry: TxnWrite, pending: PendingTxn, check_ack: AckCheck) -> Rejection | None:
+        for ack in entry.acks:
+            if ack.principal != entry.principal:
+                return _reject(ErrorCode.NOT_OWNER, f"ack of {ack.sub_id} by another principal")
+            held = pending.acks.get(ack.sub_id)
+            if held is not None and ack.up_to <= held.up_to:
+                return _reject(
+                    ErrorCode.REGRESSIVE_ACK,
+                    f"the transaction already acknowledges {ack.sub_id} through {held.up_to}",
+                )
+            outcome = check_ack(ack.sub_id, ack.principal, ack.up_to)
+            if outcome.status is not AckStatus.ACCEPTED:
+                return _reject(_ACK_ERRORS[outcome.status], outcome.message)
+        return None
+
+    def mark(self, entry: Txn) -> tuple[TxnResult, tuple[Op, ...], tuple[Ack, ...]]:
+        """A marker: the pending ops and acks to apply now (COMMIT), or none (an
+        abort, or a marker that was applied before: markers are idempotent)."""
         pending = self.pending.pop((entry.txn_id, entry.number), None)
         ended = self.ended.pop(entry.txn_id, None)  # re-inserted: newest last
         if ended is None or ended[0] < entry.number:
@@ -487,8 +525,8 @@ class TxnState:
             del self.ended[next(iter(self.ended))]
         result = TxnResult(entry.txn_id, entry.epoch, entry.number, TxnOutcome(entry.outcome))
         if pending is None or entry.outcome is not TxnOutcome.COMMIT:
-            return result, ()
-        return result, tuple(pending.ops)
+            return result, (), ()
+        return result, tuple(pending.ops), tuple(pending.acks[k] for k in sorted(pending.acks))
 
     def pending_ops(self) -> int:
         return sum(len(p.ops) for p in self.pending.values())
@@ -516,6 +554,7 @@ class TxnState:
                 p.owner,
                 [[int(op.kind), op.key, op.value] for op in p.ops],
                 p.writes,
+                [[a.sub_id, a.principal, a.up_to.pack()] for _, a in sorted(p.acks.items())],
             ]
             for (txn_id, number), p in sorted(self.pending.items())
         ]
@@ -541,8 +580,10 @@ class TxnState:
             state.ids[txn_id] = TxnIdState(
                 owner, epoch, timeout_ms, last_number, records, (number, TxnOutcome(outcome))
             )
-        for txn_id, number, epoch, owner, ops, writes in pending:
+        for txn_id, number, epoch, owner, ops, writes, acks in pending:
             made = PendingTxn(epoch, owner, writes=writes)
+            for sub_id, who, up_to in acks:
+                made.acks[sub_id] = Ack(sub_id, who, EmitSeq(*up_to))
             for kind, key, value in ops:
                 made.ops.append(Op(OpKind(kind), key, value))
                 made.value_bytes += len(value)

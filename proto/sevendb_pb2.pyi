@@ -325,14 +325,16 @@ class ProducerRef(_message.Message):
     def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class WriteRequest(_message.Message):
-    __slots__ = ("ops", "producer", "txn")
+    __slots__ = ("ops", "producer", "txn", "txn_acks")
     OPS_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_FIELD_NUMBER: _ClassVar[int]
     TXN_FIELD_NUMBER: _ClassVar[int]
+    TXN_ACKS_FIELD_NUMBER: _ClassVar[int]
     ops: _containers.RepeatedCompositeFieldContainer[Op]
     producer: ProducerRef
     txn: TxnRef
-    def __init__(self, ops: _Optional[_Iterable[_Union[Op, _Mapping]]] = ..., producer: _Optional[_Union[ProducerRef, _Mapping]] = ..., txn: _Optional[_Union[TxnRef, _Mapping]] = ...) -> None: ...
+    txn_acks: _containers.RepeatedCompositeFieldContainer[ClientAck]
+    def __init__(self, ops: _Optional[_Iterable[_Union[Op, _Mapping]]] = ..., producer: _Optional[_Union[ProducerRef, _Mapping]] = ..., txn: _Optional[_Union[TxnRef, _Mapping]] = ..., txn_acks: _Optional[_Iterable[_Union[ClientAck, _Mapping]]] = ...) -> None: ...
 
 class KeyVersion(_message.Message):
     __slots__ = ("key", "version")

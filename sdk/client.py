@@ -407,6 +407,11 @@ class Transaction:
     def delete(self, key: str, *, expected_version: int | None = None) -> None:
         self._client._run(self._core.delete(key, expected_version=expected_version))
 
+    def ack(self, event: Event) -> None:
+        """`AsyncTransaction.ack`: the event's acknowledgement commits with this
+        transaction or not at all."""
+        self._client._run(self._core.ack(event))
+
     def commit(self) -> tuple[int, ...]:
         return self._client._run(self._core.commit())
 

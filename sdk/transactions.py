@@ -18,11 +18,13 @@ from typing import TYPE_CHECKING
 
 from sevendb.outbox.entries import Op, TxnWrite, check_txn_id
 from sevendb.outbox.errors import InvalidArgument, InvalidTxnState
+from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.sdk.models import delete_op, set_op
 
 if TYPE_CHECKING:
     from sevendb.sdk.async_client import AsyncClient
+    from sevendb.sdk.streams import Event
 
 
 @dataclass(slots=True)
@@ -126,6 +128,29 @@ class AsyncTransaction:
     async def _write_call(self, request: pb.WriteRequest) -> None:
         client = self._client
         await client._call(lambda s, t: s.Write(request, timeout=t, metadata=client.metadata))
+
+    async def ack(self, event: Event) -> None:
+        """Acknowledge `event` (and everything before it in its bucket's stream) as
+        part of this transaction: the subscription's acknowledged position moves
+        with the commit, or not at all (consume-transform-produce). Use it with
+        `SubscribeOptions(ack="explicit")` and a durable name, and mark the event
+        processed (`Subscription.ack`) only after the commit."""
+        session = await self._session()
+        current = await self._add(session, {event.bucket})
+        sequence = current.writes.get(event.bucket, 0) + 1
+        request = pb.WriteRequest(
+            txn=pb.TxnRef(
+                transactional_id=self._txn_id,
+                epoch=session.epoch,
+                number=current.number,
+                sequence=sequence,
+            ),
+            txn_acks=[
+                pb.ClientAck(sub_id=event.sub_id, up_to_emit_seq=codec.seq_to_pb(event.emit_seq))
+            ],
+        )
+        await self._write_call(request)
+        current.writes[event.bucket] = sequence
 
     async def put(
         self,

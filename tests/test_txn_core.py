@@ -9,7 +9,9 @@ import pytest
 from helpers import Driver
 
 from sevendb.outbox import limits
+from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import (
+    Ack,
     EntryType,
     Isolation,
     Op,
@@ -412,3 +414,54 @@ def test_isolation_survives_snapshot_and_encoding() -> None:
     with pytest.raises(MalformedEntry):
         d2.sm.apply(1, msgpack.packb([*raw[:-1], 7]))
     assert d2.sm.snapshot() == before
+
+
+# ---- acks in a transaction (consume-transform-produce) ---------------------------------
+
+
+def ack_write(
+    d: Driver, number: int, up_to: EmitSeq, *ops: Op, sub_id: str = "in"
+) -> TxnWriteResult:
+    pending = d.sm.txns.pending.get((TID, number))
+    seq = 1 if pending is None else pending.writes + 1
+    entry = TxnWrite(TID, 0, number, ops, "alice", d.tick(), seq, (Ack(sub_id, "alice", up_to),))
+    result = d.apply(entry).result
+    assert isinstance(result, TxnWriteResult)
+    return result
+
+
+def test_an_ack_in_a_transaction_applies_at_its_commit_only() -> None:
+    d = Driver()
+    d.subscribe("in", "prefix:in/")
+    d.set("in/1")
+    d.set("in/2")
+    first, second = (row.emit_seq for row in d.rows("in"))
+    join(d, 1)
+    assert ack_write(d, 1, first, put("out/1")).error is None
+    assert d.sm.subscription("in").acked < first  # type: ignore[union-attr]
+    mark(d, 1, TxnOutcome.COMMIT)
+    assert d.sm.subscription("in").acked == first  # type: ignore[union-attr]
+    assert [r.emit_seq for r in d.rows("in")] == [second]
+    assert d.sm.get("out/1") is not None
+    # aborted: neither the output nor the ack
+    join(d, 2)
+    assert ack_write(d, 2, second, put("out/2")).error is None
+    mark(d, 2, TxnOutcome.ABORT)
+    assert d.sm.subscription("in").acked == first  # type: ignore[union-attr]
+    assert d.sm.get("out/2") is None
+
+
+def test_an_ack_that_would_not_be_accepted_is_refused_at_the_write() -> None:
+    d = Driver()
+    d.subscribe("in", "prefix:in/")
+    d.set("in/1")
+    (first,) = (row.emit_seq for row in d.rows("in"))
+    join(d, 1)
+    ahead = EmitSeq(first.bucket_uuid, first.epoch_counter, first.commit_index + 50)
+    assert code(ack_write(d, 1, ahead)) is ErrorCode.FUTURE_ACK
+    assert code(ack_write(d, 1, first, sub_id="nope")) is ErrorCode.SUBSCRIPTION_NOT_FOUND
+    assert ack_write(d, 1, first).error is None
+    assert code(ack_write(d, 1, first)) is ErrorCode.REGRESSIVE_ACK  # held already
+    restored = BucketStateMachine.restore(d.sm.snapshot())
+    assert restored.snapshot() == d.sm.snapshot()
+    assert restored.txns.pending[TID, 1].acks == d.sm.txns.pending[TID, 1].acks

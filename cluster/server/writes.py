@@ -27,7 +27,7 @@ from sevendb.cluster.server.edge import PROPOSE_TIMEOUT_S, Call, Edge, now_ms
 from sevendb.cluster.server.errors import Failure
 from sevendb.outbox import limits
 from sevendb.outbox.emitseq import EmitSeq
-from sevendb.outbox.entries import InitProducer, TxnWrite, Write
+from sevendb.outbox.entries import Ack, InitProducer, TxnWrite, Write
 from sevendb.outbox.errors import SevenDBError
 from sevendb.outbox.keys import bucket_of
 from sevendb.outbox.model import InitProducerResult, WriteResult
@@ -163,20 +163,36 @@ class Writes:
         ref = request.txn
         try:
             ops = tuple(codec.op_from_pb(op) for op in request.ops)
+            acks = tuple(
+                Ack(a.sub_id, principal, codec.seq_from_pb(a.up_to_emit_seq))
+                for a in request.txn_acks
+            )
             entry = TxnWrite(
-                ref.transactional_id, ref.epoch, ref.number, ops, principal, now_ms(), ref.sequence
+                ref.transactional_id,
+                ref.epoch,
+                ref.number,
+                ops,
+                principal,
+                now_ms(),
+                ref.sequence,
+                acks,
             )
         except SevenDBError as exc:
             raise Failure.domain(exc) from None
         except ValueError as exc:
-            raise Failure.invalid(f"bad op: {exc}") from None
+            raise Failure.invalid(f"bad op or ack: {exc}") from None
         for op in ops:
             self._edge.allow(principal, Permission.WRITE, op.key)
         count = len(self._edge.spec.buckets)
         buckets = {bucket_of(op.key, count) for op in ops}
+        for ack in acks:
+            bucket = self._edge.bucket_of_uuid.get(ack.up_to.bucket_uuid)
+            if bucket is None:
+                raise Failure.invalid(f"ack of {ack.sub_id}: no bucket {ack.up_to.bucket_uuid}")
+            buckets.add(bucket)
         if len(buckets) > 1:
             raise Failure.invalid(
-                f"ops route to buckets {sorted(buckets)}; send one Write per bucket"
+                f"ops and acks route to buckets {sorted(buckets)}; send one Write per bucket"
             )
         return buckets.pop(), entry
 
