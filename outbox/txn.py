@@ -40,6 +40,14 @@ _ACK_ERRORS: Final = {
 AckCheck = Callable[[str, str, EmitSeq], AckOutcome]
 """`BucketStateMachine.check_ack`: would an ack be accepted now?"""
 
+COUNTED: Final = ("started", "committed", "aborted", "timed_out", "fenced")
+_COUNT_OF: Final = {
+    TxnOutcome.COMMIT: "committed",
+    TxnOutcome.ABORT: "aborted",
+    TxnOutcome.ABORT_TIMED_OUT: "timed_out",
+    TxnOutcome.ABORT_FENCED: "fenced",
+}
+
 _ABORTS: Final = frozenset({TxnOutcome.ABORT, TxnOutcome.ABORT_TIMED_OUT, TxnOutcome.ABORT_FENCED})
 
 
@@ -156,6 +164,8 @@ class TxnState:
         self.pending: dict[tuple[str, int], PendingTxn] = {}
         self.ended: dict[str, tuple[int, TxnOutcome]] = {}
         """Participant: txn_id -> the newest transaction marked here (number, outcome)."""
+        self.counts: dict[str, int] = dict.fromkeys(COUNTED, 0)
+        """Coordinator: transactions begun, and decided by kind, ever (the metrics)."""
 
     def __bool__(self) -> bool:
         return bool(self.ids or self.pending or self.ended)
@@ -280,6 +290,7 @@ class TxnState:
                     ),
                 )
             state.last_number += 1
+            self.counts["started"] += 1
             txn = TxnRecord(state.last_number, state.epoch, TxnPhase.ONGOING, (), entry.now_ms)
             state.txns[txn.number] = txn
         else:
@@ -336,8 +347,8 @@ class TxnState:
             return TxnResult(entry.txn_id, state.epoch, entry.number, decided, buckets)
         return TxnResult(entry.txn_id, state.epoch, entry.number, error=self._gone(entry, state))
 
-    @staticmethod
-    def _prepare(state: TxnIdState, txn: TxnRecord, outcome: TxnOutcome) -> None:
+    def _prepare(self, state: TxnIdState, txn: TxnRecord, outcome: TxnOutcome) -> None:
+        self.counts[_COUNT_OF[outcome]] += 1
         commit = outcome is TxnOutcome.COMMIT
         txn.phase = TxnPhase.PREPARE_COMMIT if commit else TxnPhase.PREPARE_ABORT
         txn.outcome = outcome
@@ -531,6 +542,10 @@ class TxnState:
     def pending_ops(self) -> int:
         return sum(len(p.ops) for p in self.pending.values())
 
+    def active(self) -> int:
+        """Transactions coordinated here not complete (open, or decided)."""
+        return sum(len(state.txns) for state in self.ids.values())
+
     # ---- snapshots -----------------------------------------------------------------
 
     def pack(self) -> list[object]:
@@ -559,13 +574,16 @@ class TxnState:
             for (txn_id, number), p in sorted(self.pending.items())
         ]
         ended = [[txn_id, number, int(outcome)] for txn_id, (number, outcome) in self.ended.items()]
-        return [ids, pending, ended]
+        return [ids, pending, ended, [self.counts[k] for k in COUNTED]]
 
     @classmethod
     def unpack(cls, raw: Any) -> TxnState:
         """The state `pack` made (raises on anything else; the caller reports it)."""
-        ids, pending, ended = raw
+        ids, pending, ended, counts = raw
         state = cls()
+        if len(counts) != len(COUNTED):
+            raise ValueError(f"{len(counts)} transaction counts")
+        state.counts = dict(zip(COUNTED, counts, strict=True))
         for txn_id, owner, epoch, timeout_ms, last_number, txns, (number, outcome) in ids:
             records = {}
             for t_number, t_epoch, phase, buckets, started, t_outcome in txns:
@@ -594,6 +612,7 @@ class TxnState:
 
 
 __all__ = [
+    "COUNTED",
     "DueMarkers",
     "PendingTxn",
     "TxnIdState",

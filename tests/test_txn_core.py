@@ -465,3 +465,25 @@ def test_an_ack_that_would_not_be_accepted_is_refused_at_the_write() -> None:
     restored = BucketStateMachine.restore(d.sm.snapshot())
     assert restored.snapshot() == d.sm.snapshot()
     assert restored.txns.pending[TID, 1].acks == d.sm.txns.pending[TID, 1].acks
+
+
+def test_the_coordinator_counts_transactions_by_outcome() -> None:
+    d = Driver()
+    txn(d, TxnAction.INIT, timeout_ms=1_000)
+    first = begin(d)
+    txn(d, TxnAction.END, number=first, outcome=TxnOutcome.COMMIT)
+    second = begin(d)
+    txn(d, TxnAction.END, number=second, outcome=TxnOutcome.ABORT)
+    begin(d)
+    txn(d, TxnAction.EXPIRE, now_ms=d.now_ms + 5_000)
+    begin(d)
+    txn(d, TxnAction.INIT, timeout_ms=1_000)  # fences the open one
+    assert d.sm.txns.counts == {
+        "started": 4,
+        "committed": 1,
+        "aborted": 1,
+        "timed_out": 1,
+        "fenced": 1,
+    }
+    assert d.sm.txns.active() == 4  # all decided, none completed
+    assert BucketStateMachine.restore(d.sm.snapshot()).txns.counts == d.sm.txns.counts
