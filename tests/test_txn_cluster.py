@@ -14,6 +14,8 @@ from cluster_harness import STARTED, LocalCluster, wait_for
 from test_cli_bad_input import sevendb
 
 from sevendb.cluster.common.auth import auth_metadata
+from sevendb.cluster.common.layout import node_dir
+from sevendb.cluster.server.faults import KILL_AFTER_TXN_DECISION, fault_file
 from sevendb.outbox.keys import bucket_of
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.sdk import ProducerFenced, SubscribeOptions, TransactionTimedOut
@@ -198,3 +200,56 @@ def _take(sub: Subscription, n: int) -> list[Event]:
         if len(out) == n:
             break
     return out
+
+
+@pytest.fixture
+def faulty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalCluster]:
+    monkeypatch.setenv("SEVENDB_TEST_FAULTS", "1")
+    c = LocalCluster.start(tmp_path / "data", buckets=2)
+    try:
+        c.wait_settled()
+        yield c
+    finally:
+        c.stop()
+
+
+def test_a_decided_commit_is_finished_after_the_deciding_node_is_killed(
+    faulty: LocalCluster,
+) -> None:
+    """kill -9 of the node that took the COMMIT, after the decision committed and before
+    any marker: the coordinator's leader (a survivor) writes the markers."""
+    a, b = keys_in_both("t8/")
+    nodes = faulty.spec.nodes
+    victim = nodes[0]
+    with faulty.client() as client:
+        txn = client.transaction("t8-app")
+        txn.put(a, b"1")
+        txn.put(b, b"2")
+        session = client._core._txn_sessions["t8-app"]
+        fault_file(node_dir(faulty.data_dir, victim.node_id), KILL_AFTER_TXN_DECISION).touch()
+        commit = pb.TxnRequest(
+            action=pb.TxnRequest.COMMIT,
+            transactional_id="t8-app",
+            epoch=session.epoch,
+            number=txn.number,
+        )
+        with pytest.raises(grpc.RpcError):  # the node dies inside the call
+            faulty.stub(victim.grpc_address).Txn(
+                commit, metadata=auth_metadata(faulty.token()), timeout=10
+            )
+        wait_for(lambda: faulty.status(victim.node_id) is None, 30, "the victim to die")
+
+        def both() -> bool:
+            return client.get(a) is not None and client.get(b) is not None
+
+        wait_for(both, 60, "the survivors' driver to write the COMMIT markers")
+        record = client.get(b)
+        assert record is not None and record.value == b"2"
+        stub = faulty.stub(nodes[1].grpc_address)
+        admin = auth_metadata(faulty.token("admin"))
+
+        def complete() -> bool:
+            listed = stub.ListTransactions(pb.ListTransactionsRequest(), metadata=admin, timeout=10)
+            return not [t for t in listed.transactions if t.transactional_id == "t8-app"]
+
+        wait_for(complete, 60, "the transaction to complete")

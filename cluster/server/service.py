@@ -19,6 +19,7 @@ from sevendb.cluster.server.acks import Acks
 from sevendb.cluster.server.admin import Admin
 from sevendb.cluster.server.backup import Backups
 from sevendb.cluster.server.edge import Edge, NodeHost
+from sevendb.cluster.server.faults import FaultPoints
 from sevendb.cluster.server.metadata import Metadata
 from sevendb.cluster.server.metrics import NodeMetrics
 from sevendb.cluster.server.overload import ServerLimits
@@ -40,6 +41,7 @@ class NodeService:
         node: NodeHost,
         metrics: NodeMetrics | None = None,
         limits: ServerLimits | None = None,
+        faults: FaultPoints | None = None,
     ) -> None:
         self.edge = Edge(node, metrics, limits)
         self.writes = Writes(self.edge)
@@ -51,7 +53,7 @@ class NodeService:
         self.backups = Backups(self.edge)
         self.metadata = Metadata(self.edge)
         self.subscriptions = SubscriptionAdmin(self.edge, self.streams)
-        self.txns = Transactions(self.edge)
+        self.txns = Transactions(self.edge, faults)
         self.writes.transactional = self.txns.write
 
     def routes(self) -> dict[str, Route]:

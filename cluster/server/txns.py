@@ -24,6 +24,7 @@ from sevendb.cluster.common.acl import Permission
 from sevendb.cluster.common.auth import NODE_PRINCIPAL, auth_metadata
 from sevendb.cluster.server.edge import FORWARD_KEY, FORWARD_TIMEOUT_S, Call, Edge, now_ms
 from sevendb.cluster.server.errors import Failure
+from sevendb.cluster.server.faults import KILL_AFTER_TXN_DECISION, FaultPoints
 from sevendb.outbox.entries import (
     TXN_TIMEOUT_MS_DEFAULT,
     Txn,
@@ -50,8 +51,9 @@ NODE_TOKEN_TTL_S: Final = 300
 class Transactions:
     """The transaction handlers and driver of one node."""
 
-    def __init__(self, edge: Edge) -> None:
+    def __init__(self, edge: Edge, faults: FaultPoints | None = None) -> None:
         self._edge = edge
+        self._faults = faults
         self._driver: asyncio.Task[None] | None = None
         self._finishing: set[tuple[str, int]] = set()
 
@@ -136,6 +138,8 @@ class Transactions:
             )
             return response
         if result.outcome is not TxnOutcome.NONE:
+            if self._faults is not None and entry.action is TxnAction.END:
+                self._faults.fire(KILL_AFTER_TXN_DECISION)
             due = DueMarkers(tid, result.epoch, result.number, result.outcome, result.buckets)
             response.buckets.extend(result.buckets)
             failed = await self._finish(bucket, due)
