@@ -510,7 +510,7 @@ class AsyncClient:
         (0: 60 s) aborts a transaction left open longer."""
         return AsyncTransaction(self, transactional_id, timeout_ms)
 
-    async def txn_session(self, transactional_id: str, timeout_ms: int = 0) -> TxnSession:
+    async def _txn_session(self, transactional_id: str, timeout_ms: int = 0) -> TxnSession:
         """This client's registration of `transactional_id` (made on first use)."""
         session = self._txn_sessions.get(transactional_id)
         if session is None:

@@ -12,19 +12,31 @@ COMMIT marker's position, or never.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
 from sevendb.outbox.entries import Op, TxnWrite, check_txn_id
 from sevendb.outbox.errors import InvalidArgument, InvalidTxnState
 from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
-from sevendb.sdk.models import delete_op, set_op
+from sevendb.proto import sevendb_pb2_grpc as pb_grpc
+from sevendb.sdk.models import ClusterLayout, delete_op, set_op
+from sevendb.sdk.streams import Event
 
-if TYPE_CHECKING:
-    from sevendb.sdk.async_client import AsyncClient
-    from sevendb.sdk.streams import Event
+T = TypeVar("T")
+
+
+class TxnHost(Protocol):
+    """What a transaction needs of its client (`AsyncClient`)."""
+
+    metadata: tuple[tuple[str, str], ...]
+
+    async def _call(self, fn: Callable[[pb_grpc.SevenDBStub, float], Awaitable[T]]) -> T: ...
+
+    async def layout(self, *, refresh: bool = False) -> ClusterLayout: ...
+
+    async def _txn_session(self, transactional_id: str, timeout_ms: int = 0) -> TxnSession: ...
 
 
 @dataclass(slots=True)
@@ -50,7 +62,7 @@ class AsyncTransaction:
     ``async with``: it commits when the block ends normally and aborts when it raises;
     or call `commit` / `abort` yourself. Not for concurrent use by several tasks."""
 
-    def __init__(self, client: AsyncClient, txn_id: str, timeout_ms: int = 0) -> None:
+    def __init__(self, client: TxnHost, txn_id: str, timeout_ms: int = 0) -> None:
         check_txn_id(txn_id)
         if timeout_ms < 0:
             raise InvalidArgument("timeout_ms must be >= 0 (0: the cluster's default, 60 s)")
@@ -70,7 +82,7 @@ class AsyncTransaction:
         return 0 if self._open is None else self._open.number
 
     async def _session(self) -> TxnSession:
-        return await self._client.txn_session(self._txn_id, self._timeout_ms)
+        return await self._client._txn_session(self._txn_id, self._timeout_ms)
 
     async def _call(self, request: pb.TxnRequest) -> pb.TxnResponse:
         client = self._client
@@ -215,7 +227,7 @@ def _write_request(ops: Sequence[Op]) -> pb.WriteRequest:
     return write_request(ops)
 
 
-async def init_session(client: AsyncClient, txn_id: str, timeout_ms: int) -> TxnSession:
+async def init_session(client: TxnHost, txn_id: str, timeout_ms: int) -> TxnSession:
     """Register `txn_id` with its coordinator (fencing its earlier instances)."""
     request = pb.TxnRequest(
         action=pb.TxnRequest.INIT, transactional_id=txn_id, timeout_ms=timeout_ms

@@ -108,7 +108,7 @@ def add_commands(
     )
     resolve.add_argument("transactional_id", help="the transactional id")
     resolve.add_argument("number", type=int, help="the transaction's number (`txn list`)")
-    resolve.add_argument("decision", choices=("commit", "abort"))
+    resolve.add_argument("decision", choices=("commit", "abort"), help="the decision")
     resolve.set_defaults(fn=lambda a: cmd_resolve(_as_admin(a), endpoints, token), tls_of=tls)
 
 
