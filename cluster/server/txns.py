@@ -27,6 +27,7 @@ from sevendb.cluster.server.errors import Failure
 from sevendb.cluster.server.faults import KILL_AFTER_TXN_DECISION, FaultPoints
 from sevendb.outbox.entries import (
     TXN_TIMEOUT_MS_DEFAULT,
+    Ack,
     Txn,
     TxnAction,
     TxnOutcome,
@@ -67,65 +68,44 @@ class Transactions:
 
     # ---- Txn ---------------------------------------------------------------------------
 
-    async def txn(self, request: pb.TxnRequest, call: Call) -> pb.TxnResponse:
-        edge, bucket = self._edge, self.coordinator(request)
-        action = request.action
+    def _entry(self, request: pb.TxnRequest, call: Call) -> Txn:
+        """The TXN entry a request asks for (raises Failure: bad input, not allowed)."""
+        edge, action, now = self._edge, request.action, now_ms()
         tid, epoch, number = request.transactional_id, request.epoch, request.number
+        who = call.principal
         try:
             if action == pb.TxnRequest.INIT:
-                edge.allow(call.principal, Permission.IDEMPOTENT_WRITE)
+                edge.allow(who, Permission.IDEMPOTENT_WRITE)
                 timeout = request.timeout_ms or TXN_TIMEOUT_MS_DEFAULT
-                entry = Txn(
-                    TxnAction.INIT,
-                    tid,
-                    principal=call.principal,
-                    now_ms=now_ms(),
-                    timeout_ms=timeout,
-                )
-            elif action == pb.TxnRequest.ADD:
+                return Txn(TxnAction.INIT, tid, principal=who, now_ms=now, timeout_ms=timeout)
+            if action == pb.TxnRequest.ADD:
                 buckets = tuple(sorted(set(request.buckets)))
                 for one in buckets:
                     edge.check_bucket(one)
-                entry = Txn(
-                    TxnAction.ADD,
-                    tid,
-                    epoch,
-                    number,
-                    buckets,
-                    principal=call.principal,
-                    now_ms=now_ms(),
-                )
-            elif action in (pb.TxnRequest.COMMIT, pb.TxnRequest.ABORT):
+                return Txn(TxnAction.ADD, tid, epoch, number, buckets, principal=who, now_ms=now)
+            if action in (pb.TxnRequest.COMMIT, pb.TxnRequest.ABORT):
                 outcome = TxnOutcome.COMMIT if action == pb.TxnRequest.COMMIT else TxnOutcome.ABORT
-                entry = Txn(
-                    TxnAction.END,
-                    tid,
-                    epoch,
-                    number,
-                    outcome=outcome,
-                    principal=call.principal,
-                    now_ms=now_ms(),
+                return Txn(
+                    TxnAction.END, tid, epoch, number, outcome=outcome, principal=who, now_ms=now
                 )
-            elif action == pb.TxnRequest.RESOLVE:
+            if action == pb.TxnRequest.RESOLVE:
                 if not call.admin:
                     raise Failure.denied(
-                        f"principal {call.principal!r} lacks the admin permission on the cluster "
+                        f"principal {who!r} lacks the admin permission on the cluster "
                         "(resolving a transaction is administration)"
                     )
                 outcome = TxnOutcome.COMMIT if request.resolve_commit else TxnOutcome.ABORT
-                entry = Txn(
-                    TxnAction.RESOLVE,
-                    tid,
-                    0,
-                    number,
-                    outcome=outcome,
-                    principal=call.principal,
-                    now_ms=now_ms(),
+                return Txn(
+                    TxnAction.RESOLVE, tid, 0, number, outcome=outcome, principal=who, now_ms=now
                 )
-            else:
-                raise Failure.invalid(f"unknown transaction action {action}")
         except SevenDBError as exc:
             raise Failure.domain(exc) from None
+        raise Failure.invalid(f"unknown transaction action {action}")
+
+    async def txn(self, request: pb.TxnRequest, call: Call) -> pb.TxnResponse:
+        edge, bucket = self._edge, self.coordinator(request)
+        entry = self._entry(request, call)
+        tid = entry.txn_id
         result, _ = await edge.commit(bucket, entry, TxnResult)
         response = pb.TxnResponse(epoch=result.epoch, number=result.number, coordinator=bucket)
         if entry.action is TxnAction.ADD:
@@ -143,11 +123,8 @@ class Transactions:
             due = DueMarkers(tid, result.epoch, result.number, result.outcome, result.buckets)
             response.buckets.extend(result.buckets)
             failed = await self._finish(bucket, due)
-            if (
-                failed
-                and result.outcome is not TxnOutcome.COMMIT
-                and entry.action is not TxnAction.INIT
-            ):
+            aborting = result.outcome is not TxnOutcome.COMMIT
+            if failed and aborting and entry.action is not TxnAction.INIT:
                 raise Failure.rejected(
                     Rejection(
                         ErrorCode.ABORT_PARTIAL_FAILURE,
@@ -231,11 +208,50 @@ class Transactions:
 
     # ---- transactional writes -----------------------------------------------------------
 
-    async def write(
-        self, request: pb.WriteRequest, call: Call, bucket: int, entry: TxnWrite
-    ) -> pb.WriteResponse:
+    def _parse_write(self, request: pb.WriteRequest, principal: str) -> tuple[int, TxnWrite]:
+        """A transactional write's bucket and entry (raises Failure)."""
+        if request.HasField("producer"):
+            raise Failure.invalid("a transactional write names no idempotent producer")
+        ref = request.txn
+        try:
+            ops = tuple(codec.op_from_pb(op) for op in request.ops)
+            acks = tuple(
+                Ack(a.sub_id, principal, codec.seq_from_pb(a.up_to_emit_seq))
+                for a in request.txn_acks
+            )
+            entry = TxnWrite(
+                ref.transactional_id,
+                ref.epoch,
+                ref.number,
+                ops,
+                principal,
+                now_ms(),
+                ref.sequence,
+                acks,
+            )
+        except SevenDBError as exc:
+            raise Failure.domain(exc) from None
+        except ValueError as exc:
+            raise Failure.invalid(f"bad op or ack: {exc}") from None
+        for op in ops:
+            self._edge.allow(principal, Permission.WRITE, op.key)
+        count = len(self._edge.spec.buckets)
+        buckets = {bucket_of(op.key, count) for op in ops}
+        for ack in acks:
+            bucket = self._edge.bucket_of_uuid.get(ack.up_to.bucket_uuid)
+            if bucket is None:
+                raise Failure.invalid(f"ack of {ack.sub_id}: no bucket {ack.up_to.bucket_uuid}")
+            buckets.add(bucket)
+        if len(buckets) > 1:
+            raise Failure.invalid(
+                f"ops and acks route to buckets {sorted(buckets)}; send one Write per bucket"
+            )
+        return buckets.pop(), entry
+
+    async def write(self, request: pb.WriteRequest, call: Call) -> pb.WriteResponse:
         """A transactional write, through this node's replica of its bucket or a node's
         that has one (never batched: each is its own entry)."""
+        bucket, entry = self._parse_write(request, call.principal)
         edge = self._edge
         if bucket not in edge.replicas:
             answer: pb.WriteResponse = await edge.forward(

@@ -27,7 +27,7 @@ from sevendb.cluster.server.edge import PROPOSE_TIMEOUT_S, Call, Edge, now_ms
 from sevendb.cluster.server.errors import Failure
 from sevendb.outbox import limits
 from sevendb.outbox.emitseq import EmitSeq
-from sevendb.outbox.entries import Ack, InitProducer, TxnWrite, Write
+from sevendb.outbox.entries import InitProducer, Write
 from sevendb.outbox.errors import SevenDBError
 from sevendb.outbox.keys import bucket_of
 from sevendb.outbox.model import InitProducerResult, WriteResult
@@ -36,7 +36,7 @@ from sevendb.proto import sevendb_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-TransactionalWrite = Callable[[pb.WriteRequest, Call, int, TxnWrite], Awaitable[pb.WriteResponse]]
+TransactionalWrite = Callable[[pb.WriteRequest, Call], Awaitable[pb.WriteResponse]]
 
 STREAM_WRITES_IN_FLIGHT: Final = 16
 """WriteMany requests one WriteStream has handled at once."""
@@ -156,50 +156,9 @@ class Writes:
         for key, version in done.versions:
             out.versions.add(key=key, version=version)
 
-    def _parse_txn(self, request: pb.WriteRequest, principal: str) -> tuple[int, TxnWrite]:
-        """A transactional write's bucket and entry (raises Failure)."""
-        if request.HasField("producer"):
-            raise Failure.invalid("a transactional write names no idempotent producer")
-        ref = request.txn
-        try:
-            ops = tuple(codec.op_from_pb(op) for op in request.ops)
-            acks = tuple(
-                Ack(a.sub_id, principal, codec.seq_from_pb(a.up_to_emit_seq))
-                for a in request.txn_acks
-            )
-            entry = TxnWrite(
-                ref.transactional_id,
-                ref.epoch,
-                ref.number,
-                ops,
-                principal,
-                now_ms(),
-                ref.sequence,
-                acks,
-            )
-        except SevenDBError as exc:
-            raise Failure.domain(exc) from None
-        except ValueError as exc:
-            raise Failure.invalid(f"bad op or ack: {exc}") from None
-        for op in ops:
-            self._edge.allow(principal, Permission.WRITE, op.key)
-        count = len(self._edge.spec.buckets)
-        buckets = {bucket_of(op.key, count) for op in ops}
-        for ack in acks:
-            bucket = self._edge.bucket_of_uuid.get(ack.up_to.bucket_uuid)
-            if bucket is None:
-                raise Failure.invalid(f"ack of {ack.sub_id}: no bucket {ack.up_to.bucket_uuid}")
-            buckets.add(bucket)
-        if len(buckets) > 1:
-            raise Failure.invalid(
-                f"ops and acks route to buckets {sorted(buckets)}; send one Write per bucket"
-            )
-        return buckets.pop(), entry
-
     async def write(self, request: pb.WriteRequest, call: Call) -> pb.WriteResponse:
         if request.HasField("txn") and self.transactional is not None:
-            bucket, txn_entry = self._parse_txn(request, call.principal)
-            return await self.transactional(request, call, bucket, txn_entry)
+            return await self.transactional(request, call)
         bucket, entry = self._parse(request, call.principal)
         batcher = self._batcher(bucket)
         done: Outcome | pb.WriteResponse
