@@ -47,6 +47,8 @@ class EntryType(IntEnum):
     SUBSCRIBE_BATCH = 10
     HISTORY_TRIM = 11
     GROUP_BEAT = 16  # a consumer group's member beats (outbox/groups.py)
+    TXN = 12
+    TXN_WRITE = 13
 
 
 class OpKind(IntEnum):
@@ -257,6 +259,17 @@ class Start:
 LATEST: Final = Start()
 
 
+class Isolation(IntEnum):
+    """What a subscription receives of transactions (docs/transactions.md)."""
+
+    READ_COMMITTED = 0
+    """A committed transaction's changes in a bucket, as one event at its COMMIT
+    marker; nothing of an open or aborted one."""
+    READ_UNCOMMITTED = 1
+    """Transactional writes as they apply (before any decision; an aborted
+    transaction's included), with version 0; nothing at the marker."""
+
+
 @dataclass(frozen=True, slots=True)
 class Subscribe:
     """A subscription to `query`. With `durable` (a name of the principal's), it is
@@ -271,8 +284,11 @@ class Subscribe:
     now_ms: int = 0
     durable: str = ""
     start: Start = LATEST
+    isolation: Isolation = Isolation.READ_COMMITTED
 
     def __post_init__(self) -> None:
+        if not isinstance(self.isolation, Isolation):
+            raise InvalidArgument(f"unknown isolation level {self.isolation!r}")
         _check_str(self.sub_id, "sub_id", limits.ID_BYTES_MAX)
         _check_str(self.principal, "principal", limits.PRINCIPAL_BYTES_MAX)
         _check_str(self.durable, "durable name", limits.ID_BYTES_MAX, empty_ok=True)
@@ -485,6 +501,157 @@ class SubscribeBatch:
                 raise InvalidArgument("a subscribe batch holds only SUBSCRIBEs")
 
 
+class TxnAction(IntEnum):
+    """What a TXN entry does (docs/transactions.md). INIT..RESOLVE apply in the
+    transactional id's coordinator bucket; JOIN and MARK in a participant bucket."""
+
+    INIT = 0
+    """Register the transactional id (its owner) or bump its epoch: fences the
+    previous instance, whose open transaction is decided ABORT."""
+    ADD = 1
+    """Begin a transaction (`number` 0) or add `buckets` to the open one."""
+    END = 2
+    """Decide the open transaction: `outcome` COMMIT or ABORT (the PREPARE record)."""
+    COMPLETE = 3
+    """Every participant has its marker: forget the decided transaction."""
+    EXPIRE = 4
+    """Abort the open transaction if it is older than its timeout at `now_ms`."""
+    RESOLVE = 5
+    """An administrator decides an open transaction (`outcome`), whoever owns it."""
+    JOIN = 6
+    """A participant bucket learns it is part of transaction `number`."""
+    MARK = 7
+    """A participant bucket applies (COMMIT) or discards (ABORT_*) its pending writes."""
+
+
+class TxnOutcome(IntEnum):
+    NONE = 0
+    COMMIT = 1
+    ABORT = 2
+    ABORT_TIMED_OUT = 3
+    """Aborted by the coordinator because its timeout passed."""
+    ABORT_FENCED = 4
+    """Aborted because a newer instance of its transactional id initialised."""
+
+
+TXN_TIMEOUT_MS_DEFAULT: Final = 60_000
+_COORDINATOR_ACTIONS: Final = frozenset(
+    {
+        TxnAction.INIT,
+        TxnAction.ADD,
+        TxnAction.END,
+        TxnAction.COMPLETE,
+        TxnAction.EXPIRE,
+        TxnAction.RESOLVE,
+    }
+)
+
+
+def check_txn_id(value: object) -> str:
+    return _check_str(value, "transactional_id", limits.ID_BYTES_MAX)
+
+
+@dataclass(frozen=True, slots=True)
+class Txn:
+    """One step of the transaction protocol (see `TxnAction`). Fields an action does
+    not use must be zero/empty (so every entry has one canonical encoding)."""
+
+    action: TxnAction
+    txn_id: str
+    epoch: int = 0
+    number: int = 0
+    buckets: tuple[int, ...] = ()
+    outcome: TxnOutcome = TxnOutcome.NONE
+    principal: str = ""
+    now_ms: int = 0
+    timeout_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.action, TxnAction):
+            raise InvalidArgument(f"unknown transaction action {self.action!r}")
+        if not isinstance(self.outcome, TxnOutcome):
+            raise InvalidArgument(f"unknown transaction outcome {self.outcome!r}")
+        check_txn_id(self.txn_id)
+        _check_int(self.epoch, "transaction epoch", hi=2**32 - 1)
+        _check_int(self.number, "transaction number")
+        _check_int(self.now_ms, "now_ms")
+        _check_int(self.timeout_ms, "transaction timeout_ms", hi=limits.TXN_TIMEOUT_MS_MAX)
+        if self.principal:
+            _check_str(self.principal, "principal", limits.PRINCIPAL_BYTES_MAX)
+        if not isinstance(self.buckets, tuple) or len(self.buckets) > limits.TXN_BUCKETS_MAX:
+            raise LimitExceeded(f"a transaction spans at most {limits.TXN_BUCKETS_MAX} buckets")
+        for bucket in self.buckets:
+            _check_int(bucket, "bucket", hi=2**32 - 1)
+        if list(self.buckets) != sorted(set(self.buckets)):
+            raise InvalidArgument("a transaction's buckets are listed once each, in order")
+        self._check_shape()
+
+    def _check_shape(self) -> None:
+        action, outcome = self.action, self.outcome
+        if (self.timeout_ms > 0) != (action is TxnAction.INIT):
+            raise InvalidArgument("only INIT (and every INIT) names a timeout_ms >= 1")
+        if bool(self.buckets) != (action is TxnAction.ADD):
+            raise InvalidArgument("only ADD (and every ADD) names buckets")
+        wants_outcome = action in (TxnAction.END, TxnAction.RESOLVE, TxnAction.MARK)
+        if action is TxnAction.ADD and self.number < 1:
+            raise InvalidArgument("ADD names a transaction number >= 1 (the next one begins it)")
+        if (outcome is not TxnOutcome.NONE) != wants_outcome:
+            need = "needs" if wants_outcome else "takes no"
+            raise InvalidArgument(f"{action.name} {need} outcome")
+        if action in (TxnAction.END, TxnAction.RESOLVE) and outcome not in (
+            TxnOutcome.COMMIT,
+            TxnOutcome.ABORT,
+        ):
+            raise InvalidArgument(f"{action.name} decides COMMIT or ABORT")
+        if action in (TxnAction.END, TxnAction.COMPLETE, TxnAction.JOIN, TxnAction.MARK) and (
+            self.number < 1
+        ):
+            raise InvalidArgument(f"{action.name} names a transaction number >= 1")
+
+    @property
+    def coordinator_side(self) -> bool:
+        return self.action in _COORDINATOR_ACTIONS
+
+
+@dataclass(frozen=True, slots=True)
+class TxnWrite:
+    """Writes of transaction `number` of `txn_id` (epoch `epoch`) to this bucket:
+    kept pending, applied at its COMMIT marker, discarded at an ABORT one."""
+
+    txn_id: str
+    epoch: int
+    number: int
+    ops: tuple[Op, ...]
+    principal: str = ""
+    now_ms: int = 0
+    sequence: int = 1
+    """Its place among the transaction's writes to this bucket (1, 2, ...): a retried
+    write is taken once."""
+    acks: tuple[Ack, ...] = ()
+    """Acknowledgements of subscriptions in this bucket that commit with the
+    transaction, or not at all (consume-transform-produce, docs/transactions.md)."""
+
+    def __post_init__(self) -> None:
+        check_txn_id(self.txn_id)
+        _check_int(self.epoch, "transaction epoch", hi=2**32 - 1)
+        _check_int(self.number, "transaction number", lo=1)
+        _check_int(self.sequence, "transactional write sequence", lo=1)
+        _check_int(self.now_ms, "now_ms")
+        if self.principal:
+            _check_str(self.principal, "principal", limits.PRINCIPAL_BYTES_MAX)
+        if not isinstance(self.acks, tuple) or len(self.acks) > limits.TXN_ACKS_PER_WRITE_MAX:
+            raise LimitExceeded(
+                f"a transactional write carries at most {limits.TXN_ACKS_PER_WRITE_MAX} acks"
+            )
+        for ack in self.acks:
+            if not isinstance(ack, Ack):
+                raise InvalidArgument("a transactional write's acks must be Ack values")
+        if len({ack.sub_id for ack in self.acks}) != len(self.acks):
+            raise InvalidArgument("a transactional write acks each subscription at most once")
+        if self.ops or not self.acks:
+            Write(self.ops)  # the same checks as a plain write's ops
+
+
 Entry = (
     Write
     | WriteBatch
@@ -498,6 +665,8 @@ Entry = (
     | InitProducer
     | HistoryTrim
     | GroupBeat
+    | Txn
+    | TxnWrite
 )
 
 _TYPE_OF: Final[dict[type, EntryType]] = {
@@ -513,6 +682,8 @@ _TYPE_OF: Final[dict[type, EntryType]] = {
     SubscribeBatch: EntryType.SUBSCRIBE_BATCH,
     HistoryTrim: EntryType.HISTORY_TRIM,
     GroupBeat: EntryType.GROUP_BEAT,
+    Txn: EntryType.TXN,
+    TxnWrite: EntryType.TXN_WRITE,
 }
 
 
@@ -557,10 +728,13 @@ def _subscribe_fields(entry: Subscribe) -> list[object]:
         entry.plan_hash,
         entry.now_ms,
     ]
-    if entry.durable or entry.start != LATEST:
+    uncommitted = entry.isolation is not Isolation.READ_COMMITTED
+    if entry.durable or entry.start != LATEST or uncommitted:
         fields.append(entry.durable)
-    if entry.start != LATEST:
+    if entry.start != LATEST or uncommitted:
         fields.append(entry.start.pack())
+    if uncommitted:  # a ninth field, only for a non-default isolation level
+        fields.append(int(entry.isolation))
     return fields
 
 
@@ -598,9 +772,62 @@ def _fields(entry: Entry) -> list[object]:
         return [entry.through_index, entry.now_ms]
     if isinstance(entry, GroupBeat):
         return entry.fields()
+    if isinstance(entry, Txn | TxnWrite):
+        return _txn_fields(entry)
     if entry.principal:
         return [entry.producer_id, entry.now_ms, entry.principal]
     return [entry.producer_id, entry.now_ms]
+
+
+def _txn_fields(entry: Txn | TxnWrite) -> list[object]:
+    if isinstance(entry, TxnWrite):
+        ops = [
+            [int(op.kind), op.key, op.value, int(op.expected.kind), op.expected.version]
+            for op in entry.ops
+        ]
+        fields: list[object] = [
+            entry.txn_id,
+            entry.epoch,
+            entry.number,
+            ops,
+            entry.principal,
+            entry.now_ms,
+            entry.sequence,
+        ]
+        if entry.acks:  # an eighth field only with acks
+            fields.append([[a.sub_id, a.principal, a.up_to.pack()] for a in entry.acks])
+        return fields
+    return [
+        int(entry.action),
+        entry.txn_id,
+        entry.epoch,
+        entry.number,
+        list(entry.buckets),
+        int(entry.outcome),
+        entry.principal,
+        entry.now_ms,
+        entry.timeout_ms,
+    ]
+
+
+def _decode_txn(kind: EntryType, f: list[object]) -> Txn | TxnWrite:
+    if kind is EntryType.TXN_WRITE:
+        if len(f) != 8:
+            _arity(f, 7, "TXN_WRITE")
+        ops = tuple(_decode_op(raw) for raw in _as_list(f[3], "ops", limits.OPS_PER_WRITE_MAX))
+        acks = (
+            tuple(_decode_ack(raw) for raw in _as_list(f[7], "acks", limits.TXN_ACKS_PER_WRITE_MAX))
+            if len(f) == 8
+            else ()
+        )
+        if len(f) == 8 and not acks:
+            raise InvalidArgument("TXN_WRITE with no acks must have seven fields")
+        return TxnWrite(f[0], f[1], f[2], ops, f[4], f[5], f[6], acks)  # type: ignore[arg-type]
+    _arity(f, 9, "TXN")
+    action = TxnAction(_check_int(f[0], "transaction action", hi=len(TxnAction) - 1))
+    outcome = TxnOutcome(_check_int(f[5], "transaction outcome", hi=len(TxnOutcome) - 1))
+    buckets = tuple(_as_list(f[4], "buckets", limits.TXN_BUCKETS_MAX))
+    return Txn(action, f[1], f[2], f[3], buckets, outcome, f[6], f[7], f[8])  # type: ignore[arg-type]
 
 
 def encode_entry(entry: Entry) -> bytes:
@@ -667,16 +894,21 @@ def _decode_subscribe(f: list[object]) -> Subscribe:
     """Six fields, seven with a durable name, eight with a start; fields that encode
     shorter (an empty name and no start, a LATEST start) are not canonical, and
     refused."""
-    if len(f) not in (7, 8):
+    if len(f) not in (7, 8, 9):
         _arity(f, 6, "SUBSCRIBE")
     query = Query(QueryKind(_check_int(f[2], "query kind", hi=2)), f[3])  # type: ignore[arg-type]
     durable = f[6] if len(f) >= 7 else ""
-    start = Start.unpack(f[7]) if len(f) == 8 else LATEST
+    start = Start.unpack(f[7]) if len(f) >= 8 else LATEST
+    isolation = Isolation.READ_COMMITTED
+    if len(f) == 9:
+        isolation = Isolation(_check_int(f[8], "isolation", hi=1))
+        if isolation is Isolation.READ_COMMITTED:
+            raise InvalidArgument("SUBSCRIBE with the default isolation must not carry it")
     if len(f) == 7 and not durable:
         raise InvalidArgument("SUBSCRIBE with an empty durable name must have six fields")
     if len(f) == 8 and start == LATEST:
         raise InvalidArgument("SUBSCRIBE with a LATEST start must not carry it")
-    return Subscribe(f[0], f[1], query, f[4], f[5], durable, start)  # type: ignore[arg-type]
+    return Subscribe(f[0], f[1], query, f[4], f[5], durable, start, isolation)  # type: ignore[arg-type]
 
 
 def _decode_fields(kind: EntryType, f: list[object]) -> Entry:
@@ -692,7 +924,7 @@ def _decode_fields(kind: EntryType, f: list[object]) -> Entry:
         _arity(f, 1, "SUBSCRIBE_BATCH")
         subscribes = _as_list(f[0], "subscribes", limits.SUBSCRIBES_PER_BATCH_MAX)
         return SubscribeBatch(
-            tuple(_decode_subscribe(_as_list(s, "subscribe", 8)) for s in subscribes)
+            tuple(_decode_subscribe(_as_list(s, "subscribe", 9)) for s in subscribes)
         )
     if kind is EntryType.UNSUBSCRIBE:
         _arity(f, 3, "UNSUBSCRIBE")
@@ -713,9 +945,17 @@ def _decode_fields(kind: EntryType, f: list[object]) -> Entry:
         return HistoryTrim(*f)  # type: ignore[arg-type]
     if kind is EntryType.GROUP_BEAT:
         return GroupBeat.from_fields(f)
+    if kind in (EntryType.TXN, EntryType.TXN_WRITE):
+        return _decode_txn(kind, f)
     if len(f) != 3 or not f[2]:  # the principal is optional; an empty one not canonical
         _arity(f, 2, "INIT_PRODUCER")
     return InitProducer(*f)  # type: ignore[arg-type]
+
+
+def _decode_ack(raw: object) -> Ack:
+    item = _as_list(raw, "ack", 3)
+    _arity(item, 3, "ack")
+    return Ack(item[0], item[1], _emit_seq(item[2]))  # type: ignore[arg-type]
 
 
 def _decode_purge(f: list[object]) -> OutboxPurge:
@@ -723,11 +963,7 @@ def _decode_purge(f: list[object]) -> OutboxPurge:
     eight that encode as five are not canonical, and refused."""
     if len(f) != 8:
         _arity(f, 5, "OUTBOX_PURGE")
-    acks = []
-    for raw in _as_list(f[1], "acks", limits.ACKS_PER_PURGE_MAX):
-        item = _as_list(raw, "ack", 3)
-        _arity(item, 3, "ack")
-        acks.append(Ack(item[0], item[1], _emit_seq(item[2])))  # type: ignore[arg-type]
+    acks = [_decode_ack(raw) for raw in _as_list(f[1], "acks", limits.ACKS_PER_PURGE_MAX)]
     expire = tuple(_as_list(f[2], "expire", limits.EXPIRES_PER_PURGE_MAX))
     if len(f) == 5:
         return OutboxPurge(f[0], tuple(acks), expire, f[3], f[4])  # type: ignore[arg-type]
@@ -779,6 +1015,7 @@ __all__ = [
     "Expected",
     "HistoryTrim",
     "InitProducer",
+    "Isolation",
     "LATEST",
     "Lease",
     "Op",
@@ -790,10 +1027,16 @@ __all__ = [
     "StartKind",
     "Subscribe",
     "SubscribeBatch",
+    "TXN_TIMEOUT_MS_DEFAULT",
+    "Txn",
+    "TxnAction",
+    "TxnOutcome",
+    "TxnWrite",
     "Unsubscribe",
     "Write",
     "WriteBatch",
     "check_key",
+    "check_txn_id",
     "decode_entry",
     "encode_entry",
     "entry_type",

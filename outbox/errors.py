@@ -41,6 +41,13 @@ class ErrorCode(StrEnum):
     STALE_SEQUENCE = "STALE_SEQUENCE"
     PERMISSION_DENIED = "PERMISSION_DENIED"
     GROUP_FENCED = "GROUP_FENCED"
+    INVALID_TXN_ID = "INVALID_TXN_ID"
+    INVALID_TXN_STATE = "INVALID_TXN_STATE"
+    CONCURRENT_TRANSACTIONS = "CONCURRENT_TRANSACTIONS"
+    BUCKET_NOT_IN_TXN = "BUCKET_NOT_IN_TXN"
+    TRANSACTION_TIMED_OUT = "TRANSACTION_TIMED_OUT"
+    TOO_MANY_TRANSACTIONS = "TOO_MANY_TRANSACTIONS"
+    ABORT_PARTIAL_FAILURE = "ABORT_PARTIAL_FAILURE"
     # The client's own errors (sevendb.sdk.errors); a node never sends these.
     UNAVAILABLE = "UNAVAILABLE"
     UNAUTHENTICATED = "UNAUTHENTICATED"
@@ -198,6 +205,52 @@ class GroupFenced(SevenDBError):
     generation): a rebalance moved the bucket's stream to another member."""
 
     code = ErrorCode.GROUP_FENCED
+class InvalidTxnId(SevenDBError):
+    """No such transactional id (or transaction) at its coordinator: initialise it."""
+
+    code = ErrorCode.INVALID_TXN_ID
+
+
+class InvalidTxnState(SevenDBError):
+    """The transaction is not in a state that allows the call (already decided,
+    another transaction's number, ...)."""
+
+    code = ErrorCode.INVALID_TXN_STATE
+
+
+class ConcurrentTransactions(SevenDBError):
+    """The transactional id has an open transaction: commit or abort it first."""
+
+    code = ErrorCode.CONCURRENT_TRANSACTIONS
+
+
+class BucketNotInTxn(SevenDBError):
+    """A transactional write to a bucket that was not added to the transaction (the
+    bucket form of Kafka's partition-not-in-transaction)."""
+
+    code = ErrorCode.BUCKET_NOT_IN_TXN
+
+
+class TransactionTimedOut(SevenDBError):
+    """The transaction outlived its timeout and the coordinator aborted it: begin a
+    new one."""
+
+    code = ErrorCode.TRANSACTION_TIMED_OUT
+
+
+class TooManyTransactions(SevenDBError):
+    """The transactional id has `TXN_PENDING_PER_PRODUCER_MAX` transactions not yet
+    complete: wait for their markers."""
+
+    code = ErrorCode.TOO_MANY_TRANSACTIONS
+
+
+class AbortPartialFailure(SevenDBError):
+    """The abort is decided and durable, but some participant buckets (named in the
+    message) did not take their marker yet; the coordinator keeps retrying. Their
+    pending writes are never visible meanwhile."""
+
+    code = ErrorCode.ABORT_PARTIAL_FAILURE
 
 
 ERROR_TYPES: dict[ErrorCode, type[SevenDBError]] = {
@@ -224,6 +277,13 @@ ERROR_TYPES: dict[ErrorCode, type[SevenDBError]] = {
         StaleRange,
         StaleEpoch,
         GroupFenced,
+        InvalidTxnId,
+        InvalidTxnState,
+        ConcurrentTransactions,
+        BucketNotInTxn,
+        TransactionTimedOut,
+        TooManyTransactions,
+        AbortPartialFailure,
     )
 }
 

@@ -54,3 +54,21 @@ acknowledge, had no client attached) is expired and deleted (docs/contract.md §
 PRODUCER_IDLE_MS_DEFAULT: Final = 24 * 3600 * 1000
 """An idempotent producer that wrote nothing this long is forgotten (Kafka keeps a
 producer's state a day by default too); its next write is UNKNOWN_PRODUCER."""
+TXN_TIMEOUT_MS_MAX: Final = 15 * 60 * 1000
+"""Longest transaction timeout a transactional id may ask for (the default is 60 s,
+`entries.TXN_TIMEOUT_MS_DEFAULT`)."""
+TXN_PENDING_PER_PRODUCER_MAX: Final = 5
+"""Transactions of one transactional id not yet complete (open, or decided and
+awaiting markers): one more is refused TOO_MANY_TRANSACTIONS."""
+TXN_BUCKETS_MAX: Final = 256
+"""Most buckets one transaction spans."""
+TXN_OPS_PER_BUCKET_MAX: Final = 4096
+"""Most ops one transaction keeps pending in one bucket."""
+TXN_BYTES_PER_BUCKET_MAX: Final = 4 * 1024 * 1024
+"""Most value bytes one transaction keeps pending in one bucket."""
+TXN_IDS_PER_BUCKET_MAX: Final = 65_536
+"""Most transactional ids one coordinator bucket remembers."""
+TXN_ENDED_REMEMBERED_MAX: Final = 65_536
+"""Transactional ids a participant bucket remembers the last ended transaction of."""
+TXN_ACKS_PER_WRITE_MAX: Final = 64
+"""Most subscription acks one transactional write carries (consume-transform-produce)."""

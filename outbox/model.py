@@ -10,7 +10,7 @@ from enum import IntEnum, StrEnum
 from typing import NamedTuple
 
 from .emitseq import EmitSeq, EpochId
-from .entries import OpKind
+from .entries import OpKind, TxnOutcome
 from .errors import Rejection
 from .groups import GroupResult
 from .query import Query
@@ -227,6 +227,27 @@ class HistoryTrimResult:
     """The oldest position the history now reaches back to."""
 
 
+@dataclass(frozen=True, slots=True)
+class TxnResult:
+    """The answer to a TXN entry (`error` set when refused: nothing changed)."""
+
+    txn_id: str
+    epoch: int = 0
+    number: int = 0
+    outcome: TxnOutcome = TxnOutcome.NONE
+    buckets: tuple[int, ...] = ()
+    """ADD: the buckets newly added (to be joined); END/RESOLVE/EXPIRE/INIT: the
+    participants of the transaction decided (whose markers are due)."""
+    error: Rejection | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TxnWriteResult:
+    txn_id: str
+    number: int
+    error: Rejection | None = None
+
+
 Result = (
     WriteResult
     | WriteBatchResult
@@ -240,6 +261,8 @@ Result = (
     | LeaseResult
     | HistoryTrimResult
     | GroupResult
+    | TxnResult
+    | TxnWriteResult
 )
 
 

@@ -29,7 +29,9 @@ from .entries import (
     ExpectKind,
     HistoryTrim,
     InitProducer,
+    Isolation,
     Lease,
+    Op,
     OpKind,
     OutboxPurge,
     OutboxWrite,
@@ -37,6 +39,9 @@ from .entries import (
     StartKind,
     Subscribe,
     SubscribeBatch,
+    Txn,
+    TxnAction,
+    TxnWrite,
     Unsubscribe,
     Write,
     WriteBatch,
@@ -84,6 +89,7 @@ from .model import (
     SubscribeResult,
     SubscriptionClosed,
     SyncPage,
+    TxnResult,
     UnsubscribeResult,
     WriteBatchResult,
     WriteResult,
@@ -91,6 +97,7 @@ from .model import (
 )
 from .producer_results import ProducerResults
 from .query import Plan, Planner, Query, QueryIndex, QueryKind, plan_query
+from .txn import TxnState
 
 SNAPSHOT_FORMAT_VERSION: Final = 3
 """3: each subscription carries its durable name ("" for none) and the index of its
@@ -103,7 +110,9 @@ include those computed and not yet checkpointed (1 kept them only in the pending
 batches). Versions 1 and 2 are still read (`restore`).
 A producer's owner is a sixth field of its item, absent when it has none: a state
 without owners snapshots as before. Likewise the consumer groups (`GroupTable.pack`)
-are a fifteenth field of format 3, absent when the bucket has none."""
+are a fifteenth field of format 3, absent when the bucket has none, and the
+transaction state (outbox/txn.py) a sixteenth, absent when the bucket has none (then
+the fifteenth is there, empty if the bucket has no group)."""
 
 
 @dataclass(slots=True)
@@ -132,6 +141,8 @@ class Subscription:
     born: int = 0
     """Log index of the SUBSCRIBE that made it (its start's, unless it started in the
     past): rows computed before it were an earlier incarnation's of its sub_id."""
+    isolation: Isolation = Isolation.READ_COMMITTED
+    """What it receives of transactions (docs/transactions.md)."""
 
     @property
     def last_row(self) -> EmitSeq:
@@ -244,6 +255,8 @@ class BucketStateMachine:
         """Expired subscriptions remembered, oldest first: sub_id -> owner (so their
         Reconnect is STALE_SEQUENCE); at most EXPIRED_REMEMBERED_MAX."""
         self._owned: dict[str, int] = {}
+        self._uncommitted = 0
+        """How many subscriptions read uncommitted (derived; not in snapshots)."""
         """principal -> how many subscriptions it has here (derived; not in snapshots)."""
         self._durable: dict[tuple[str, str], str] = {}
         """(principal, durable name) -> sub_id of the live subscription of that name
@@ -268,6 +281,9 @@ class BucketStateMachine:
         """Commit time of the newest change set dropped (0: none ever was)."""
         self.groups = GroupTable()
         """The consumer groups' members and owners here (outbox/groups.py)."""
+        self._txns = TxnState()
+        """Transactions coordinated here and pending writes of those writing here
+        (outbox/txn.py)."""
 
     # ---- identity and positions ------------------------------------------------
 
@@ -349,6 +365,12 @@ class BucketStateMachine:
             result = self._apply_history_trim(commit_index, entry)
         elif isinstance(entry, GroupBeat):
             result = self.groups.apply(entry)
+        elif isinstance(entry, Txn):
+            result = self._apply_txn(commit_index, entry, effects)
+        elif isinstance(entry, TxnWrite):
+            result = self._txns.write(entry, self._version_of, self.check_ack)
+            if self._uncommitted and result.error is None:
+                self._emit_uncommitted(commit_index, entry, effects)
         else:
             result = self._apply_init_producer(entry)
         self._applied_index = commit_index
@@ -428,6 +450,46 @@ class BucketStateMachine:
             producer.last_active_ms = max(producer.last_active_ms, entry.now_ms)
         return result, changes
 
+    def _version_of(self, key: str) -> int | None:
+        record = self._data.get(key)
+        return None if record is None else record[1]
+
+    def _emit_uncommitted(self, index: int, entry: TxnWrite, effects: list[Effect]) -> None:
+        """Rows of a transactional write for the subscriptions reading uncommitted (and
+        for no one else, nor for the retained history: it is not committed). Its
+        changes carry version 0: the versions are set at the COMMIT marker."""
+        changes = tuple(Change(op.key, op.kind, op.value, 0) for op in entry.ops)
+        commit = self.emit_seq(index)
+        rows = self._rows_for(commit, changes, entry.now_ms, Isolation.READ_UNCOMMITTED)
+        if rows:
+            self._pending.append(_PendingBatch(index, rows))
+            effects.append(RowsPending(rows))
+
+    def _apply_txn(self, index: int, entry: Txn, effects: list[Effect]) -> TxnResult:
+        """A TXN entry (outbox/txn.py); a COMMIT marker applies the transaction's
+        pending writes here, as one change set at the marker's position."""
+        if entry.coordinator_side:
+            return self._txns.apply(entry)
+        if entry.action is TxnAction.JOIN:
+            return self._txns.join(entry)
+        result, ops, acks = self._txns.mark(entry)
+        if ops:
+            commit = self.emit_seq(index)
+            changes = self._set_ops(index, ops)[0]
+            self._emit_rows(commit, changes, entry.now_ms, effects, Isolation.READ_COMMITTED)
+        purged: list[OutboxRow] = []
+        for ack in acks:  # consumed input commits with the output (if still ahead)
+            if self.check_ack(ack.sub_id, ack.principal, ack.up_to).status is AckStatus.ACCEPTED:
+                purged.extend(self._purge(ack, entry.now_ms))
+        if purged:
+            effects.insert(0, RowsPurged(tuple(purged), entry.now_ms))
+        return result
+
+    @property
+    def txns(self) -> TxnState:
+        """The bucket's transactions (read-only: change them only through entries)."""
+        return self._txns
+
     def _write_ops(self, commit: EmitSeq, entry: Write) -> tuple[WriteResult, list[Change]]:
         index = commit.commit_index
         for op in entry.ops:
@@ -448,9 +510,17 @@ class BucketStateMachine:
                     f"key {op.key!r} expected {expected} but is {actual}",
                 ),
             )
+        changes, versions = self._set_ops(index, entry.ops)
+        return WriteResult(commit, tuple(versions)), changes
+
+    def _set_ops(
+        self, index: int, ops: tuple[Op, ...]
+    ) -> tuple[list[Change], list[tuple[str, int]]]:
+        """Apply `ops` (preconditions already checked) at log index `index`: the
+        changes made and each op's key and resulting version (0: deleted)."""
         changes: list[Change] = []
         versions: list[tuple[str, int]] = []
-        for op in entry.ops:
+        for op in ops:
             current = self._data.get(op.key)
             if op.kind is OpKind.SET:
                 version = 1 if current is None else current[1] + 1
@@ -462,39 +532,62 @@ class BucketStateMachine:
                 if current is not None:
                     del self._data[op.key]
                     changes.append(Change(op.key, OpKind.DEL, b"", current[1]))
-        return WriteResult(commit, tuple(versions)), changes
+        return changes, versions
 
     def _emit_rows(
-        self, commit: EmitSeq, changes: list[Change], now_ms: int, effects: list[Effect]
+        self,
+        commit: EmitSeq,
+        changes: list[Change],
+        now_ms: int,
+        effects: list[Effect],
+        only: Isolation | None = None,
     ) -> None:
         made = tuple(changes)
         if made:
             size = delta_bytes(made)
             self._history.append(RetainedChange(commit, now_ms, made, size))
             self._history_bytes += size
-        rows = self._rows_for(commit, made, now_ms)
+        rows = self._rows_for(commit, made, now_ms, only)
         if rows:
             self._pending.append(_PendingBatch(commit.commit_index, rows))
             effects.append(RowsPending(rows))
 
     def _rows_for(
-        self, commit: EmitSeq, changes: tuple[Change, ...], now_ms: int
+        self,
+        commit: EmitSeq,
+        changes: tuple[Change, ...],
+        now_ms: int,
+        only: Isolation | None = None,
     ) -> tuple[OutboxRow, ...]:
-        """One row per live subscription that any change matches, in sub_id order;
-        each joins its subscription's outbox."""
+        """One row per live subscription that any change matches (of isolation level
+        `only`, if given: a COMMIT marker's changes go to those reading committed, a
+        transactional write's to those reading uncommitted), in sub_id order; each
+        joins its subscription's outbox."""
         if not changes or not self._subs:
             return ()
+        keep = None
+        if only is not None and self._uncommitted:
+            subs = self._subs
+
+            def keep(sub_id: str) -> bool:
+                return subs[sub_id].isolation is only
+
         if len(changes) == 1:  # the common case: every matching sub gets the one delta
-            return self._rows_of_one(commit, changes, now_ms)
-        return self._rows_matched(commit, changes, now_ms)
+            return self._rows_of_one(commit, changes, now_ms, keep)
+        return self._rows_matched(commit, changes, now_ms, keep)
 
     def _rows_matched(
-        self, commit: EmitSeq, changes: tuple[Change, ...], now_ms: int
+        self,
+        commit: EmitSeq,
+        changes: tuple[Change, ...],
+        now_ms: int,
+        keep: Callable[[str], bool] | None = None,
     ) -> tuple[OutboxRow, ...]:
         matched: dict[str, list[int]] = {}
         for i, change in enumerate(changes):
             for sub_id in self._queries.matching(change.key):
-                matched.setdefault(sub_id, []).append(i)
+                if keep is None or keep(sub_id):
+                    matched.setdefault(sub_id, []).append(i)
         deltas: dict[tuple[int, ...], Delta] = {}
         rows = []
         for sub_id in sorted(matched):
@@ -511,10 +604,16 @@ class BucketStateMachine:
         return tuple(rows)
 
     def _rows_of_one(
-        self, commit: EmitSeq, changes: tuple[Change, ...], now_ms: int
+        self,
+        commit: EmitSeq,
+        changes: tuple[Change, ...],
+        now_ms: int,
+        keep: Callable[[str], bool] | None = None,
     ) -> tuple[OutboxRow, ...]:
         """`_rows_for` of a single change: the same rows, without the per-sub bookkeeping."""
         hits = self._queries.matching(changes[0].key)
+        if keep is not None:
+            hits = {sub_id for sub_id in hits if keep(sub_id)}
         if not hits:
             return ()
         delta = Delta(changes, now_ms, delta_bytes(changes))
@@ -589,13 +688,14 @@ class BucketStateMachine:
                         + (f", not as durable {entry.durable!r}" if entry.durable else ""),
                     ),
                 )
-            if existing.query != entry.query:
+            if existing.query != entry.query or existing.isolation is not entry.isolation:
                 what = f"durable {entry.durable!r}" if entry.durable else entry.sub_id
                 return SubscribeResult(
                     entry.sub_id,
                     error=_reject(
                         ErrorCode.SUBSCRIPTION_EXISTS,
-                        f"subscription {what} exists with query {existing.query}",
+                        f"subscription {what} exists with query {existing.query} "
+                        f"({existing.isolation.name.lower()})",
                     ),
                 )
             return SubscribeResult(
@@ -633,6 +733,7 @@ class BucketStateMachine:
             entry.now_ms,
             durable=entry.durable,
             born=index,
+            isolation=entry.isolation,
         )
         self._expired.pop(entry.sub_id, None)  # a new incarnation of an expired sub_id
         self._add_sub(sub)
@@ -756,6 +857,7 @@ class BucketStateMachine:
         self._subs[sub.sub_id] = sub
         self._queries.add(sub.sub_id, sub.plan)
         self._owned[sub.principal] = self._owned.get(sub.principal, 0) + 1
+        self._uncommitted += sub.isolation is Isolation.READ_UNCOMMITTED
         if sub.durable:
             self._durable[sub.principal, sub.durable] = sub.sub_id
 
@@ -771,6 +873,7 @@ class BucketStateMachine:
         remembered (bounded), so that its Reconnect is STALE_SEQUENCE."""
         self._queries.remove(sub.sub_id, sub.plan)
         del self._subs[sub.sub_id]
+        self._uncommitted -= sub.isolation is Isolation.READ_UNCOMMITTED
         if sub.durable:
             del self._durable[sub.principal, sub.durable]
         left = self._owned[sub.principal] - 1
@@ -1236,6 +1339,7 @@ class BucketStateMachine:
                 tuple(s.rows),
                 s.durable,
                 s.born,
+                s.isolation,
             )
             for s in self.subscriptions()
         ]
@@ -1244,6 +1348,7 @@ class BucketStateMachine:
         history = tuple(self._history)
         reaches = [self._history_after.pack(), self._history_after_ms]
         groups = self.groups.pack()
+        txns = self._txns.pack() if self._txns else None  # absent: as before transactions
         head = [
             SNAPSHOT_FORMAT_VERSION,
             self._bucket_uuid,
@@ -1257,7 +1362,8 @@ class BucketStateMachine:
         def make() -> bytes:
             packer = msgpack.Packer(use_bin_type=True, autoreset=False)
             pack = packer.pack
-            packer.pack_array_header(len(head) + 7 + bool(groups))
+            extra = 2 if txns is not None else 1 if groups else 0
+            packer.pack_array_header(len(head) + 7 + extra)
             for item in head:
                 pack(item)
             packer.pack_array_header(len(records))
@@ -1268,7 +1374,20 @@ class BucketStateMachine:
                 pack(producer)
             packer.pack_array_header(len(subs))
             for sub in subs:
-                sub_id, who, query, plan_hash, start, head_, acked, active, rows, name, born = sub
+                (
+                    sub_id,
+                    who,
+                    query,
+                    plan_hash,
+                    start,
+                    head_,
+                    acked,
+                    active,
+                    rows,
+                    name,
+                    born,
+                    iso,
+                ) = sub
                 pack(
                     [
                         sub_id,
@@ -1283,6 +1402,8 @@ class BucketStateMachine:
                         [row.pack() for row in rows],
                         name,
                         born,
+                        # a thirteenth item only for a non-default isolation level
+                        *((int(iso),) if iso is not Isolation.READ_COMMITTED else ()),
                     ]
                 )
             packer.pack_array_header(len(pending))
@@ -1299,8 +1420,10 @@ class BucketStateMachine:
                     ]
                 )
             pack(reaches)
-            if groups:  # a 15th field only with consumer groups: other states as before
+            if extra:  # a 15th field with consumer groups or transactions (else as before)
                 pack(groups)
+            if txns is not None:  # a 16th with transactions
+                pack(txns)
             return packer.bytes()
 
         return make
@@ -1323,7 +1446,7 @@ class BucketStateMachine:
             )
         try:
             if len(raw) != {1: 11, 2: 12}.get(version, 14) and not (
-                version == 3 and len(raw) == 15 and raw[14]
+                version == 3 and ((len(raw) == 15 and raw[14]) or len(raw) == 16)
             ):
                 raise ValueError(f"{len(raw)} fields")
             _, uuid, epoch, applied, outboxed, holder, lease_index, kv, producers, subs = raw[:10]
@@ -1350,8 +1473,12 @@ class BucketStateMachine:
                     sm._history_bytes += size
                 after, sm._history_after_ms = raw[13]
                 sm._history_after = EmitSeq(*after)
-                if len(raw) == 15:
+                if len(raw) >= 15:
                     sm.groups = GroupTable.unpack(raw[14])
+                if len(raw) == 16:  # transactions (outbox/txn.py), absent when none
+                    sm._txns = TxnState.unpack(raw[15])
+                    if not sm._txns:
+                        raise ValueError("an empty transaction state is not canonical")
             for pid, p_epoch, last_seq, results, p_active, *owner in producers:
                 producer = _Producer(p_epoch, p_active, last_seq, owner=_owner(owner))
                 producer.results = ProducerResults.restore(results, last_seq)
@@ -1369,6 +1496,7 @@ class BucketStateMachine:
                 rows,
                 name,
                 born,
+                *isolation,
             ) in subs:
                 query = Query(QueryKind(kind), arg)
                 plan = planner(query)
@@ -1390,6 +1518,7 @@ class BucketStateMachine:
                         deque(_unpack_row(r) for r in rows),
                         name,
                         born,
+                        _isolation(isolation),
                     )
                 )
             sm._expired = {sub_id: owner for sub_id, owner in expired}
@@ -1403,6 +1532,16 @@ class BucketStateMachine:
         except Exception as exc:
             raise SnapshotError(f"snapshot content is invalid: {exc}") from None
         return sm
+
+
+def _isolation(rest: list[Any]) -> Isolation:
+    """A snapshot's subscription isolation: a thirteenth item, absent for the default."""
+    if not rest:
+        return Isolation.READ_COMMITTED
+    (level,) = rest
+    if level != Isolation.READ_UNCOMMITTED or isinstance(level, bool):
+        raise ValueError(f"subscription isolation {level!r}")
+    return Isolation(level)
 
 
 def _owner(rest: list[Any]) -> str:

@@ -39,20 +39,28 @@ class Query(_message.Message):
     def __init__(self, kind: _Optional[_Union[Query.Kind, str]] = ..., arg: _Optional[str] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("bucket", "query", "sub_id", "durable", "start", "group")
+    __slots__ = ("bucket", "query", "sub_id", "durable", "start", "isolation", "group")
+    class Isolation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        READ_COMMITTED: _ClassVar[SubscribeRequest.Isolation]
+        READ_UNCOMMITTED: _ClassVar[SubscribeRequest.Isolation]
+    READ_COMMITTED: SubscribeRequest.Isolation
+    READ_UNCOMMITTED: SubscribeRequest.Isolation
     BUCKET_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
     DURABLE_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     bucket: int
     query: Query
     sub_id: str
     durable: str
     start: StartPosition
+    isolation: SubscribeRequest.Isolation
     group: GroupFence
-    def __init__(self, bucket: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., sub_id: _Optional[str] = ..., durable: _Optional[str] = ..., start: _Optional[_Union[StartPosition, _Mapping]] = ..., group: _Optional[_Union[GroupFence, _Mapping]] = ...) -> None: ...
+    def __init__(self, bucket: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., sub_id: _Optional[str] = ..., durable: _Optional[str] = ..., start: _Optional[_Union[StartPosition, _Mapping]] = ..., isolation: _Optional[_Union[SubscribeRequest.Isolation, str]] = ..., group: _Optional[_Union[GroupFence, _Mapping]] = ...) -> None: ...
 
 class GroupFence(_message.Message):
     __slots__ = ("member", "generation")
@@ -359,12 +367,16 @@ class ProducerRef(_message.Message):
     def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class WriteRequest(_message.Message):
-    __slots__ = ("ops", "producer")
+    __slots__ = ("ops", "producer", "txn", "txn_acks")
     OPS_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_FIELD_NUMBER: _ClassVar[int]
+    TXN_FIELD_NUMBER: _ClassVar[int]
+    TXN_ACKS_FIELD_NUMBER: _ClassVar[int]
     ops: _containers.RepeatedCompositeFieldContainer[Op]
     producer: ProducerRef
-    def __init__(self, ops: _Optional[_Iterable[_Union[Op, _Mapping]]] = ..., producer: _Optional[_Union[ProducerRef, _Mapping]] = ...) -> None: ...
+    txn: TxnRef
+    txn_acks: _containers.RepeatedCompositeFieldContainer[ClientAck]
+    def __init__(self, ops: _Optional[_Iterable[_Union[Op, _Mapping]]] = ..., producer: _Optional[_Union[ProducerRef, _Mapping]] = ..., txn: _Optional[_Union[TxnRef, _Mapping]] = ..., txn_acks: _Optional[_Iterable[_Union[ClientAck, _Mapping]]] = ...) -> None: ...
 
 class KeyVersion(_message.Message):
     __slots__ = ("key", "version")
@@ -441,6 +453,110 @@ class InitProducerResponse(_message.Message):
     producer_epoch: int
     bucket: int
     def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., bucket: _Optional[int] = ...) -> None: ...
+
+class TxnRef(_message.Message):
+    __slots__ = ("transactional_id", "epoch", "number", "sequence")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    epoch: int
+    number: int
+    sequence: int
+    def __init__(self, transactional_id: _Optional[str] = ..., epoch: _Optional[int] = ..., number: _Optional[int] = ..., sequence: _Optional[int] = ...) -> None: ...
+
+class TxnRequest(_message.Message):
+    __slots__ = ("action", "transactional_id", "epoch", "number", "buckets", "timeout_ms", "resolve_commit")
+    class Action(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        INIT: _ClassVar[TxnRequest.Action]
+        ADD: _ClassVar[TxnRequest.Action]
+        COMMIT: _ClassVar[TxnRequest.Action]
+        ABORT: _ClassVar[TxnRequest.Action]
+        RESOLVE: _ClassVar[TxnRequest.Action]
+    INIT: TxnRequest.Action
+    ADD: TxnRequest.Action
+    COMMIT: TxnRequest.Action
+    ABORT: TxnRequest.Action
+    RESOLVE: TxnRequest.Action
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    RESOLVE_COMMIT_FIELD_NUMBER: _ClassVar[int]
+    action: TxnRequest.Action
+    transactional_id: str
+    epoch: int
+    number: int
+    buckets: _containers.RepeatedScalarFieldContainer[int]
+    timeout_ms: int
+    resolve_commit: bool
+    def __init__(self, action: _Optional[_Union[TxnRequest.Action, str]] = ..., transactional_id: _Optional[str] = ..., epoch: _Optional[int] = ..., number: _Optional[int] = ..., buckets: _Optional[_Iterable[int]] = ..., timeout_ms: _Optional[int] = ..., resolve_commit: _Optional[bool] = ...) -> None: ...
+
+class TxnResponse(_message.Message):
+    __slots__ = ("epoch", "number", "coordinator", "buckets")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    number: int
+    coordinator: int
+    buckets: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, epoch: _Optional[int] = ..., number: _Optional[int] = ..., coordinator: _Optional[int] = ..., buckets: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class TxnMarkRequest(_message.Message):
+    __slots__ = ("bucket", "txn", "outcome", "owner")
+    BUCKET_FIELD_NUMBER: _ClassVar[int]
+    TXN_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    bucket: int
+    txn: TxnRef
+    outcome: int
+    owner: str
+    def __init__(self, bucket: _Optional[int] = ..., txn: _Optional[_Union[TxnRef, _Mapping]] = ..., outcome: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
+
+class TxnMarkResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTransactionsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TransactionInfo(_message.Message):
+    __slots__ = ("transactional_id", "owner", "epoch", "number", "phase", "outcome", "buckets", "started_ms", "timeout_ms", "coordinator")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_MS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    owner: str
+    epoch: int
+    number: int
+    phase: str
+    outcome: str
+    buckets: _containers.RepeatedScalarFieldContainer[int]
+    started_ms: int
+    timeout_ms: int
+    coordinator: int
+    def __init__(self, transactional_id: _Optional[str] = ..., owner: _Optional[str] = ..., epoch: _Optional[int] = ..., number: _Optional[int] = ..., phase: _Optional[str] = ..., outcome: _Optional[str] = ..., buckets: _Optional[_Iterable[int]] = ..., started_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., coordinator: _Optional[int] = ...) -> None: ...
+
+class ListTransactionsResponse(_message.Message):
+    __slots__ = ("transactions",)
+    TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    transactions: _containers.RepeatedCompositeFieldContainer[TransactionInfo]
+    def __init__(self, transactions: _Optional[_Iterable[_Union[TransactionInfo, _Mapping]]] = ...) -> None: ...
 
 class GetRequest(_message.Message):
     __slots__ = ("key",)

@@ -75,6 +75,21 @@ class SevenDBStub:
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.InitProducerRequest.SerializeToString,
                 response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.InitProducerResponse.FromString,
                 _registered_method=True)
+        self.Txn = channel.unary_unary(
+                '/sevendb.v1.SevenDB/Txn',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.TxnRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.TxnResponse.FromString,
+                _registered_method=True)
+        self.TxnMark = channel.unary_unary(
+                '/sevendb.v1.SevenDB/TxnMark',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.TxnMarkRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.TxnMarkResponse.FromString,
+                _registered_method=True)
+        self.ListTransactions = channel.unary_unary(
+                '/sevendb.v1.SevenDB/ListTransactions',
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.ListTransactionsRequest.SerializeToString,
+                response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.ListTransactionsResponse.FromString,
+                _registered_method=True)
         self.Subscribe = channel.unary_stream(
                 '/sevendb.v1.SevenDB/Subscribe',
                 request_serializer=sevendb_dot_proto_dot_sevendb__pb2.SubscribeRequest.SerializeToString,
@@ -238,6 +253,27 @@ class SevenDBServicer:
 
     def InitProducer(self, request, context):
         """Register an idempotent producer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Txn(self, request, context):
+        """A transactional id's coordinator: init (fence), begin/add, commit, abort, resolve.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TxnMark(self, request, context):
+        """Node to node: join a participant bucket to a transaction, or write its marker.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTransactions(self, request, context):
+        """Transactions not complete, cluster-wide (administrators).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -432,6 +468,21 @@ def add_SevenDBServicer_to_server(servicer, server):
                     servicer.InitProducer,
                     request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.InitProducerRequest.FromString,
                     response_serializer=sevendb_dot_proto_dot_sevendb__pb2.InitProducerResponse.SerializeToString,
+            ),
+            'Txn': grpc.unary_unary_rpc_method_handler(
+                    servicer.Txn,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.TxnRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.TxnResponse.SerializeToString,
+            ),
+            'TxnMark': grpc.unary_unary_rpc_method_handler(
+                    servicer.TxnMark,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.TxnMarkRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.TxnMarkResponse.SerializeToString,
+            ),
+            'ListTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTransactions,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.ListTransactionsRequest.FromString,
+                    response_serializer=sevendb_dot_proto_dot_sevendb__pb2.ListTransactionsResponse.SerializeToString,
             ),
             'Subscribe': grpc.unary_stream_rpc_method_handler(
                     servicer.Subscribe,
@@ -756,6 +807,87 @@ class SevenDB:
             '/sevendb.v1.SevenDB/InitProducer',
             sevendb_dot_proto_dot_sevendb__pb2.InitProducerRequest.SerializeToString,
             sevendb_dot_proto_dot_sevendb__pb2.InitProducerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Txn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sevendb.v1.SevenDB/Txn',
+            sevendb_dot_proto_dot_sevendb__pb2.TxnRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.TxnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TxnMark(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sevendb.v1.SevenDB/TxnMark',
+            sevendb_dot_proto_dot_sevendb__pb2.TxnMarkRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.TxnMarkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sevendb.v1.SevenDB/ListTransactions',
+            sevendb_dot_proto_dot_sevendb__pb2.ListTransactionsRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.ListTransactionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -22,11 +22,16 @@ May import: `sevendb.proto`, `sevendb.outbox`.
 from sevendb.outbox.emitseq import EmitSeq, EpochId
 from sevendb.outbox.entries import Expected, ExpectKind, Op, OpKind
 from sevendb.outbox.errors import (
+    AbortPartialFailure,
+    BucketNotInTxn,
+    ConcurrentTransactions,
     DuplicateSequence,
     ErrorCode,
     GroupFenced,
     InvalidArgument,
     InvalidProducerEpoch,
+    InvalidTxnId,
+    InvalidTxnState,
     LimitExceeded,
     NotOwner,
     OutOfOrderSequence,
@@ -38,12 +43,14 @@ from sevendb.outbox.errors import (
     StaleSubscription,
     SubscriptionExists,
     SubscriptionNotFound,
+    TooManyTransactions,
+    TransactionTimedOut,
     UnknownProducer,
 )
 from sevendb.outbox.model import Change
 from sevendb.outbox.query import Query, QueryKind
 from sevendb.sdk.async_client import AsyncClient, AsyncIdempotentProducer
-from sevendb.sdk.client import Client, IdempotentProducer, RetryPolicy, WriteQueue
+from sevendb.sdk.client import Client, IdempotentProducer, RetryPolicy, Transaction, WriteQueue
 from sevendb.sdk.cursor_store import CursorStore, SavedCursor
 from sevendb.sdk.errors import (
     BrokenReason,
@@ -77,16 +84,21 @@ from sevendb.sdk.subscription import (
     SubscriptionStats,
 )
 from sevendb.sdk.tls import TLS
+from sevendb.sdk.transactions import AsyncTransaction
 
 __all__ = [
+    "AbortPartialFailure",
     "AckMode",
     "AsyncClient",
     "AsyncIdempotentProducer",
+    "AsyncTransaction",
     "BrokenReason",
+    "BucketNotInTxn",
     "Change",
     "Client",
     "ClientClosed",
     "ClusterLayout",
+    "ConcurrentTransactions",
     "CursorStore",
     "CursorStoreError",
     "DuplicateSequence",
@@ -103,6 +115,8 @@ __all__ = [
     "IdempotentProducer",
     "InvalidArgument",
     "InvalidProducerEpoch",
+    "InvalidTxnId",
+    "InvalidTxnState",
     "LimitExceeded",
     "NodeStatus",
     "NotOwner",
@@ -133,6 +147,9 @@ __all__ = [
     "SubscriptionNotFound",
     "SubscriptionStats",
     "TLS",
+    "TooManyTransactions",
+    "Transaction",
+    "TransactionTimedOut",
     "Unauthenticated",
     "Unavailable",
     "UnknownProducer",

@@ -86,6 +86,7 @@ from sevendb.sdk.subscription import (
     starts_for,
 )
 from sevendb.sdk.tls import SYSTEM_ROOTS, TLS
+from sevendb.sdk.transactions import AsyncTransaction, TxnSession, init_session
 from sevendb.sdk.writer import QUEUE_BYTES_MAX, QUEUE_WAIT_S, QUEUE_WRITES_MAX, WritePipeline
 
 T = TypeVar("T")
@@ -249,6 +250,7 @@ class AsyncClient:
         self._acks: AckPipeline | None = None
         self._sessions: Sessions | None = None
         self._subscriptions: weakref.WeakSet[Subscription] = weakref.WeakSet()
+        self._txn_sessions: dict[str, TxnSession] = {}
 
     async def close(self) -> None:
         """Close the connections. Writes not answered yet fail with `ClientClosed`
@@ -513,6 +515,22 @@ class AsyncClient:
             prev = at
         after = codec.seq_from_pb(page.next_after) if page.more else last.after
         return _HistoryPage(last.bucket, after, prev, tuple(events), page.more)
+
+    def transaction(self, transactional_id: str, *, timeout_ms: int = 0) -> AsyncTransaction:
+        """A transaction of `transactional_id` (docs/transactions.md): ``async with
+        client.transaction("orders") as txn: await txn.put(...)`` writes any keys of
+        any buckets, visible together at the commit or never. The first transaction
+        of an id through this client fences the id's earlier instances. `timeout_ms`
+        (0: 60 s) aborts a transaction left open longer."""
+        return AsyncTransaction(self, transactional_id, timeout_ms)
+
+    async def _txn_session(self, transactional_id: str, timeout_ms: int = 0) -> TxnSession:
+        """This client's registration of `transactional_id` (made on first use)."""
+        session = self._txn_sessions.get(transactional_id)
+        if session is None:
+            session = await init_session(self, transactional_id, timeout_ms)
+            self._txn_sessions[transactional_id] = session
+        return session
 
     def producer(self) -> AsyncIdempotentProducer:
         """A producer of its own (another id, its own sequences): every write is

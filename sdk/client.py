@@ -67,6 +67,7 @@ from sevendb.sdk.subscription import (
     parse_query,
 )
 from sevendb.sdk.tls import SYSTEM_ROOTS, TLS
+from sevendb.sdk.transactions import AsyncTransaction
 from sevendb.sdk.writer import WritePipeline
 
 T = TypeVar("T")
@@ -289,6 +290,12 @@ class Client:
                 page = self._run(self._core._history_page(parsed, page, through, page_size))
                 yield from page.events
 
+    def transaction(self, transactional_id: str, *, timeout_ms: int = 0) -> Transaction:
+        """A transaction of `transactional_id` (`AsyncClient.transaction`): ``with
+        client.transaction("orders") as txn: txn.put(...)`` commits at the end of the
+        block, aborts if it raises."""
+        return Transaction(self, self._core.transaction(transactional_id, timeout_ms=timeout_ms))
+
     def producer(self, bucket_count: int | None = None) -> IdempotentProducer:
         """A producer of its own (another id, its own sequences): every `Client` write
         is idempotent already, through the client's producer. `bucket_count` is
@@ -405,4 +412,58 @@ class IdempotentProducer:
         return self._client._submit([op], self._producer).result()
 
 
-__all__ = ["Client", "IdempotentProducer", "RetryPolicy", "WriteQueue"]
+class Transaction:
+    """The blocking face of an `AsyncTransaction` (one implementation: each call runs
+    the async one on the client's loop)."""
+
+    def __init__(self, client: Client, core: AsyncTransaction) -> None:
+        self._client = client
+        self._core = core
+
+    @property
+    def transactional_id(self) -> str:
+        return self._core.transactional_id
+
+    @property
+    def number(self) -> int:
+        return self._core.number
+
+    def write(self, ops: Sequence[Op]) -> None:
+        self._client._run(self._core.write(ops))
+
+    def put(
+        self,
+        key: str,
+        value: bytes,
+        *,
+        expected_version: int | None = None,
+        must_not_exist: bool = False,
+    ) -> None:
+        self._client._run(
+            self._core.put(
+                key, value, expected_version=expected_version, must_not_exist=must_not_exist
+            )
+        )
+
+    def delete(self, key: str, *, expected_version: int | None = None) -> None:
+        self._client._run(self._core.delete(key, expected_version=expected_version))
+
+    def ack(self, event: Event) -> None:
+        """`AsyncTransaction.ack`: the event's acknowledgement commits with this
+        transaction or not at all."""
+        self._client._run(self._core.ack(event))
+
+    def commit(self) -> tuple[int, ...]:
+        return self._client._run(self._core.commit())
+
+    def abort(self) -> None:
+        self._client._run(self._core.abort())
+
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self._client._run(self._core.__aexit__(exc_type, exc, tb))
+
+
+__all__ = ["Client", "IdempotentProducer", "RetryPolicy", "Transaction", "WriteQueue"]

@@ -9,6 +9,9 @@ so ``except SevenDBError`` catches them all:
     │   OutOfOrderSequence, DuplicateSequence
     ├── SubscriptionNotFound, SubscriptionExists, NotOwner, StaleSubscription
     ├── PermissionDenied    the principal lacks the permission the message names
+    ├── InvalidTxnId, InvalidTxnState, ConcurrentTransactions, BucketNotInTxn,
+    │   TransactionTimedOut, TooManyTransactions, AbortPartialFailure
+    │                        a transaction's refusals (docs/transactions.md)
     ├── (acks and node-internal entries: RegressiveAck, DuplicateAck, FutureAck,
     │    StaleLease, StaleRange, StaleEpoch; an application does not meet them)
     ├── Unavailable          no node answered within the retry budget (may have committed)

@@ -413,6 +413,11 @@ class BucketStreams:
             durable=self.durable,
             start=codec.start_to_pb(stream.begin),
             group=self.fence,
+            isolation=(
+                pb.SubscribeRequest.READ_UNCOMMITTED
+                if self.options.isolation == "read_uncommitted"
+                else pb.SubscribeRequest.READ_COMMITTED
+            ),
         )
         call = self._sessions.subscribe(target, request)
         try:

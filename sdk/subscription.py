@@ -136,7 +136,17 @@ class SubscribeOptions:
     all its changes are processed, and a process resumed mid-entry skips the changes
     it had processed (docs/emission.md, "Event granularity")."""
 
+    isolation: str = "read_committed"
+    """What it receives of transactions: ``"read_committed"`` (a committed
+    transaction's changes in a bucket as one event at its commit; nothing of an open or
+    aborted one) or ``"read_uncommitted"`` (transactional writes as they apply, version
+    0, aborted ones included). docs/transactions.md."""
+
     def __post_init__(self) -> None:
+        if self.isolation not in ("read_committed", "read_uncommitted"):
+            raise InvalidArgument(
+                f"isolation must be 'read_committed' or 'read_uncommitted', not {self.isolation!r}"
+            )
         for name, kind in (("on_stale", Recovery), ("on_invalid", Recovery), ("ack", AckMode)):
             value = getattr(self, name)
             try:

@@ -33,6 +33,10 @@ from sevendb.outbox.entries import (
     StartKind,
     Subscribe,
     SubscribeBatch,
+    Txn,
+    TxnAction,
+    TxnOutcome,
+    TxnWrite,
     Unsubscribe,
     Write,
     WriteBatch,
@@ -52,12 +56,16 @@ from sevendb.outbox.model import (
     RowsPurged,
     SubscribeBatchResult,
     SubscribeResult,
+    TxnResult,
+    TxnWriteResult,
     UnsubscribeResult,
     WriteBatchResult,
     WriteResult,
 )
 from sevendb.outbox.query import QueryKind
 from sevendb.outbox.state import BucketStateMachine
+
+from .txn_model import TxnModel, op_changes, tag_of
 
 INVARIANTS: Final = (
     "raft-safety",
@@ -72,6 +80,8 @@ INVARIANTS: Final = (
     "durability",
     "liveness",
     "lifecycle",
+    "atomicity",
+    "read-committed",
 )
 
 RowKey = tuple[object, ...]
@@ -181,6 +191,8 @@ class Model:
         self.history_after_ms = 0
         self._replayed: list[RowKey] = []
         """Rows the SUBSCRIBEs of the entry being applied replayed from the history."""
+        self.txns = TxnModel()
+        """Transactions (sim/txn_model.py): this bucket coordinates and takes part."""
 
     def seq(self, index: int) -> EmitSeq:
         return EmitSeq(self.bucket_uuid, self.epoch, index)
@@ -241,11 +253,36 @@ class Model:
         elif isinstance(entry, Lease):
             self.lease_holder, self.lease_index = entry.holder, index
             summary = ("L", entry.holder)
+        elif isinstance(entry, Txn):
+            summary = self._txn(index, entry)
+        elif isinstance(entry, TxnWrite):
+            if entry.acks:
+                raise Violation("determinism", "the model does not cover acks in transactions")
+            summary = ("TW", self.txns.write(entry, self.versions), ())
         else:
             assert isinstance(entry, InitProducer)
             raise Violation("determinism", "the model does not cover idempotent producers")
         self.summaries[index] = summary
         return summary
+
+    def _txn(self, index: int, entry: Txn) -> Summary:
+        """A TXN entry: its code, and at a COMMIT marker the rows of what it made
+        visible. A COMPLETE of a committed transaction whose writes here were never
+        marked would lose them: the atomicity invariant."""
+        key = (entry.txn_id, entry.number)
+        complete = entry.action is TxnAction.COMPLETE and key in self.txns.pending
+        if complete and self.txns.decided.get(key) is TxnOutcome.COMMIT:
+            raise Violation(
+                "atomicity",
+                f"transaction {key} decided COMMIT was completed at {index} without its "
+                f"marker: {len(self.txns.pending[key].ops)} writes never visible",
+            )
+        if entry.coordinator_side:
+            return ("T", self.txns.coordinator(entry), ())
+        if entry.action is TxnAction.JOIN:
+            return ("T", self.txns.join(entry), ())
+        changes = op_changes(self.txns.mark(index, entry), self.versions)
+        return ("T", None, self._rows(index, changes, entry.now_ms))
 
     def _write_ops(self, entry: Write) -> tuple[str | None, list[tuple[str, int, bytes, int]]]:
         """One write, atomically: its refusal code, or the changes it made."""
@@ -524,6 +561,10 @@ def summarize(applied: Applied) -> Summary:
         return ("E", result.epoch.epoch_counter, code)
     if isinstance(result, LeaseResult):
         return ("L", result.holder)
+    if isinstance(result, TxnResult):
+        return ("T", code, tuple(rows))
+    if isinstance(result, TxnWriteResult):
+        return ("TW", code, tuple(rows))
     assert isinstance(result, InitProducerResult)
     return ("I", code)
 
@@ -639,6 +680,10 @@ class Checker:
             raise Violation("raft-safety", f"{replica} applied a different entry at {index}")
         if applied is None or replica in self.diverged:
             return
+        for effect in applied.effects:
+            if isinstance(effect, RowsPending):
+                for row in effect.rows:
+                    self._check_read_committed(replica, row)
         expected = self.model.summaries.get(index)
         actual = summarize(applied)
         if expected != actual:
@@ -657,6 +702,23 @@ class Checker:
                             f"{replica} purged {row.sub_id} {row.emit_seq}; "
                             f"owner acked {confirmed}",
                         )
+
+    def _check_read_committed(self, replica: str, row: OutboxRow) -> None:
+        """A row made sendable holds a transaction's change only at that transaction's
+        COMMIT marker (docs/transactions.md): never as it was written, never of an
+        aborted or open one."""
+        for change in row.delta.changes:
+            owner = tag_of(change.value)
+            if owner is None:
+                continue
+            at = row.emit_seq.commit_index
+            if self.model.txns.committed_at.get(owner) != at:
+                raise Violation(
+                    "read-committed",
+                    f"{replica} made {row.sub_id} a row at {at} holding {change.key}="
+                    f"{change.value!r} of transaction {owner}, whose COMMIT marker is at "
+                    f"{self.model.txns.committed_at.get(owner)}",
+                )
 
     def on_digest(self, replica: str, index: int, digest: str) -> None:
         self.checks += 1
@@ -844,6 +906,11 @@ class Checker:
     def pending_work(self) -> list[str]:
         """What still keeps the run from quiescence (empty: everything is delivered)."""
         todo = []
+        for txn_id, number in self.model.txns.due():
+            todo.append(f"transaction {txn_id}/{number} decided, not complete")
+        for txn_id, state in sorted(self.model.txns.ids.items()):
+            if state.open() is not None:
+                todo.append(f"transaction {txn_id} open")
         if self.model.pending:
             todo.append(f"{sum(len(m) for _, m in self.model.pending)} rows not outboxed")
         for sub in self.model.live():

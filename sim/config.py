@@ -91,6 +91,12 @@ class Bugs:
     skip_predecessor_rows: bool = False
     """A new holder takes every row computed before it took the lease as sent by its
     predecessor: a stream attaching behind them starts after them."""
+    deliver_before_marker: bool = False
+    """The bucket computes a transactional write's rows for every subscription as the
+    write applies, read_committed ones included (not at its COMMIT marker)."""
+    complete_without_marker: bool = False
+    """The transaction driver completes a committed transaction without writing its
+    COMMIT marker: its writes are never applied."""
 
     def names(self) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(self) if getattr(self, f.name))
@@ -260,6 +266,12 @@ class SimConfig:
     """The notifiers' `history_entries` bound of the retained history (the swarm draws 4,
     16 or 10,000, so that HISTORY_TRIMs happen under new subscriptions starting in the
     past)."""
+    txns: int = 0
+    """Transactions each of `txn_producers` runs in the fault phase (0: none; the
+    bucket then sees no transaction entry, and a seed runs as it always did)."""
+    txn_producers: int = 2
+    txn_timeout_ms: int = 300
+    """The simulated transactional ids' timeout: short, so that timeouts race commits."""
     durable: bool = False
     """The clients' first subscriptions are durable (named) and keep nothing across a
     crash: a restarted client resumes each by its name, from the server's position
@@ -356,5 +368,8 @@ CLI_FIELDS: Final = (
     "emission",
     "durable",
     "history_entries",
+    "txns",
+    "txn_producers",
+    "txn_timeout_ms",
 )
 """SimConfig fields `--set NAME=VALUE` may pin (VALUE is a Python literal)."""

@@ -66,8 +66,16 @@ ApplyHook = Callable[["Member", int, bytes, "ApplyOutcome | None"], None]
 class Member:
     """One member of the bucket's group: log, durable prefix, snapshot, state machine."""
 
-    def __init__(self, name: str, bucket_uuid: str, planner: Planner = plan_query) -> None:
+    def __init__(
+        self,
+        name: str,
+        bucket_uuid: str,
+        planner: Planner = plan_query,
+        sm_class: type[BucketStateMachine] = BucketStateMachine,
+    ) -> None:
         self.name = name
+        self.sm_class = sm_class
+        """The state machine's class (a broken variant's, `Bugs.deliver_before_marker`)."""
         self.bucket_uuid = bucket_uuid
         self.planner = planner
         self.alive = True
@@ -93,7 +101,7 @@ class Member:
         self.role = Role.FOLLOWER
         self.commit = 0
         self.applied = 0
-        self.sm = BucketStateMachine(bucket_uuid, planner=planner)
+        self.sm = sm_class(bucket_uuid, planner=planner)
         self.match: dict[str, int] = {}
         self.contact_ms: dict[str, int] = {}
         """Leader: when each follower last answered it."""
@@ -249,10 +257,10 @@ class Member:
     def _load_snapshot(self) -> None:
         self.applied = self.snap_index
         if self.snap_data is None:
-            self.sm = BucketStateMachine(self.bucket_uuid, planner=self.planner)
+            self.sm = self.sm_class(self.bucket_uuid, planner=self.planner)
             return
         try:
-            self.sm = BucketStateMachine.restore(self.snap_data, planner=self.planner)
+            self.sm = self.sm_class.restore(self.snap_data, planner=self.planner)
         except (PlanMismatch, SnapshotError) as exc:
             self.quarantine(f"restoring snapshot at {self.snap_index}: {exc}")
 
@@ -300,11 +308,13 @@ class RaftGroup:
         planners: dict[str, Planner] | None = None,
         *,
         damaged_votes: bool = False,
+        sm_class: type[BucketStateMachine] = BucketStateMachine,
     ) -> None:
         planners = planners or {}
         self.rng = rng
         self.members: dict[str, Member] = {
-            name: Member(name, bucket_uuid, planners.get(name, plan_query)) for name in names
+            name: Member(name, bucket_uuid, planners.get(name, plan_query), sm_class)
+            for name in names
         }
         for member in self.members.values():
             member.election_timeout_ms = rng.randint(150, 300)

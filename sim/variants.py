@@ -12,9 +12,9 @@ from __future__ import annotations
 from sevendb.notifier.core import Attach, AttachStatus, NotifierConfig, NotifierCore
 from sevendb.notifier.host import CoreFactory
 from sevendb.outbox.emitseq import EmitSeq
-from sevendb.outbox.entries import OutboxPurge, OutboxWrite
-from sevendb.outbox.model import OutboxRow, ReconnectStatus
-from sevendb.outbox.state import BucketStateMachine, rows_digest
+from sevendb.outbox.entries import Entry, OutboxPurge, OutboxWrite, TxnWrite
+from sevendb.outbox.model import Applied, Change, OutboxRow, ReconnectStatus, RowsPending
+from sevendb.outbox.state import BucketStateMachine, _PendingBatch, rows_digest
 
 from .config import Bugs
 
@@ -103,6 +103,22 @@ class SkipsPredecessorRows(NotifierCore):
     ) -> tuple[OutboxRow, ...]:
         rows = super()._rows_after(sm, sub_id, position, through)
         return tuple(row for row in rows if row.emit_seq.commit_index > self._taken_at)
+
+
+class EagerTxnStateMachine(BucketStateMachine):
+    """`Bugs.deliver_before_marker`: a transactional write's changes become rows of every
+    subscription it matches as the write applies, as if it were a plain write."""
+
+    def apply_entry(self, commit_index: int, entry: Entry) -> Applied:
+        applied = super().apply_entry(commit_index, entry)
+        if not isinstance(entry, TxnWrite) or getattr(applied.result, "error", None):
+            return applied
+        changes = tuple(Change(op.key, op.kind, op.value, 0) for op in entry.ops)
+        rows = self._rows_for(self.emit_seq(commit_index), changes, entry.now_ms)
+        if not rows:
+            return applied
+        self._pending.append(_PendingBatch(commit_index, rows))
+        return Applied(applied.commit_index, applied.result, (*applied.effects, RowsPending(rows)))
 
 
 def core_factory(bugs: Bugs) -> CoreFactory:

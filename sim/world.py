@@ -26,6 +26,7 @@ from sevendb.outbox.entries import Entry, EntryType, encode_entry
 from sevendb.outbox.model import RowsOutboxed, RowsPending
 from sevendb.outbox.query import Query
 from sevendb.outbox.replica import ApplyOutcome, ReplicaUnavailable
+from sevendb.outbox.state import BucketStateMachine
 
 from .checker import Checker, Violation
 from .client import Client
@@ -34,6 +35,8 @@ from .faults import FaultPlan
 from .network import Message, Network
 from .node import SimNode
 from .raft import Damage, Member, RaftGroup, RaftSafetyError, Role
+from .txns import TxnDriver, TxnProducer
+from .variants import EagerTxnStateMachine
 from .workload import MALLORY, QUERIES, Workload
 
 BUCKET: Final = "bucket-sim"
@@ -85,6 +88,9 @@ class Simulation:
             self.rng,
             dict(config.planners),
             damaged_votes=config.bugs.damaged_replica_votes,
+            sm_class=EagerTxnStateMachine
+            if config.bugs.deliver_before_marker
+            else BucketStateMachine,
         )
         self.nodes = {name: SimNode(self, m) for name, m in self.raft.members.items()}
         self.refused = ""
@@ -110,6 +116,13 @@ class Simulation:
         malicious = any(e.action == "mallory" for e in config.scripted)
         self.bucket_uuid = BUCKET
         self.mallory = Client(self, "mallory", MALLORY) if malicious else None
+        txn_rng = random.Random(f"sevendb-sim-txns/{config.seed}")
+        self.txn_producers = (
+            [TxnProducer(self, f"tx{i}", txn_rng) for i in range(config.txn_producers)]
+            if config.txns
+            else []
+        )
+        self.txn_driver = TxnDriver(self, txn_rng) if config.txns else None
 
     # ---- services for replicas and clients -------------------------------------
 
@@ -265,6 +278,8 @@ class Simulation:
         while self.now_ms < cfg.fault_ms:
             self._step()
             self.workload.step()
+            for producer in self.txn_producers:
+                producer.step()
         self._stop_faults()
         deadline = cfg.fault_ms + cfg.quiet_ms_max
         while self.now_ms < deadline:
@@ -329,6 +344,8 @@ class Simulation:
         for client in self.clients.values():
             if client.alive:
                 client.tick(now)
+        if self.txn_driver is not None:
+            self.txn_driver.step()
 
     def _raft_step(self) -> None:
         now = self.now_ms

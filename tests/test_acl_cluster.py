@@ -162,6 +162,25 @@ def test_the_acl_matrix_every_rpc_allowed_and_denied(live: LocalCluster) -> None
         _code(lambda: m.stub.InitProducer(init, metadata=m.md("writer"), timeout=10)),
         _code(lambda: m.stub.InitProducer(init, metadata=m.md("reader"), timeout=10)),
     )
+    # Transactions: INIT needs what InitProducer needs; TxnMark and ListTransactions
+    # are for nodes and administrators.
+    init_txn = pb.TxnRequest(action=pb.TxnRequest.INIT, transactional_id="acl-txn")
+    seen["Txn"] = (
+        _code(lambda: m.stub.Txn(init_txn, metadata=m.md("writer"), timeout=10)),
+        _code(lambda: m.stub.Txn(init_txn, metadata=m.md("reader"), timeout=10)),
+    )
+    join = pb.TxnMarkRequest(
+        bucket=BUCKET, txn=pb.TxnRef(transactional_id="acl-txn", number=1), owner="writer"
+    )
+    seen["TxnMark"] = (
+        _code(lambda: m.stub.TxnMark(join, metadata=m.md("ops"), timeout=10)),
+        _code(lambda: m.stub.TxnMark(join, metadata=m.md("writer"), timeout=10)),
+    )
+    txn_listing = pb.ListTransactionsRequest()
+    seen["ListTransactions"] = (
+        _code(lambda: m.stub.ListTransactions(txn_listing, metadata=m.md("ops"), timeout=10)),
+        _code(lambda: m.stub.ListTransactions(txn_listing, metadata=m.md("writer"), timeout=10)),
+    )
     with pytest.raises(grpc.RpcError) as named:
         m.stub.Write(
             pb.WriteRequest(ops=[pb.Op(kind=pb.Op.SET, key=key, value=b"x")]),
@@ -345,6 +364,9 @@ def test_the_acl_matrix_every_rpc_allowed_and_denied(live: LocalCluster) -> None
         "WriteMany": (OK, PD),
         "WriteStream": (OK, PD),
         "InitProducer": (OK, PD),
+        "Txn": (OK, PD),
+        "TxnMark": (OK, PD),
+        "ListTransactions": (OK, PD),
         "Get": (OK, PD),
         "Sync": (True, False),  # the writer's page leaves the m/ keys out
         "Range": (True, False),

@@ -32,6 +32,10 @@ from sevendb.outbox.entries import (
     StartKind,
     Subscribe,
     SubscribeBatch,
+    Txn,
+    TxnAction,
+    TxnOutcome,
+    TxnWrite,
     Unsubscribe,
     Write,
     WriteBatch,
@@ -85,6 +89,10 @@ SAMPLES: list[Entry] = [
             Subscribe("t", "bob", Query.parse("all"), 43, 8),
         )
     ),
+    Txn(TxnAction.INIT, "tx", principal="alice", now_ms=5, timeout_ms=60_000),
+    Txn(TxnAction.ADD, "tx", 1, 1, (0, 3), principal="alice", now_ms=6),
+    Txn(TxnAction.MARK, "tx", 1, 2, outcome=TxnOutcome.COMMIT, now_ms=7),
+    TxnWrite("tx", 1, 2, (Op(OpKind.SET, "k", b"v", Expected.exact(3)),), "alice", 8, 2),
 ]
 
 

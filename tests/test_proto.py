@@ -203,6 +203,9 @@ def test_service_methods() -> None:
         "DeleteSubscription": ("SubscriptionRequest", "DeleteSubscriptionResponse", False, False),
         "BackupBucket": ("BackupRequest", "BackupChunk", False, True),
         "GroupBeat": ("GroupBeatRequest", "GroupBeatResponse", False, False),
+        "Txn": ("TxnRequest", "TxnResponse", False, False),
+        "TxnMark": ("TxnMarkRequest", "TxnMarkResponse", False, False),
+        "ListTransactions": ("ListTransactionsRequest", "ListTransactionsResponse", False, False),
     }
 
 
@@ -387,6 +390,22 @@ MESSAGES: dict[str, Message] = {
     ),
     "InitProducerRequest": pb.InitProducerRequest(producer_id=0, bucket=17),
     "InitProducerResponse": pb.InitProducerResponse(producer_id=5, producer_epoch=2, bucket=17),
+    "TxnRef": pb.TxnRef(transactional_id="orders", epoch=2, number=9, sequence=3),
+    "TxnRequest": pb.TxnRequest(
+        action=pb.TxnRequest.ADD, transactional_id="orders", epoch=2, number=9, buckets=[0, 3]
+    ),
+    "TxnResponse": pb.TxnResponse(epoch=2, number=9, coordinator=1, buckets=[0, 3]),
+    "TxnMarkRequest": pb.TxnMarkRequest(
+        bucket=3, txn=pb.TxnRef(transactional_id="orders", number=9), outcome=1, owner="alice"
+    ),
+    "TxnMarkResponse": pb.TxnMarkResponse(),
+    "ListTransactionsRequest": pb.ListTransactionsRequest(),
+    "TransactionInfo": pb.TransactionInfo(
+        transactional_id="orders", owner="alice", number=9, phase="ONGOING", buckets=[1]
+    ),
+    "ListTransactionsResponse": pb.ListTransactionsResponse(
+        transactions=[pb.TransactionInfo(transactional_id="orders", number=9)]
+    ),
     "GetRequest": pb.GetRequest(key="user:1"),
     "GetResponse": pb.GetResponse(found=True, value=b"alice", version=9, mod_commit_index=44),
     "SyncRequest": pb.SyncRequest(bucket=17, since_commit_index=40, since_key="user:1", limit=500),

@@ -30,14 +30,18 @@ from sevendb.sdk import (
 from sevendb.sdk.client import _op_pb
 
 PUBLIC = [
+    "AbortPartialFailure",
     "AckMode",
     "AsyncClient",
     "AsyncIdempotentProducer",
+    "AsyncTransaction",
     "BrokenReason",
+    "BucketNotInTxn",
     "Change",
     "Client",
     "ClientClosed",
     "ClusterLayout",
+    "ConcurrentTransactions",
     "CursorStore",
     "CursorStoreError",
     "DuplicateSequence",
@@ -54,6 +58,8 @@ PUBLIC = [
     "IdempotentProducer",
     "InvalidArgument",
     "InvalidProducerEpoch",
+    "InvalidTxnId",
+    "InvalidTxnState",
     "LimitExceeded",
     "NodeStatus",
     "NotOwner",
@@ -84,6 +90,9 @@ PUBLIC = [
     "SubscriptionNotFound",
     "SubscriptionStats",
     "TLS",
+    "TooManyTransactions",
+    "Transaction",
+    "TransactionTimedOut",
     "Unauthenticated",
     "Unavailable",
     "UnknownProducer",
@@ -93,7 +102,11 @@ PUBLIC = [
     "set_op",
 ]
 
-MADE_BY_THE_CLIENT = {"Subscription.__init__", "GroupSubscription.__init__"}
+MADE_BY_THE_CLIENT = {
+    "Subscription.__init__",
+    "GroupSubscription.__init__",
+    "AsyncTransaction.__init__",
+}
 """Constructors an application never calls (`Client.subscribe` makes a Subscription):
 they may take the SDK's internals, but no wire type either."""
 
@@ -190,8 +203,9 @@ def test_every_public_error_derives_from_sevendb_error() -> None:
         if inspect.isclass(getattr(sevendb.sdk, name))
         and issubclass(getattr(sevendb.sdk, name), BaseException)
     ]
-    assert len(errors) == 22  # StaleSequence (a start older than the history), PermissionDenied,
-    # GroupFenced (a deposed consumer group member)
+    # StaleSequence (a start older than the history), PermissionDenied, GroupFenced (a
+    # deposed consumer group member), the seven of transactions (docs/transactions.md)
+    assert len(errors) == 29
     assert all(issubclass(e, SevenDBError) for e in errors)
     assert all(issubclass(e, SevenDBError) for e in ERROR_TYPES.values())
 

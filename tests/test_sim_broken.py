@@ -69,6 +69,10 @@ VARIANTS: list[tuple[str, dict[str, Any], str]] = [
     # The shortcuts one-round emission must not take (docs/emission.md):
     ("send_before_commit", {}, "visibility"),
     ("skip_predecessor_rows", PREDECESSOR_LEFT_ROWS, "liveness"),
+    # Transactions (docs/transactions.md): a change seen before its COMMIT marker, and
+    # a committed transaction completed without its marker.
+    ("deliver_before_marker", {"txns": 8}, "read-committed"),
+    ("complete_without_marker", {"txns": 8}, "atomicity"),
 ]
 MODES = ("derived", "literal")
 CASES = [(*variant, mode) for variant in VARIANTS for mode in MODES]

@@ -1119,6 +1119,9 @@ def build_parser() -> argparse.ArgumentParser:
     from sevendb.cluster.ops.subscriptions import add_commands
 
     add_commands(sub, common, _endpoints, _token, _tls)
+    from sevendb.cluster.ops.txns import add_commands as add_txn_commands
+
+    add_txn_commands(sub, common, _endpoints, _token, _tls)
     return parser
 
 

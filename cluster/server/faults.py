@@ -7,7 +7,9 @@ unless the environment variable is set.
 
 Points: ``kill-before-send`` - the lease holder has outboxed rows ready for a client
 stream and dies before sending any of them (the crash between OUTBOX_WRITE and send
-of docs/emission.md, FTO-02).
+of docs/emission.md, FTO-02); ``kill-after-txn-decision`` - the node that took a
+transaction's COMMIT or ABORT dies once the decision is committed, before writing any
+marker (docs/transactions.md: the coordinator's leader finishes it).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Final
 
 ENV: Final = "SEVENDB_TEST_FAULTS"
 KILL_BEFORE_SEND: Final = "kill-before-send"
+KILL_AFTER_TXN_DECISION: Final = "kill-after-txn-decision"
 
 
 def fault_file(node_dir: Path, name: str) -> Path:
@@ -46,4 +49,4 @@ class FaultPoints:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-__all__ = ["ENV", "KILL_BEFORE_SEND", "FaultPoints", "fault_file"]
+__all__ = ["ENV", "KILL_AFTER_TXN_DECISION", "KILL_BEFORE_SEND", "FaultPoints", "fault_file"]

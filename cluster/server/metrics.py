@@ -19,6 +19,10 @@ docs/operations.md lists every family with its labels; in short:
   forgotten for idleness) and ``sevendb_producer_duplicates_total{bucket}`` (writes
   this node answered as duplicates of a sequence already committed: a client's
   retry, applied once).
+* **Transactions** (docs/transactions.md), from each coordinator bucket's leader:
+  ``sevendb_transactions_total{bucket,outcome}`` (outcome ``started``,
+  ``committed``, ``aborted``, ``timed_out``, ``fenced``) and
+  ``sevendb_transactions_active{bucket}``.
 * **Raft**, per local replica (``bucket`` is the bucket's number, or ``meta`` for
   the metadata group): ``sevendb_raft_term``, ``_is_leader``, ``_has_leader``,
   ``_has_quorum``, ``_quarantined``, ``_leader_changes_total``,
@@ -114,6 +118,9 @@ FAMILIES: Final[Mapping[str, tuple[str, tuple[str, ...]]]] = {
     # idempotent producers (seed 003)
     "sevendb_idempotent_producers": ("gauge", _B),
     "sevendb_producer_duplicates_total": ("counter", _B),
+    # transactions (docs/transactions.md)
+    "sevendb_transactions_total": ("counter", ("bucket", "outcome")),
+    "sevendb_transactions_active": ("gauge", _B),
     # Raft, per local replica
     "sevendb_raft_term": ("gauge", _B),
     "sevendb_raft_is_leader": ("gauge", _B),
@@ -328,17 +335,31 @@ class _SubscriptionCollector(Collector):
             "idempotent_producers",
             "Idempotent producers the bucket remembers (from the leader)",
         )
+        txns = CounterMetricFamily(
+            _name("transactions"),
+            "Transactions the bucket coordinates: started, and decided by outcome (from the "
+            "leader)",
+            labels=["bucket", "outcome"],
+        )
+        active = _per_bucket(
+            GaugeMetricFamily,
+            "transactions_active",
+            "Transactions the bucket coordinates not complete: open, or decided with markers "
+            "outstanding (from the leader)",
+        )
         now_ms = time.time_ns() // 1_000_000
         window = self._window_ms
         for label, replica in self._replicas():
             if label == "meta" or not replica.is_leader:
                 continue
             try:
-                count, stuck, producing = replica.read(
+                count, stuck, producing, counts, open_ = replica.read(
                     lambda sm: (
                         len(sm.subscriptions_by_id()),
                         len(stalled_subscriptions(sm, now_ms, window)),
                         sm.producer_count(),
+                        dict(sm.txns.counts),
+                        sm.txns.active(),
                     )
                 )
             except ReplicaUnavailable:
@@ -346,7 +367,10 @@ class _SubscriptionCollector(Collector):
             live.add_metric([label], count)
             stalled.add_metric([label], stuck)
             producers.add_metric([label], producing)
-        yield from (live, stalled, producers)
+            for outcome, total in counts.items():
+                txns.add_metric([label, outcome], total)
+            active.add_metric([label], open_)
+        yield from (live, stalled, producers, txns, active)
 
 
 class _ArchiveCollector(Collector):

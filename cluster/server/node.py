@@ -177,7 +177,7 @@ class Node:
             self.stop_replicas()
             raise
         self.view.listen(lambda _: self._reload_logged())
-        self.service = NodeService(self, self.metrics, self._limits)
+        self.service = NodeService(self, self.metrics, self._limits, self._faults)
 
     # ---- credentials ------------------------------------------------------------------
 

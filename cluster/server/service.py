@@ -11,12 +11,15 @@ they use it), behind the guard of `rpc` (token first, then parsing).
 
 from __future__ import annotations
 
+import contextlib
+
 from grpc import aio
 
 from sevendb.cluster.server.acks import Acks
 from sevendb.cluster.server.admin import Admin
 from sevendb.cluster.server.backup import Backups
 from sevendb.cluster.server.edge import Edge, NodeHost
+from sevendb.cluster.server.faults import FaultPoints
 from sevendb.cluster.server.groups import Groups
 from sevendb.cluster.server.metadata import Metadata
 from sevendb.cluster.server.metrics import NodeMetrics
@@ -26,6 +29,7 @@ from sevendb.cluster.server.rpc import Auth, Route, method_handlers, register
 from sevendb.cluster.server.session import Sessions
 from sevendb.cluster.server.streams import Streams
 from sevendb.cluster.server.subscriptions import SubscriptionAdmin
+from sevendb.cluster.server.txns import Transactions
 from sevendb.cluster.server.writes import Writes
 from sevendb.proto import sevendb_pb2 as pb
 
@@ -38,6 +42,7 @@ class NodeService:
         node: NodeHost,
         metrics: NodeMetrics | None = None,
         limits: ServerLimits | None = None,
+        faults: FaultPoints | None = None,
     ) -> None:
         self.edge = Edge(node, metrics, limits)
         self.writes = Writes(self.edge)
@@ -50,6 +55,8 @@ class NodeService:
         self.backups = Backups(self.edge)
         self.metadata = Metadata(self.edge)
         self.subscriptions = SubscriptionAdmin(self.edge, self.streams)
+        self.txns = Transactions(self.edge, faults)
+        self.writes.transactional = self.txns.write
 
     def routes(self) -> dict[str, Route]:
         """Each method of the service and the handler that serves it."""
@@ -90,13 +97,19 @@ class NodeService:
             "ListSubscriptions": Route(self.subscriptions.list_subscriptions),
             "ShowSubscription": Route(self.subscriptions.show_subscription),
             "DeleteSubscription": Route(self.subscriptions.delete_subscription),
+            "Txn": Route(self.txns.txn, replica_of=self.txns.coordinator),
+            "TxnMark": Route(self.txns.txn_mark, replica_of=self.txns.mark_bucket),
+            "ListTransactions": Route(self.txns.list_transactions),
         }
 
     def serve_on(self, server: aio.Server) -> None:
         """Register every method on `server` (raw bytes in: see `rpc`)."""
         register(server, method_handlers(self.edge, self.routes()))
+        with contextlib.suppress(RuntimeError):  # no running loop: no driver (tests)
+            self.txns.start()
 
     async def close(self) -> None:
+        await self.txns.stop()
         self.writes.close()
         await self.edge.close()
 

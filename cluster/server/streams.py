@@ -44,7 +44,7 @@ from sevendb.cluster.server.sinks import (
 from sevendb.notifier.core import SLOW_SUBSCRIBER, Attach, AttachStatus
 from sevendb.notifier.host import BucketNotifier
 from sevendb.outbox.emitseq import EmitSeq
-from sevendb.outbox.entries import LATEST, Subscribe
+from sevendb.outbox.entries import LATEST, Isolation, Subscribe
 from sevendb.outbox.errors import SevenDBError
 from sevendb.outbox.model import OutboxRow, ReconnectStatus, SubscribeResult
 from sevendb.outbox.query import plan_query
@@ -152,6 +152,7 @@ class Streams:
                 now_ms(),
                 request.durable,
                 start,
+                Isolation(request.isolation),
             )
         except SevenDBError as exc:
             raise Failure.domain(exc) from None

@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Final
 
 import grpc
@@ -36,6 +36,8 @@ from sevendb.proto import sevendb_pb2 as pb
 
 log = logging.getLogger(__name__)
 
+TransactionalWrite = Callable[[pb.WriteRequest, Call], Awaitable[pb.WriteResponse]]
+
 STREAM_WRITES_IN_FLIGHT: Final = 16
 """WriteMany requests one WriteStream has handled at once."""
 
@@ -46,6 +48,8 @@ class Writes:
     def __init__(self, edge: Edge) -> None:
         self._edge = edge
         self._batchers: dict[int, WriteBatcher] = {}
+        self.transactional: TransactionalWrite | None = None
+        """Where a transactional write goes (cluster/server/txns.py)."""
 
     def close(self) -> None:
         for batcher in self._batchers.values():
@@ -56,6 +60,8 @@ class Writes:
         bucket (raises Failure). A producer's write carries its principal: only the
         producer's owner may use it (the core checks)."""
         try:
+            if request.HasField("txn"):
+                raise Failure.invalid("a transactional write is sent alone, with Write")
             ops = tuple(codec.op_from_pb(op) for op in request.ops)
             producer = (
                 codec.producer_from_pb(request.producer) if request.HasField("producer") else None
@@ -151,6 +157,8 @@ class Writes:
             out.versions.add(key=key, version=version)
 
     async def write(self, request: pb.WriteRequest, call: Call) -> pb.WriteResponse:
+        if request.HasField("txn") and self.transactional is not None:
+            return await self.transactional(request, call)
         bucket, entry = self._parse(request, call.principal)
         batcher = self._batcher(bucket)
         done: Outcome | pb.WriteResponse
