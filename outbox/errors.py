@@ -205,6 +205,8 @@ class GroupFenced(SevenDBError):
     generation): a rebalance moved the bucket's stream to another member."""
 
     code = ErrorCode.GROUP_FENCED
+
+
 class InvalidTxnId(SevenDBError):
     """No such transactional id (or transaction) at its coordinator: initialise it."""
 
