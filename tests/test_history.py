@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import HistoryTrim, OpKind, Start, StartKind, Subscribe
 from sevendb.outbox.errors import ErrorCode, InvalidArgument, StaleSequence
-from sevendb.outbox.model import SubscribeResult
+from sevendb.outbox.model import HistoryTrimResult, SubscribeResult
 from sevendb.outbox.query import Query, plan_query
 from sevendb.outbox.state import BucketStateMachine
 from tests.helpers import BUCKET, Driver, replay
@@ -144,7 +144,8 @@ def test_the_trim_point_keeps_each_bound_and_the_safety_point() -> None:
     # Trimmed through the floor, which is no change set's index (the subscription's
     # start): a trim to the same floor would drop nothing, and is not proposed again
     # (it was, on every pass, appending an entry for ever).
-    assert d.apply(HistoryTrim(floor, d.tick())).result.dropped == 6
+    trimmed = d.apply(HistoryTrim(floor, d.tick())).result
+    assert isinstance(trimmed, HistoryTrimResult) and trimmed.dropped == 6
     assert history_trim_point(d.sm, d.now_ms, 1, big, 0) is None
     second_newest = list(d.sm.retained())[-2].emit_seq.commit_index
     d.ack("held", d.rows("held")[-1].emit_seq)  # acknowledged: it holds nothing
