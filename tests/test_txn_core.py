@@ -24,7 +24,7 @@ from sevendb.outbox.entries import (
     decode_entry,
     encode_entry,
 )
-from sevendb.outbox.errors import ErrorCode, InvalidArgument, MalformedEntry
+from sevendb.outbox.errors import ErrorCode, InvalidArgument, MalformedEntry, SnapshotError
 from sevendb.outbox.model import Change, TxnResult, TxnWriteResult
 from sevendb.outbox.query import Query, plan_query
 from sevendb.outbox.state import BucketStateMachine
@@ -487,3 +487,24 @@ def test_the_coordinator_counts_transactions_by_outcome() -> None:
     }
     assert d.sm.txns.active() == 4  # all decided, none completed
     assert BucketStateMachine.restore(d.sm.snapshot()).txns.counts == d.sm.txns.counts
+
+
+def test_a_state_with_transactions_and_consumer_groups_snapshots_both() -> None:
+    """Transactions are the snapshot's 16th field, consumer groups its 15th (there,
+    empty, when a bucket has transactions and no group): each combination restores
+    to the same bytes, and a 16-field snapshot is read only with transactions."""
+    from sevendb.outbox.groups import GroupBeat
+
+    d = Driver()
+    txn(d, TxnAction.INIT)
+    assert len(msgpack.unpackb(d.sm.snapshot())) == 16
+    assert msgpack.unpackb(d.sm.snapshot())[14] == []
+    d.apply(GroupBeat("alice", "workers", "m1", 0, 1000, False, d.tick()))
+    for sm in (d.sm, BucketStateMachine.restore(d.sm.snapshot())):
+        assert sm.snapshot() == d.sm.snapshot() and sm.digest() == d.sm.digest()
+        assert sm.groups.owner("alice", "workers") == ("m1", 1)
+        assert TID in sm.txns.ids
+    raw = msgpack.unpackb(d.sm.snapshot())
+    raw[15] = [[], [], [], [0] * len(raw[15][3])]  # an empty transaction state
+    with pytest.raises(SnapshotError, match="not canonical"):
+        BucketStateMachine.restore(msgpack.packb(raw))
