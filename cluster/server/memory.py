@@ -1,0 +1,126 @@
+"""Memory dumps: what a live node's heap holds, and what grew since the last look.
+
+    kill -USR2 <node pid>          # writes <data_dir>/memory/<UTC time>.txt
+
+A dump gives the process's RSS, the bytes the Python allocator holds in blocks
+(`sys.getallocatedblocks`), the live objects the collector tracks by type and how
+each count changed since the previous dump; and, when the node traces allocations
+(``[node] tracemalloc_frames`` > 0, `tracemalloc` started before the node is
+built), the traced total, the allocation sites holding the most memory, and the
+sites that grew most since the previous dump with their tracebacks. RSS that climbs
+while the traced bytes and the object counts stay flat is the allocator (or native
+code, gRPC's C core), not Python objects kept alive. ``[node] memory_dump_s`` writes
+one every so many seconds as well. docs/operations.md, "Memory".
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import logging
+import sys
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Final
+
+__all__ = ["MemoryDumps", "rss_bytes"]
+
+log = logging.getLogger("sevendb.memory")
+
+TOP: Final = 30
+"""Rows per table in a dump."""
+_IGNORED: Final = (
+    tracemalloc.Filter(False, tracemalloc.__file__),
+    tracemalloc.Filter(False, "<frozen importlib._bootstrap>"),
+    tracemalloc.Filter(False, "<frozen importlib._bootstrap_external>"),
+    tracemalloc.Filter(False, "<unknown>"),
+)
+
+
+def rss_bytes() -> int:
+    """The process's resident set (Linux ``/proc``; 0 where there is none)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _type_name(obj: object) -> str:
+    kind = type(obj)
+    module = kind.__module__
+    return kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
+
+
+def object_counts() -> collections.Counter[str]:
+    """Live objects the collector tracks, by type (not those `gc.freeze` moved to the
+    permanent generation: what start-up built)."""
+    return collections.Counter(_type_name(o) for o in gc.get_objects())
+
+
+class MemoryDumps:
+    """Writes dumps into `directory`, each compared with the one before.
+
+    `frames` > 0 starts `tracemalloc` with that many frames per allocation (call it
+    before building what should be traced; tracing costs CPU and memory on every
+    allocation: a diagnostic, not a default).
+    """
+
+    def __init__(self, directory: Path, frames: int = 0, top: int = TOP) -> None:
+        self.directory = directory
+        self.top = top
+        if frames > 0 and not tracemalloc.is_tracing():
+            tracemalloc.start(frames)
+        self._lock = threading.Lock()
+        self._counts: collections.Counter[str] | None = None
+        self._snapshot: tracemalloc.Snapshot | None = None
+        self._written = 0
+
+    def dump(self) -> Path:
+        """Write one dump; returns its path. Safe to call from any thread."""
+        with self._lock:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._written += 1
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            path = self.directory / f"{stamp}-{self._written:04d}.txt"
+            path.write_text("\n".join(self._lines()) + "\n", encoding="utf-8")
+        log.info("memory dump written to %s", path)
+        return path
+
+    def _lines(self) -> list[str]:
+        lines = [
+            f"rss_bytes {rss_bytes()}",
+            f"allocated_blocks {sys.getallocatedblocks()}",
+        ]
+        counts = object_counts()
+        lines += [f"gc_objects {sum(counts.values())}", "", "# objects by type"]
+        lines += [f"{n:>10}  {name}" for name, n in counts.most_common(self.top)]
+        if self._counts is not None:
+            grown = counts.copy()
+            grown.subtract(self._counts)
+            lines += ["", "# objects by type, change since the previous dump"]
+            changes = sorted(grown.items(), key=lambda kv: -abs(kv[1]))[: self.top]
+            lines += [f"{n:>+10}  {name}" for name, n in changes if n]
+        self._counts = counts
+        if tracemalloc.is_tracing():
+            lines += self._traced_lines()
+        return lines
+
+    def _traced_lines(self) -> list[str]:
+        current, peak = tracemalloc.get_traced_memory()
+        snapshot = tracemalloc.take_snapshot().filter_traces(_IGNORED)
+        lines = ["", f"traced_bytes {current} (peak {peak})", "", "# allocation sites by size"]
+        for stat in snapshot.statistics("lineno")[: self.top]:
+            lines.append(f"{stat.size:>12}  {stat.count:>9}  {stat.traceback[0]}")
+        if self._snapshot is not None:
+            lines += ["", "# allocation sites, growth since the previous dump (bytes, blocks)"]
+            diffs = snapshot.compare_to(self._snapshot, "traceback")[: self.top]
+            for diff in diffs:
+                lines.append(f"{diff.size_diff:>+12}  {diff.count_diff:>+9}  {diff.size:>12}")
+                lines += [f"      {line}" for line in diff.traceback.format(most_recent_first=True)]
+        self._snapshot = snapshot
+        return lines

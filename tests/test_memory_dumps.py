@@ -1,0 +1,75 @@
+"""Memory dumps (cluster/server/memory.py): what grew between two dumps is named by
+type and, with tracing on, by the line that allocated it."""
+
+from __future__ import annotations
+
+import tracemalloc
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sevendb.cluster.common.topology import ConfigError
+from sevendb.cluster.server.config import load_node_config
+from sevendb.cluster.server.memory import MemoryDumps
+
+
+class Kept:
+    """What the test keeps alive between two dumps."""
+
+    def __init__(self, n: int) -> None:
+        self.payload = [n] * 100
+
+
+@pytest.fixture
+def no_tracing() -> Iterator[None]:
+    assert not tracemalloc.is_tracing()
+    yield
+    tracemalloc.stop()
+
+
+def _section(text: str, title: str) -> list[str]:
+    lines = text.split(f"# {title}\n", 1)[1].split("\n\n", 1)[0]
+    return lines.splitlines()
+
+
+def test_a_dump_names_what_grew_since_the_one_before(tmp_path: Path, no_tracing: None) -> None:
+    dumps = MemoryDumps(tmp_path / "memory", frames=3)
+    first = dumps.dump().read_text()
+    assert first.startswith("rss_bytes ")
+    assert "traced_bytes" in first
+    assert "change since the previous dump" not in first  # nothing to compare with yet
+    kept = [Kept(n) for n in range(5000)]
+    second = dumps.dump().read_text()
+    changes = _section(second, "objects by type, change since the previous dump")
+    assert any(line.split() == ["+5000", f"{__name__}.Kept"] for line in changes), changes
+    growth = _section(second, "allocation sites, growth since the previous dump (bytes, blocks)")
+    assert growth and int(growth[0].split()[0]) > 5000 * 100 * 8  # the lists, the largest
+    where = growth[1:6]  # the largest growth's traceback, most recent call first
+    assert __file__ in where[0] and "self.payload = [n] * 100" in where[1], growth
+    assert len(list((tmp_path / "memory").glob("*.txt"))) == 2
+    del kept
+
+
+def test_without_tracing_a_dump_counts_objects_only(tmp_path: Path) -> None:
+    assert not tracemalloc.is_tracing()
+    text = MemoryDumps(tmp_path, frames=0).dump().read_text()
+    assert "# objects by type" in text
+    assert "traced_bytes" not in text
+    assert not tracemalloc.is_tracing()
+
+
+def test_the_settings_are_checked(tmp_path: Path) -> None:
+    config = load_node_config(
+        None,
+        {
+            "SEVENDB_NODE_ID": "n1",
+            "SEVENDB_NODE_TRACEMALLOC_FRAMES": "8",
+            "SEVENDB_NODE_MEMORY_DUMP_S": "300",
+        },
+    )
+    assert (config.node.tracemalloc_frames, config.node.memory_dump_s) == (8, 300.0)
+    with pytest.raises(ConfigError, match="tracemalloc_frames"):
+        load_node_config(None, {"SEVENDB_NODE_ID": "n1", "SEVENDB_NODE_TRACEMALLOC_FRAMES": "-1"})
+    with pytest.raises(ConfigError, match="memory_dump_s"):
+        load_node_config(None, {"SEVENDB_NODE_ID": "n1", "SEVENDB_NODE_MEMORY_DUMP_S": "-5"})
