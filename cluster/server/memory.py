@@ -2,9 +2,11 @@
 
     kill -USR2 <node pid>          # writes <data_dir>/memory/<UTC time>.txt
 
-A dump gives the process's RSS, the bytes the Python allocator holds in blocks
-(`sys.getallocatedblocks`), the live objects the collector tracks by type and how
-each count changed since the previous dump; and, when the node traces allocations
+A dump gives the process's RSS, the blocks the Python allocator holds
+(`sys.getallocatedblocks`), glibc malloc's bytes in use and free but kept (gRPC,
+protobuf, OpenSSL and Python's objects over 512 bytes live there), the live
+objects the collector tracks by type and how each count changed since the previous
+dump; and, when the node traces allocations
 (``[node] tracemalloc_frames`` > 0, `tracemalloc` started before the node is
 built), the traced total, the allocation sites holding the most memory, and the
 sites that grew most since the previous dump with their tracebacks. RSS that climbs
@@ -16,14 +18,17 @@ one every so many seconds as well. docs/operations.md, "Memory".
 from __future__ import annotations
 
 import collections
+import ctypes
+import ctypes.util
 import gc
 import logging
 import sys
 import threading
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
-from typing import Final
+from typing import Final, cast
 
 __all__ = ["MemoryDumps", "rss_bytes"]
 
@@ -48,6 +53,53 @@ def rss_bytes() -> int:
     except OSError:
         pass
     return 0
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def _mallinfo2() -> Callable[[], _MallInfo2] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = ctypes.CDLL(ctypes.util.find_library("c")).mallinfo2
+    except (OSError, AttributeError):  # not glibc, or older than 2.33
+        return None
+    function.restype = _MallInfo2
+    function.argtypes = []
+    return cast(Callable[[], _MallInfo2], function)
+
+
+_MALLINFO2: Final = _mallinfo2()
+
+
+def malloc_lines() -> list[str]:
+    """glibc's malloc totals over every arena (`mallinfo2`): bytes in use (Python's
+    large objects, gRPC, protobuf, OpenSSL), bytes free but kept, bytes mmapped.
+    Nothing where the C library is not glibc."""
+    if _MALLINFO2 is None:
+        return []
+    info = _MALLINFO2()
+    return [
+        f"malloc_in_use_bytes {info.uordblks + info.hblkhd}",
+        f"malloc_free_kept_bytes {info.fordblks}",
+        f"malloc_mmapped_bytes {info.hblkhd}",
+    ]
 
 
 def _type_name(obj: object) -> str:
@@ -95,6 +147,7 @@ class MemoryDumps:
         lines = [
             f"rss_bytes {rss_bytes()}",
             f"allocated_blocks {sys.getallocatedblocks()}",
+            *malloc_lines(),
         ]
         counts = object_counts()
         lines += [f"gc_objects {sum(counts.values())}", "", "# objects by type"]
