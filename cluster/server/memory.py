@@ -149,8 +149,14 @@ class MemoryDumps:
             f"allocated_blocks {sys.getallocatedblocks()}",
             *malloc_lines(),
         ]
+        unreachable = gc.collect()  # what is left is alive, not garbage awaiting a collection
         counts = object_counts()
-        lines += [f"gc_objects {sum(counts.values())}", "", "# objects by type"]
+        lines += [
+            f"gc_collected {unreachable}",
+            f"gc_objects {sum(counts.values())}",
+            "",
+            "# objects by type, after a full collection",
+        ]
         lines += [f"{n:>10}  {name}" for name, n in counts.most_common(self.top)]
         if self._counts is not None:
             grown = counts.copy()
@@ -174,6 +180,7 @@ class MemoryDumps:
             diffs = snapshot.compare_to(self._snapshot, "traceback")[: self.top]
             for diff in diffs:
                 lines.append(f"{diff.size_diff:>+12}  {diff.count_diff:>+9}  {diff.size:>12}")
-                lines += [f"      {line}" for line in diff.traceback.format(most_recent_first=True)]
+                # file:line only: reading the source lines would fill linecache, here
+                lines += [f"      {frame}" for frame in reversed(diff.traceback)]
         self._snapshot = snapshot
         return lines
