@@ -14,7 +14,6 @@ from sevendb.cluster.common.topology import ConfigError
 from sevendb.cluster.server.config import load_node_config
 from sevendb.cluster.server.memory import MemoryDumps
 
-
 SOURCE = Path(__file__).read_text().splitlines()
 
 
