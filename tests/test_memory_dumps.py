@@ -79,3 +79,28 @@ def test_the_settings_are_checked(tmp_path: Path) -> None:
         load_node_config(None, {"SEVENDB_NODE_ID": "n1", "SEVENDB_NODE_TRACEMALLOC_FRAMES": "-1"})
     with pytest.raises(ConfigError, match="memory_dump_s"):
         load_node_config(None, {"SEVENDB_NODE_ID": "n1", "SEVENDB_NODE_MEMORY_DUMP_S": "-5"})
+
+
+class Registry:
+    """Holds what the test adds, as a leaking registry would."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[int, list[int]]] = []
+
+
+def test_a_dump_says_what_holds_the_type_that_grew_most(tmp_path: Path) -> None:
+    dumps = MemoryDumps(tmp_path)
+    dumps.dump()
+    registry = Registry()
+    shared: list[int] = []  # (a tuple of atoms only is not tracked by the collector)
+    registry.entries.extend((n, shared) for n in range(20_000))
+    text = dumps.dump().read_text()
+    shapes = _section(text, "tuple, the type that grew most, by shape")
+    count, shape = shapes[0].split(maxsplit=1)
+    assert int(count) >= 20_000 and shape == "tuple[2](int, list)", shapes
+    chain = _section(text, "and what holds that, up the chain from the newest")
+    assert chain[:2] == [
+        "  <- list[20000](tuple, tuple, tuple, tuple, ...)",
+        f"  <- {__name__}.Registry",
+    ], chain
+    del registry

@@ -36,6 +36,9 @@ log = logging.getLogger("sevendb.memory")
 
 TOP: Final = 30
 """Rows per table in a dump."""
+SHAPE_ITEMS: Final = 4
+HOLDER_SAMPLES: Final = 3
+HOLDER_DEPTH: Final = 6
 _IGNORED: Final = (
     tracemalloc.Filter(False, tracemalloc.__file__),
     tracemalloc.Filter(False, "<frozen importlib._bootstrap>"),
@@ -114,6 +117,63 @@ def object_counts() -> collections.Counter[str]:
     return collections.Counter(_type_name(o) for o in gc.get_objects())
 
 
+def _shape(obj: object) -> str:
+    """A type, with a container's length and the types of its first items."""
+    name = _type_name(obj)
+    if isinstance(obj, tuple | list):
+        items = ", ".join(_type_name(item) for item in obj[:SHAPE_ITEMS])
+        return f"{name}[{len(obj)}]({items}{', ...' if len(obj) > SHAPE_ITEMS else ''})"
+    if isinstance(obj, dict):
+        keys = ", ".join(repr(k)[:40] for k in list(obj)[:SHAPE_ITEMS])
+        return f"{name}[{len(obj)}]({keys}{', ...' if len(obj) > SHAPE_ITEMS else ''})"
+    return name
+
+
+def _holder(obj: object, skip: set[int]) -> str:
+    """What refers to `obj` (skipping the dump's own lists): a container's shape, and
+    for a dict its owner's type (an instance's attributes)."""
+    held = []
+    for referrer in gc.get_referrers(obj):
+        if id(referrer) in skip or _is_frame(referrer):
+            continue
+        text = _shape(referrer)
+        if isinstance(referrer, dict):
+            owners = [_type_name(o) for o in gc.get_referrers(referrer) if id(o) not in skip]
+            text += f" of {', '.join(owners[:3]) or '?'}"
+        held.append(text)
+    return "; ".join(held[:SHAPE_ITEMS]) or "(nothing the collector tracks)"
+
+
+def shape_lines(objects: list[object], type_name: str, top: int) -> list[str]:
+    """The objects of `type_name` by shape, and what holds a few of the commonest."""
+    mine = [o for o in objects if _type_name(o) == type_name]
+    shapes = collections.Counter(_shape(o) for o in mine)
+    lines = [f"# {type_name}, the type that grew most, by shape"]
+    lines += [f"{n:>10}  {shape}" for shape, n in shapes.most_common(top)]
+    if not shapes:
+        return lines
+    commonest = shapes.most_common(1)[0][0]
+    samples = [o for o in mine if _shape(o) == commonest][-HOLDER_SAMPLES:]
+    skip = {id(objects), id(mine), id(samples)}
+    lines += ["", f"# what holds the newest {len(samples)} of {commonest}"]
+    lines += [f"  {_holder(o, skip)}" for o in samples]
+    lines += ["", "# and what holds that, up the chain from the newest"]
+    obj: object = samples[-1]
+    for _ in range(HOLDER_DEPTH):
+        referrers = gc.get_referrers(obj)
+        skip.add(id(referrers))
+        up = next((r for r in referrers if id(r) not in skip and not _is_frame(r)), None)
+        if up is None:
+            break
+        obj = up
+        lines.append(f"  <- {_shape(obj)}")
+    return lines
+
+
+def _is_frame(obj: object) -> bool:
+    return type(obj).__name__ == "frame"
+
+
 class MemoryDumps:
     """Writes dumps into `directory`, each compared with the one before.
 
@@ -150,7 +210,8 @@ class MemoryDumps:
             *malloc_lines(),
         ]
         unreachable = gc.collect()  # what is left is alive, not garbage awaiting a collection
-        counts = object_counts()
+        objects = gc.get_objects()
+        counts = collections.Counter(_type_name(o) for o in objects)
         lines += [
             f"gc_collected {unreachable}",
             f"gc_objects {sum(counts.values())}",
@@ -164,6 +225,9 @@ class MemoryDumps:
             lines += ["", "# objects by type, change since the previous dump"]
             changes = sorted(grown.items(), key=lambda kv: -abs(kv[1]))[: self.top]
             lines += [f"{n:>+10}  {name}" for name, n in changes if n]
+            if changes and changes[0][1] > 0:
+                lines += ["", *shape_lines(objects, max(changes, key=lambda kv: kv[1])[0], 10)]
+        del objects
         self._counts = counts
         if tracemalloc.is_tracing():
             lines += self._traced_lines()

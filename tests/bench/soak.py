@@ -20,9 +20,10 @@ For `--minutes`, with 3 nodes and 4 buckets:
 Lifecycles are shortened so that they turn over within the run: the stall window and
 the producers' idle time are 20 s, a slow stream is cut after 10 s.
 
-With `--trace-memory FRAMES`, each node traces its allocations and writes a memory
-dump every `--dump-minutes` into `<node dir>/memory/` (docs/operations.md,
-"Memory"); the dumps are copied to `--dumps DIR` at the end.
+With `--dump-minutes M`, each node writes a memory dump every M minutes into
+`<node dir>/memory/` (docs/operations.md, "Memory"), with `--trace-memory FRAMES`
+its allocation sites too (tracing costs CPU and memory: its RSS is not the
+untraced one); the dumps are copied to `--dumps DIR` at the end.
 
 Every 5 s it samples each node's RSS, journal and snapshot bytes, and every bucket's
 outbox rows, live subscriptions and producers (from `Status`). At the end it prints
