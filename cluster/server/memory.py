@@ -189,7 +189,10 @@ class MemoryDumps:
             tracemalloc.start(frames)
         self._lock = threading.Lock()
         self._counts: collections.Counter[str] | None = None
-        self._snapshot: tracemalloc.Snapshot | None = None
+        self._previous = directory / "previous.tracemalloc"
+        """The last dump's snapshot, kept on disk: held in memory, its traces (tuples)
+        would count among the live objects of the next dump."""
+        self._previous.unlink(missing_ok=True)
         self._written = 0
 
     def dump(self) -> Path:
@@ -239,12 +242,14 @@ class MemoryDumps:
         lines = ["", f"traced_bytes {current} (peak {peak})", "", "# allocation sites by size"]
         for stat in snapshot.statistics("lineno")[: self.top]:
             lines.append(f"{stat.size:>12}  {stat.count:>9}  {stat.traceback[0]}")
-        if self._snapshot is not None:
+        if self._previous.exists():
+            previous = tracemalloc.Snapshot.load(str(self._previous))
             lines += ["", "# allocation sites, growth since the previous dump (bytes, blocks)"]
-            diffs = snapshot.compare_to(self._snapshot, "traceback")[: self.top]
+            diffs = snapshot.compare_to(previous, "traceback")[: self.top]
+            del previous
             for diff in diffs:
                 lines.append(f"{diff.size_diff:>+12}  {diff.count_diff:>+9}  {diff.size:>12}")
                 # file:line only: reading the source lines would fill linecache, here
                 lines += [f"      {frame}" for frame in reversed(diff.traceback)]
-        self._snapshot = snapshot
+        snapshot.dump(str(self._previous))
         return lines
