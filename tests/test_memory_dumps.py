@@ -59,8 +59,10 @@ def test_without_tracing_a_dump_counts_objects_only(tmp_path: Path) -> None:
     assert not tracemalloc.is_tracing()
     text = MemoryDumps(tmp_path, frames=0).dump().read_text()
     assert "# objects by type" in text
-    if sys.platform.startswith("linux"):  # glibc's totals
+    if sys.platform.startswith("linux"):  # glibc's totals, and where the memory lies
         assert "malloc_free_kept_bytes" in text
+        mappings = _section(text, "anonymous mappings by resident bytes (resident, size)")
+        assert any(line.endswith("[heap]") for line in mappings), mappings
     assert "traced_bytes" not in text
     assert not tracemalloc.is_tracing()
 

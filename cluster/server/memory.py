@@ -22,6 +22,7 @@ import ctypes
 import ctypes.util
 import gc
 import logging
+import re
 import sys
 import threading
 import time
@@ -39,6 +40,8 @@ TOP: Final = 30
 SHAPE_ITEMS: Final = 4
 HOLDER_SAMPLES: Final = 3
 HOLDER_DEPTH: Final = 6
+MAPPINGS: Final = 8
+_MAPPING: Final = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) \S+ \S+ \S+ \S+\s*(.*)$")
 _IGNORED: Final = (
     tracemalloc.Filter(False, tracemalloc.__file__),
     tracemalloc.Filter(False, "<frozen importlib._bootstrap>"),
@@ -103,6 +106,29 @@ def malloc_lines() -> list[str]:
         f"malloc_free_kept_bytes {info.fordblks}",
         f"malloc_mmapped_bytes {info.hblkhd}",
     ]
+
+
+def mapping_lines(top: int = MAPPINGS) -> list[str]:
+    """The process's anonymous mappings holding the most resident memory (Linux
+    ``/proc``): glibc's heap and arenas, Python's 1 MiB arenas, and allocators of
+    their own (pyarrow's mimalloc reserves 1 GiB at once)."""
+    rows: list[tuple[int, int, str]] = []
+    try:
+        text = Path("/proc/self/smaps").read_text()
+    except OSError:
+        return []
+    current: list[int | str] | None = None
+    for line in text.splitlines():
+        head = _MAPPING.match(line)
+        if head is not None:
+            name = head.group(3).strip()
+            size = int(head.group(2), 16) - int(head.group(1), 16)
+            current = None if name.startswith("/") else [size, name or "[anon]"]
+        elif current is not None and line.startswith("Rss:"):
+            rows.append((int(line.split()[1]) * 1024, int(current[0]), str(current[1])))
+            current = None
+    rows.sort(reverse=True)
+    return [f"{rss:>12}  of {size:>12}  {name}" for rss, size, name in rows[:top]]
 
 
 def _type_name(obj: object) -> str:
@@ -212,6 +238,7 @@ class MemoryDumps:
             f"allocated_blocks {sys.getallocatedblocks()}",
             *malloc_lines(),
         ]
+        lines += ["", "# anonymous mappings by resident bytes (resident, size)", *mapping_lines()]
         unreachable = gc.collect()  # what is left is alive, not garbage awaiting a collection
         objects = gc.get_objects()
         counts = collections.Counter(_type_name(o) for o in objects)
