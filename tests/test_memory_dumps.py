@@ -3,6 +3,8 @@ type and, with tracing on, by the line that allocated it."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import tracemalloc
 from collections.abc import Iterator
@@ -106,3 +108,22 @@ def test_a_dump_says_what_holds_the_type_that_grew_most(tmp_path: Path) -> None:
         f"  <- {__name__}.Registry",
     ], chain
     del registry
+
+
+def test_a_node_allocates_pyarrow_memory_from_the_system_allocator() -> None:
+    """mimalloc, pyarrow's default, kept what the archive writer freed: a node's
+    memory climbed with it (docs/performance.md, the soak)."""
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    code = (
+        "import sevendb.cluster.server.node, pyarrow as pa; "
+        "print(pa.default_memory_pool().backend_name)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "system"
+    env["ARROW_DEFAULT_MEMORY_POOL"] = "mimalloc"  # an operator's choice is kept
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "mimalloc"
