@@ -6,12 +6,14 @@ registered stream consumers put on both, and `kill -9` at every step of them
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
 import re
 import signal
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,7 @@ from sevendb.cluster.archive.format import (
     segment_name,
     spark_ddl,
 )
+from sevendb.cluster.archive.maintenance import compact
 from sevendb.cluster.archive.manifest import Partial
 from sevendb.cluster.archive.settings import ArchiveSettings
 from sevendb.cluster.archive.writer import ArchiveWriter, read_archive, read_segment_info
@@ -356,6 +359,49 @@ def test_compaction_merges_runs_of_small_segments_per_partition(tmp_path: Path) 
         assert again.stats().segments_adopted == 0
         assert {s.path for s in again.segments()} == {s.path for s in after}
         assert again.archived_through(0) == APPLIED[-1].commit_index
+
+
+_POOLS: list[pa.MemoryPool] = []
+"""Every pool a test made pyarrow's default, kept alive: buffers allocated from one
+must not outlive it."""
+
+
+def _peak_arrow_bytes(run: Callable[[], object]) -> int:
+    """The most memory pyarrow held at once while `run` ran (a pool of its own, made
+    the default for that time)."""
+    before = pa.default_memory_pool()
+    pool = pa.proxy_memory_pool(pa.system_memory_pool())
+    _POOLS.append(pool)
+    pa.set_memory_pool(pool)
+    try:
+        run()
+    finally:
+        pa.set_memory_pool(before)
+    return pool.max_memory()
+
+
+def test_compaction_holds_a_batch_not_its_sources(tmp_path: Path) -> None:
+    """A compaction streams its rows: the memory it takes is bounded by its buffer, not
+    by its largest source (a compacted segment merged again at every pass until it
+    reaches half the target). Reading each source whole made a node's memory grow
+    with it for hours (the soak, docs/performance.md)."""
+    root = tmp_path / "archive"
+    w = small_segments(root)
+    first, *rest = [s for s in w.segments() if s.epoch == 1]
+    table = w.store.read_table(first.path, fmt.FILE_SCHEMA)
+    big = pa.concat_tables([table] * (40_000 // table.num_rows + 1))
+    pq.write_table(big, root / first.path)
+    group = [dataclasses.replace(first, rows=big.num_rows), *rest]
+    merged: list[SegmentInfo] = []
+    buffer = 256 * 1024
+    peak = _peak_arrow_bytes(
+        lambda: merged.append(compact(w.store, group, "zstd", lambda _: None, buffer))
+    )
+    assert merged[0].rows == sum(s.rows for s in group)
+    assert pq.read_metadata(root / merged[0].path).num_rows == merged[0].rows
+    assert big.nbytes > 8 * buffer  # the source is much larger than the buffer...
+    assert peak < big.nbytes // 2, (peak, big.nbytes)  # ...and was never held whole
+    w.close()
 
 
 def test_compaction_respects_the_target_the_minimum_and_consumers(tmp_path: Path) -> None:

@@ -15,6 +15,10 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Final
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from sevendb.cluster.archive.format import (
     CONSUMERS_DIR,
@@ -29,6 +33,15 @@ from sevendb.cluster.archive.settings import ArchiveSettings
 from sevendb.cluster.archive.store import ArchiveStore
 
 log = logging.getLogger("sevendb.archive")
+
+COMPACT_BATCH_ROWS: Final = 4096
+"""Compaction reads its sources this many rows at a time..."""
+COMPACT_BUFFER_BYTES: Final = 8 * 1024 * 1024
+"""...and writes a row group each time this many bytes of them are buffered. What a
+compaction holds is bounded by this, not by its sources: reading each whole made a
+node's memory grow with its largest compacted segment, which is merged again at
+every pass until it reaches half of `compact_target_bytes` (in the soak, pyarrow's
+allocator kept ~15 MB more a node every few minutes: docs/performance.md)."""
 
 Fault = Callable[[str], None]
 
@@ -133,10 +146,12 @@ def compact(
     group: Sequence[SegmentInfo],
     compression: str | None,
     fault: Fault,
+    buffer_bytes: int = COMPACT_BUFFER_BYTES,
 ) -> SegmentInfo:
     """Write one segment holding every row of `group` (in log order) and move it into
-    place; the sources are left for the caller to retire. Fault points:
-    ``compacted-written`` (synced under a hidden name), ``compacted-published``."""
+    place; the sources are left for the caller to retire. Rows are streamed through,
+    a row group per `buffer_bytes`. Fault points: ``compacted-written`` (synced under
+    a hidden name), ``compacted-published``."""
     first = group[0]
     directory = first.path.rsplit("/", 1)[0]
     name = segment_name(first.node_id, first.first_index, group[-1].last_index, compacted=True)
@@ -161,10 +176,7 @@ def compact(
     rows = 0
     try:
         with store.parquet_writer(tmp, schema, compression) as out:
-            for s in group:
-                table = store.read_table(s.path, FILE_SCHEMA)
-                rows += table.num_rows
-                out.write_table(table)
+            rows = _stream_rows(store, group, out, buffer_bytes)
         if rows != info.rows:
             raise ArchiveError(
                 f"compacting into {name}: read {rows} rows, the manifest says {info.rows}"
@@ -185,6 +197,26 @@ def compact(
         name,
     )
     return dataclasses.replace(info, bytes=size)
+
+
+def _stream_rows(
+    store: ArchiveStore, group: Sequence[SegmentInfo], out: pq.ParquetWriter, buffer_bytes: int
+) -> int:
+    """Copy every row of `group` into `out` (a ParquetWriter); returns how many."""
+    rows = 0
+    buffered: list[pa.RecordBatch] = []
+    size = 0
+    for s in group:
+        for batch in store.batches(s.path, COMPACT_BATCH_ROWS):
+            rows += batch.num_rows
+            buffered.append(batch)
+            size += batch.nbytes
+            if size >= buffer_bytes:
+                out.write_table(pa.Table.from_batches(buffered).cast(FILE_SCHEMA))
+                buffered, size = [], 0
+    if buffered:
+        out.write_table(pa.Table.from_batches(buffered).cast(FILE_SCHEMA))
+    return rows
 
 
 __all__ = [

@@ -229,6 +229,12 @@ class ArchiveStore:
     def read_table(self, rel: str, schema: pa.Schema) -> pa.Table:
         return pq.read_table(self.path(rel), filesystem=self.fs, schema=schema)
 
+    def batches(self, rel: str, rows: int) -> Iterator[pa.RecordBatch]:
+        """A Parquet file's rows, at most `rows` at a time: what reading it holds is a
+        batch, not the file."""
+        with self.fs.open_input_file(self.path(rel)) as source:
+            yield from pq.ParquetFile(source).iter_batches(batch_size=rows)
+
     # -- locking -------------------------------------------------------------------
 
     @contextlib.contextmanager

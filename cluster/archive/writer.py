@@ -586,6 +586,11 @@ class ArchiveWriter:
                 self._replace(group, [merged])
                 with self._lock:
                     self._counts["segments_compacted"] += len(group)
+            if groups:
+                # pyarrow's allocator (mimalloc) keeps what a pass freed; handed back
+                # here, a node's memory does not climb pass after pass (under 1 ms;
+                # docs/performance.md, the soak).
+                pa.default_memory_pool().release_unused()
             victims, held = retention_victims(
                 self.segments(), self.settings, int(self._wall_clock() * 1000), consumers
             )

@@ -8,3 +8,13 @@ The service (`service.py`) is split by concern: `rpc` (the guard: token, parsing
 May import: `sevendb.cluster.raft`, `sevendb.cluster.archive`,
 `sevendb.cluster.common`, `sevendb.notifier`, `sevendb.outbox`, `sevendb.proto`.
 """
+
+import os
+
+# A node's pyarrow (the archive writer) allocates from the C library's malloc, not
+# from the mimalloc pool pyarrow picks by default: mimalloc kept what each archive
+# pass freed, in per-thread heaps nothing else reuses, and a node's memory climbed
+# with it for as long as the soak ran (docs/performance.md). pyarrow reads this once,
+# when it is first imported: here, before any room of the node imports it. An
+# operator's own ARROW_DEFAULT_MEMORY_POOL is kept.
+os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")

@@ -71,6 +71,14 @@ class NodeSettings:
     ready_lag_max: int = 1000
     """``/readyz`` answers 503 while a local replica has applied fewer than its
     leader's commit index minus this many entries (docs/operations.md)."""
+    tracemalloc_frames: int = 0
+    """Trace every Python allocation with this many frames (0: off), so that a
+    memory dump (SIGUSR2, `memory_dump_s`) lists the allocation sites that grew.
+    A diagnostic: tracing costs CPU and memory on every allocation
+    (docs/operations.md, "Memory")."""
+    memory_dump_s: float = 0.0
+    """Also write a memory dump every this many seconds (0: only on SIGUSR2) into
+    ``<data_dir>/memory/``."""
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -81,6 +89,10 @@ class NodeSettings:
             raise ValueError(f"drain_s must be 0..3600, got {self.drain_s}")
         if self.ready_lag_max < 0:
             raise ValueError(f"ready_lag_max must be >= 0, got {self.ready_lag_max}")
+        if not 0 <= self.tracemalloc_frames <= 100:
+            raise ValueError(f"tracemalloc_frames must be 0..100, got {self.tracemalloc_frames}")
+        if self.memory_dump_s < 0:
+            raise ValueError(f"memory_dump_s must be >= 0, got {self.memory_dump_s}")
 
 
 SECTIONS: Mapping[str, type[Any]] = {

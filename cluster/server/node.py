@@ -40,6 +40,7 @@ from sevendb.cluster.server.edge import now_ms
 from sevendb.cluster.server.faults import KILL_BEFORE_SEND, FaultPoints
 from sevendb.cluster.server.health import HealthServer, readiness
 from sevendb.cluster.server.logs import configure_logging, early_logging
+from sevendb.cluster.server.memory import MemoryDumps
 from sevendb.cluster.server.meta import ClusterView, MetaFollower, MetaMember, MetaState
 from sevendb.cluster.server.metrics import NodeMetrics
 from sevendb.cluster.server.service import NodeService
@@ -570,7 +571,28 @@ class StopRequest:
         self.event.set()
 
 
+def memory_dumps(config: NodeConfig, stop: threading.Event) -> MemoryDumps:
+    """Dumps on SIGUSR2 (in a thread of their own: a traced snapshot takes seconds),
+    and every ``memory_dump_s`` until `stop` is set (`sevendb.cluster.server.memory`)."""
+    settings = config.node
+    dumps = MemoryDumps(settings.data_dir / "memory", settings.tracemalloc_frames)
+
+    def dump_in_thread(_signum: int = 0, _frame: object = None) -> None:
+        threading.Thread(target=dumps.dump, name="memory-dump", daemon=True).start()
+
+    signal.signal(signal.SIGUSR2, dump_in_thread)
+    if settings.memory_dump_s > 0:
+
+        def every() -> None:
+            while not stop.wait(settings.memory_dump_s):
+                dumps.dump()
+
+        threading.Thread(target=every, name="memory-dump", daemon=True).start()
+    return dumps
+
+
 def serve(config: NodeConfig, stop: StopRequest) -> int:
+    memory_dumps(config, stop.event)  # first: tracing must see what the node builds
     node = Node(config)
     try:
         return asyncio.run(node.serve(stop))

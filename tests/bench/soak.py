@@ -20,6 +20,11 @@ For `--minutes`, with 3 nodes and 4 buckets:
 Lifecycles are shortened so that they turn over within the run: the stall window and
 the producers' idle time are 20 s, a slow stream is cut after 10 s.
 
+With `--dump-minutes M`, each node writes a memory dump every M minutes into
+`<node dir>/memory/` (docs/operations.md, "Memory"), with `--trace-memory FRAMES`
+its allocation sites too (tracing costs CPU and memory: its RSS is not the
+untraced one); the dumps are copied to `--dumps DIR` at the end.
+
 Every 5 s it samples each node's RSS, journal and snapshot bytes, and every bucket's
 outbox rows, live subscriptions and producers (from `Status`). At the end it prints
 each series' median after warm-up (the first third) and whether the highest value of
@@ -36,6 +41,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -290,8 +296,14 @@ def check_writes(run: Run) -> list[str]:
     return missing
 
 
-def soak(minutes: float, rate: float, data: Path, seed: int = 1) -> dict[str, Any]:
+def soak(
+    minutes: float, rate: float, data: Path, seed: int = 1, trace: tuple[int, float] = (0, 0.0)
+) -> dict[str, Any]:
+    """`trace`: (frames, seconds between memory dumps), (0, 0.0) for none."""
     os.environ.update(LIFECYCLE_ENV)
+    if trace[1] > 0:
+        os.environ["SEVENDB_NODE_TRACEMALLOC_FRAMES"] = str(trace[0])
+        os.environ["SEVENDB_NODE_MEMORY_DUMP_S"] = str(trace[1])
     cluster_up(data, nodes=3, buckets=4, replicas=3, progress=log)
     spec = local_spec(data)
     run = Run(data, [n.grpc_address for n in spec.nodes], local_token(data), local_tls(data))
@@ -365,9 +377,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=5.0, help="length of the run (default 5)")
     parser.add_argument("--rate", type=float, default=100.0, help="writes per second (default 100)")
     parser.add_argument("--json", type=Path, help="also write the result here")
+    parser.add_argument(
+        "--trace-memory", type=int, default=0, metavar="FRAMES", help="nodes trace allocations"
+    )
+    parser.add_argument(
+        "--dump-minutes", type=float, default=0.0, help="a memory dump per node this often"
+    )
+    parser.add_argument("--dumps", type=Path, help="copy the nodes' memory dumps here")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="sevendb-soak-") as tmp:
-        result = soak(args.minutes, args.rate, Path(tmp) / "data")
+        data = Path(tmp) / "data"
+        result = soak(
+            args.minutes, args.rate, data, trace=(args.trace_memory, args.dump_minutes * 60)
+        )
+        if args.dumps:
+            for dump in data.glob("nodes/*/memory/*.txt"):
+                node = dump.parent.parent.name
+                (args.dumps / node).mkdir(parents=True, exist_ok=True)
+                shutil.copy(dump, args.dumps / node / dump.name)
     if args.json:  # first: an hour's result outlives a bug in the printing
         args.json.write_text(json.dumps(result, indent=2))
     report(result)
