@@ -423,7 +423,7 @@ def test_kill_9_at_each_publication_step_loses_and_duplicates_nothing(
     else:
         hit = 2  # the second segment or manifest: something is already published
     assert point is None or trace.count(point) > hit
-    proc = multiprocessing.get_context("fork").Process(
+    proc = multiprocessing.get_context("spawn").Process(
         target=_child, args=(str(root), point, hit, str(holds))
     )
     proc.start()

@@ -468,7 +468,7 @@ def test_kill_9_mid_compaction_loses_and_counts_nothing_twice(
     tmp_path: Path, point: str, hit: int
 ) -> None:
     root = tmp_path / "archive"
-    proc = multiprocessing.get_context("fork").Process(
+    proc = multiprocessing.get_context("spawn").Process(
         target=_upkeep_child, args=(str(root), point, hit, False)
     )
     proc.start()
@@ -494,7 +494,7 @@ def test_kill_9_mid_compaction_loses_and_counts_nothing_twice(
 @pytest.mark.parametrize("point", ["retire-recorded", "retired-deleted"])
 def test_kill_9_mid_retention_finishes_the_deletion_at_restart(tmp_path: Path, point: str) -> None:
     root = tmp_path / "archive"
-    proc = multiprocessing.get_context("fork").Process(
+    proc = multiprocessing.get_context("spawn").Process(
         target=_upkeep_child, args=(str(root), point, 1, True)
     )
     proc.start()
