@@ -88,21 +88,19 @@ def history_trim_point(
     acknowledged subscriptions still hold stays (docs/core.md, "Retained history")."""
     entries, size = sm.history_size()
     through = None
-    oldest = None
     for kept in sm.retained():
         too_old = max_age_ms > 0 and now_ms - kept.commit_time_ms > max_age_ms
         if entries <= max_entries and size <= max_bytes and not too_old:
             break
-        oldest = oldest or kept.emit_seq.commit_index
         through = kept.emit_seq.commit_index
         entries, size = entries - 1, size - kept.size_bytes
-    if through is None or oldest is None:
+    if through is None:
         return None
     # A safety point below the oldest retained change set (between two of them, at an
     # entry that changed no key) drops nothing: proposing it anyway would append a
     # HISTORY_TRIM on every pass, for ever.
     point = min(through, sm.safety_point(now_ms, stall_window_ms))
-    return point if point >= oldest else None
+    return point if point >= sm.retained()[0].emit_seq.commit_index else None
 
 
 def subscription_info(sm: BucketStateMachine, sub_id: str) -> SubscriptionInfo | None:
