@@ -364,7 +364,7 @@ class NotifierCore:
         the adapter ends them (the client's reconnect then learns why)."""
         gone = []
         for sub_id in self._order:
-            sub = sm.subscription(sub_id)
+            sub = sm.subs.get(sub_id)
             if sub is None or sub.principal != self._streams[sub_id].principal:
                 gone.append(sub_id)
         return tuple(gone)
@@ -474,7 +474,7 @@ class NotifierCore:
         self, sm: BucketStateMachine, sub_id: str, position: EmitSeq, through: int | None
     ) -> tuple[OutboxRow, ...]:
         """The rows a stream at `position` may be sent (`sendable_through`)."""
-        return sm.outbox_rows(sub_id, position, through)
+        return sm.subs.outbox_rows(sub_id, position, through)
 
     # ---- acks and purges -------------------------------------------------------
 
@@ -498,7 +498,7 @@ class NotifierCore:
     def _queue_ack(
         self, sm: BucketStateMachine, sub_id: str, principal: str, up_to: EmitSeq
     ) -> AckOutcome:
-        outcome = sm.check_ack(sub_id, principal, up_to)
+        outcome = sm.subs.check_ack(sub_id, principal, up_to)
         if outcome.status is not AckStatus.ACCEPTED:
             return outcome
         through = self.sendable_through(sm)
@@ -578,13 +578,13 @@ class NotifierCore:
         expired = expirable_subscriptions(sm, now_ms, stall_window_ms, keep)[:most]
         touch = []
         for sub_id in self._order:
-            sub = sm.subscription(sub_id)
+            sub = sm.subs.get(sub_id)
             stale_ms = 0 if sub is None else now_ms - sub.last_active_ms
             if sub is not None and not sub.rows and stale_ms > stall_window_ms // 4:
                 touch.append(sub_id)
                 if len(touch) >= limits.TOUCHES_PER_PURGE_MAX:
                     break
-        producers = sm.idle_producers(now_ms, self._config.producer_idle_ms)[:most]
+        producers = sm.producers.idle(now_ms, self._config.producer_idle_ms)[:most]
         return expired, tuple(touch), producers
 
     def _acks_to_purge(self, sm: BucketStateMachine) -> tuple[Ack, ...]:
@@ -593,7 +593,7 @@ class NotifierCore:
         acks = []
         for sub_id in sorted(self._acks):
             ack = self._acks[sub_id]
-            if sm.check_ack(ack.sub_id, ack.principal, ack.up_to).status is AckStatus.ACCEPTED:
+            if sm.subs.check_ack(ack.sub_id, ack.principal, ack.up_to).status is AckStatus.ACCEPTED:
                 acks.append(ack)
             else:
                 del self._acks[sub_id]  # covered (or moot): nothing left to propose

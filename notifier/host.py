@@ -404,7 +404,7 @@ class BucketNotifier:
 
             def attach(sm: BucketStateMachine) -> tuple[Attach, EmitSeq, EmitSeq]:
                 assert core is not None
-                sub = sm.subscription(sub_id)
+                sub = sm.subs.get(sub_id)
                 at = after if after is not None else sub.acked if sub else sm.emit_seq(0)
                 result = core.attach(sm, sub_id, principal, at, now)
                 return result, at if sub is None else max(at, sub.head), at
@@ -461,7 +461,9 @@ class BucketNotifier:
                 return [AckWait.LOST] * len(acks)
             try:
                 verdicts = self.replica.read(
-                    lambda sm: [sm.check_ack(sub_id, principal, up_to) for sub_id, up_to in acks]
+                    lambda sm: [
+                        sm.subs.check_ack(sub_id, principal, up_to) for sub_id, up_to in acks
+                    ]
                 )
             except ReplicaUnavailable:
                 return [AckWait.LOST] * len(acks)
@@ -551,7 +553,7 @@ class BucketNotifier:
             self._propose_trim(sm, now)
         sent = self._send(core, sm, now, SEND_EVENTS_MAX, full=housekeeping)
         if self._metrics is not None and housekeeping:
-            self._metrics.gauges(self.bucket, sm.outbox_size(), max_ack_lag(sm))
+            self._metrics.gauges(self.bucket, sm.subs.outbox_size(), max_ack_lag(sm))
         return sent >= SEND_EVENTS_MAX
 
     def _end_slow_streams(self, core: NotifierCore, now: int) -> None:

@@ -13,7 +13,8 @@ from . import limits
 from .model import SubscriptionInfo
 
 if TYPE_CHECKING:
-    from .state import BucketStateMachine, Subscription
+    from .state import BucketStateMachine
+    from .subscriptions import Subscription
 
 
 def idle(sub: Subscription, now_ms: int, stall_window_ms: int) -> bool:
@@ -32,7 +33,7 @@ def expirable_subscriptions(
     return tuple(
         sorted(
             sub.sub_id
-            for sub in sm.subscriptions_by_id().values()
+            for sub in sm.subs.by_id().values()
             if idle(sub, now_ms, stall_window_ms) and (sub.rows or sub.sub_id not in attached)
         )
     )
@@ -46,7 +47,7 @@ def stalled_subscriptions(
     return tuple(
         sorted(
             sub.sub_id
-            for sub in sm.subscriptions_by_id().values()
+            for sub in sm.subs.by_id().values()
             if sub.rows and idle(sub, now_ms, stall_window_ms)
         )
     )
@@ -55,7 +56,7 @@ def stalled_subscriptions(
 def max_ack_lag(sm: BucketStateMachine) -> int:
     """The largest `Subscription.ack_lag` (commit indexes between a subscription's
     acknowledged point and its head) over the bucket's subscriptions; 0 with none."""
-    return max((sub.ack_lag for sub in sm.subscriptions_by_id().values()), default=0)
+    return max((sub.ack_lag for sub in sm.subs.by_id().values()), default=0)
 
 
 def cold_replica_checkpoint(
@@ -86,9 +87,9 @@ def history_trim_point(
     go while more than `max_entries` are kept, or more than `max_bytes`, or while they
     are older than `max_age_ms` (0: no bound by age). Never past the safety point: what
     acknowledged subscriptions still hold stays (docs/core.md, "Retained history")."""
-    entries, size = sm.history_size()
+    entries, size = sm.history.size()
     through = None
-    for kept in sm.retained():
+    for kept in sm.history:
         too_old = max_age_ms > 0 and now_ms - kept.commit_time_ms > max_age_ms
         if entries <= max_entries and size <= max_bytes and not too_old:
             break
@@ -100,12 +101,12 @@ def history_trim_point(
     # entry that changed no key) drops nothing: proposing it anyway would append a
     # HISTORY_TRIM on every pass, for ever.
     point = min(through, sm.safety_point(now_ms, stall_window_ms))
-    return point if point >= sm.retained()[0].emit_seq.commit_index else None
+    return point if point >= next(iter(sm.history)).emit_seq.commit_index else None
 
 
 def subscription_info(sm: BucketStateMachine, sub_id: str) -> SubscriptionInfo | None:
     """What an operator sees of one subscription (None: no such live one)."""
-    sub = sm.subscription(sub_id)
+    sub = sm.subs.get(sub_id)
     if sub is None:
         return None
     # Its rows are every one computed for it and not acknowledged; those after the
@@ -138,7 +139,7 @@ def subscription_page(
     limit = min(limit, limits.SYNC_LIMIT_MAX)
     ids = sorted(
         sub_id
-        for sub_id, sub in sm.subscriptions_by_id().items()
+        for sub_id, sub in sm.subs.by_id().items()
         if sub_id > after and (principal is None or sub.principal == principal)
     )
     return tuple(ids[:limit]), len(ids) > limit

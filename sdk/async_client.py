@@ -470,27 +470,12 @@ class AsyncClient:
     ) -> AsyncIterator[Event]:
         """`Client.history` as an async iterator."""
         parsed = parse_query(query)
-        for bucket, begin in await self._history_starts(parsed, after):
+        for bucket, begin in history_starts(await self.layout(), parsed, after):
             page = _HistoryPage(bucket, begin, begin)
             while page.more:
                 page = await self._history_page(parsed, page, through, page_size)
                 for event in page.events:
                     yield event
-
-    async def _history_starts(
-        self, query: Query, after: StartAt
-    ) -> list[tuple[int, EmitSeq | None]]:
-        """Each bucket `query` spans, with the position its history is read after."""
-        layout = await self.layout()
-        buckets = layout.buckets_of(query)
-        starts = starts_for(after, buckets, layout.bucket_uuids)
-        found = []
-        for bucket in buckets:
-            begin = starts[bucket]
-            if begin.kind not in (StartKind.EARLIEST, StartKind.AFTER):
-                raise InvalidArgument("history reads after 'earliest' or an emit_seq")
-            found.append((bucket, begin.after))
-        return found
 
     async def _history_page(
         self, query: Query, last: _HistoryPage, through: int, page_size: int
@@ -757,6 +742,21 @@ class AsyncIdempotentProducer:
     ) -> WriteResult:
         op = set_op(key, value, expected_version=expected_version)
         return await self._client._write([op], self._producer)
+
+
+def history_starts(
+    layout: ClusterLayout, query: Query, after: StartAt
+) -> list[tuple[int, EmitSeq | None]]:
+    """Each bucket `query` spans, with the position its history is read after."""
+    buckets = layout.buckets_of(query)
+    starts = starts_for(after, buckets, layout.bucket_uuids)
+    found = []
+    for bucket in buckets:
+        begin = starts[bucket]
+        if begin.kind not in (StartKind.EARLIEST, StartKind.AFTER):
+            raise InvalidArgument("history reads after 'earliest' or an emit_seq")
+        found.append((bucket, begin.after))
+    return found
 
 
 __all__ = [

@@ -38,6 +38,7 @@ from sevendb.sdk.async_client import (
     RetryPolicy,
     WriteQueue,
     _HistoryPage,
+    history_starts,
     write_bucket,
     write_request,
 )
@@ -284,7 +285,7 @@ class Client:
         Older than a bucket's history reaches: `StaleSequence` (read the state with
         `sync_bucket` instead; docs/wire.md, "History")."""
         parsed = parse_query(query)
-        for bucket, begin in self._run(self._core._history_starts(parsed, after)):
+        for bucket, begin in history_starts(self._run(self._core.layout()), parsed, after):
             page = _HistoryPage(bucket, begin, begin)
             while page.more:
                 page = self._run(self._core._history_page(parsed, page, through, page_size))

@@ -134,6 +134,38 @@ class _Stream:
     reader: asyncio.Task[None] | None = None
 
 
+@dataclass
+class _Quota:
+    """How much of the write queue unanswered writes take (`WriteQueue`'s bounds)."""
+
+    max_writes: int
+    max_bytes: int
+    writes: int = 0
+    size: int = 0
+
+    def fits(self, size: int) -> bool:
+        """A write larger than `max_bytes` fits an empty queue."""
+        if self.writes >= self.max_writes:
+            return False
+        return self.writes == 0 or self.size + size <= self.max_bytes
+
+    def take(self, size: int) -> None:
+        self.writes += 1
+        self.size += size
+
+    def give(self, size: int) -> None:
+        self.writes -= 1
+        self.size -= size
+
+    def full(self) -> str:
+        """Why a write does not fit."""
+        return (
+            f"the client's write queue is full ({self.writes} writes, {self.size} bytes "
+            f"unanswered; WriteQueue(max_writes={self.max_writes}, "
+            f"max_bytes={self.max_bytes}))"
+        )
+
+
 class WritePipeline(Generic[T]):
     """Per-node queues of writes on the SDK's loop; see the module docstring. A
     committed write's future holds `convert(WriteResponse)`: one future per write."""
@@ -166,8 +198,6 @@ class WritePipeline(Generic[T]):
         self._batch_max = batch_writes_max
         self._calls_max = calls_in_flight
         self._pipeline_min = pipeline_min_writes
-        self._max_writes = max_writes
-        self._max_bytes = max_bytes
         self._wait_s = wait_s
         self._window = sequences_in_flight
         self._leaders: dict[int, str] = {}
@@ -178,8 +208,8 @@ class WritePipeline(Generic[T]):
         self._inbox_lock = threading.Lock()
         self._room = threading.Condition(self._inbox_lock)
         """Signalled when writes are answered while a `submit` waits for room."""
-        self._unanswered = 0
-        self._unanswered_bytes = 0
+        self._quota = _Quota(max_writes, max_bytes)
+        """Under `_inbox_lock`: the queue's room taken by unanswered writes."""
         self._waiters = 0
         self._room_async: list[asyncio.Future[None]] = []
         """Coroutines of `submit_async` awaiting room (loop only)."""
@@ -221,10 +251,9 @@ class WritePipeline(Generic[T]):
         with self._inbox_lock:
             if self._closed:
                 raise _closing()
-            if not self._fits(size):
+            if not self._quota.fits(size):
                 self._wait_for_room(size)
-            self._unanswered += 1
-            self._unanswered_bytes += size
+            self._quota.take(size)
             pending.order = next(self._orders)
             self._inbox.append(pending)
             if self._drain_scheduled:
@@ -236,8 +265,7 @@ class WritePipeline(Generic[T]):
             with self._inbox_lock:
                 self._drain_scheduled = False
                 self._inbox.remove(pending)
-                self._unanswered -= 1
-                self._unanswered_bytes -= size
+                self._quota.give(size)
             raise
         return pending.future
 
@@ -252,9 +280,9 @@ class WritePipeline(Generic[T]):
         deadline = loop.time() + self._wait_s
         while True:
             with self._inbox_lock:
-                if self._closed or self._fits(size):
+                if self._closed or self._quota.fits(size):
                     break
-                full = self._full()
+                full = self._quota.full()
             left = deadline - loop.time()
             if left <= 0:
                 raise ResourceExhausted(f"{full} for {self._wait_s} s")
@@ -268,29 +296,15 @@ class WritePipeline(Generic[T]):
         self.submit(request, bucket, producer).add_done_callback(functools.partial(_answer, answer))
         return await answer
 
-    def _full(self) -> str:
-        """Under `_inbox_lock`: why a write does not fit."""
-        return (
-            f"the client's write queue is full ({self._unanswered} writes, "
-            f"{self._unanswered_bytes} bytes unanswered; WriteQueue(max_writes="
-            f"{self._max_writes}, max_bytes={self._max_bytes}))"
-        )
-
-    def _fits(self, size: int) -> bool:
-        """Under `_inbox_lock`. A write larger than `max_bytes` fits an empty queue."""
-        if self._unanswered >= self._max_writes:
-            return False
-        return self._unanswered == 0 or self._unanswered_bytes + size <= self._max_bytes
-
     def _wait_for_room(self, size: int) -> None:
         """Under `_inbox_lock`: wait until the write fits, or raise."""
-        full = self._full()
+        full = self._quota.full()
         if self._engine.on_loop_thread():
             raise ResourceExhausted(f"{full}: a write from the client's own loop cannot wait")
         deadline = time.monotonic() + self._wait_s
         self._waiters += 1
         try:
-            while not self._closed and not self._fits(size):
+            while not self._closed and not self._quota.fits(size):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise ResourceExhausted(f"{full} for {self._wait_s} s")
@@ -312,8 +326,7 @@ class WritePipeline(Generic[T]):
             producer.answered(pending.bucket, pending.seq, pending.generation)
             self._release_soon((producer, pending.bucket))
         with self._inbox_lock:
-            self._unanswered -= 1
-            self._unanswered_bytes -= pending.size
+            self._quota.give(pending.size)
             if self._waiters:
                 self._room.notify_all()
         if self._room_async:  # coroutines awaiting room (`submit_async`): on the loop

@@ -736,7 +736,7 @@ class Checker:
         """A replica truncated its log through `new_base`: never past the safety point."""
         self.checks += 1
         bound = sm.applied_index
-        for sub in sm.subscriptions():
+        for sub in sm.subs.sorted():
             idle = now_ms - sub.last_active_ms > window_ms
             if sub.rows and not idle:
                 bound = min(bound, sub.acked.commit_index)
@@ -945,16 +945,16 @@ class Checker:
         live = sorted(s.sub_id for s in self.model.live())
         for name, applied, sm in replicas:
             self.checks += 1
-            held = [s.sub_id for s in sm.subscriptions()]
+            held = [s.sub_id for s in sm.subs.sorted()]
             if applied >= self.commit_index and held != live:
                 raise Violation(
                     "lifecycle",
                     f"{name} holds subscriptions {held}; the live ones are {live} (an ended "
                     "subscription must free its slot, a live one keep it)",
                 )
-            if sm.outbox_size():
+            if sm.subs.outbox_size():
                 raise Violation(
-                    "bounded", f"{name} still holds {sm.outbox_size()} rows after every ack"
+                    "bounded", f"{name} still holds {sm.subs.outbox_size()} rows after every ack"
                 )
             digest = sm.digest()
             other = digests.setdefault(applied, (name, digest))

@@ -240,7 +240,7 @@ class GroupSimulation:
         b.index += 1
         applied = b.sm.apply_entry(b.index, entry)
         if isinstance(entry, Write) and b.sub_id:
-            self.checker.on_rows(b.number, b.sm.outbox_rows(b.sub_id))
+            self.checker.on_rows(b.number, b.sm.subs.outbox_rows(b.sub_id))
         return applied.result
 
     def _owner(self, b: _Bucket) -> tuple[str, int] | None:
@@ -265,7 +265,7 @@ class GroupSimulation:
         result = self._commit(b, entry)
         assert isinstance(result, SubscribeResult) and result.error is None, result
         b.sub_id = result.sub_id
-        sub = b.sm.subscription(b.sub_id)
+        sub = b.sm.subs.get(b.sub_id)
         assert sub is not None
         if self.config.bug != "two_owners":
             b.streams.clear()
@@ -279,7 +279,7 @@ class GroupSimulation:
         fenced = b.sm.groups.refuses(PRINCIPAL, GROUP, (m.name, gen)) is not None
         if fenced and self.config.bug != "deposed_ack":
             return  # GROUP_FENCED
-        if b.sm.check_ack(b.sub_id, PRINCIPAL, up_to).status is not AckStatus.ACCEPTED:
+        if b.sm.subs.check_ack(b.sub_id, PRINCIPAL, up_to).status is not AckStatus.ACCEPTED:
             return
         owner = self._owner(b)
         result = self._commit(
@@ -298,7 +298,7 @@ class GroupSimulation:
                     if b.sm.groups.refuses(PRINCIPAL, GROUP, (s.member, s.generation)) is None
                 ]
             for stream in b.streams:
-                rows = b.sm.outbox_rows(b.sub_id, after=stream.position)
+                rows = b.sm.subs.outbox_rows(b.sub_id, after=stream.position)
                 for row in rows:
                     self.checker.on_deliver(
                         b, stream.member, stream.generation, row, self._owner(b)

@@ -14,7 +14,7 @@ from sevendb.notifier.host import CoreFactory
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import Entry, OutboxPurge, OutboxWrite, TxnWrite
 from sevendb.outbox.model import Applied, Change, OutboxRow, ReconnectStatus, RowsPending
-from sevendb.outbox.state import BucketStateMachine, _PendingBatch, rows_digest
+from sevendb.outbox.state import BucketStateMachine, rows_digest
 
 from .config import Bugs
 
@@ -27,7 +27,7 @@ class PurgeBeforeAck(NotifierCore):
     ) -> list[tuple[str, tuple[OutboxRow, ...]]]:
         batches = super().next_batches(sm, max_events, now_ms, full=full)
         for sub_id, rows in batches:
-            sub = sm.subscription(sub_id)
+            sub = sm.subs.get(sub_id)
             if sub is not None:
                 self._queue_ack(sm, sub_id, sub.principal, rows[-1].emit_seq)
         return batches
@@ -65,7 +65,7 @@ class ForgetsTail(NotifierCore):
             return None
         start = max(self._taken_at, sm.outboxed_through, after)
         through = sm.applied_index
-        rows = sm.pending_rows(through, after=start)
+        rows = sm.pending.rows(through, after=start)
         if not rows or through <= start:
             return None
         count, digest = rows_digest(rows)
@@ -114,10 +114,10 @@ class EagerTxnStateMachine(BucketStateMachine):
         if not isinstance(entry, TxnWrite) or getattr(applied.result, "error", None):
             return applied
         changes = tuple(Change(op.key, op.kind, op.value, 0) for op in entry.ops)
-        rows = self._rows_for(self.emit_seq(commit_index), changes, entry.now_ms)
+        rows = self.subs.rows_for(self.emit_seq(commit_index), changes, entry.now_ms)
         if not rows:
             return applied
-        self._pending.append(_PendingBatch(commit_index, rows))
+        self.pending.add(commit_index, rows)
         return Applied(applied.commit_index, applied.result, (*applied.effects, RowsPending(rows)))
 
 

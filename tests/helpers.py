@@ -100,7 +100,7 @@ class Driver:
         return self.apply(EpochCreate(self.sm.epoch.epoch_counter + 1, self.tick()))
 
     def rows(self, sub_id: str) -> tuple[OutboxRow, ...]:
-        return self.sm.outbox_rows(sub_id)
+        return self.sm.subs.outbox_rows(sub_id)
 
 
 def replay(

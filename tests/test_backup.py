@@ -78,10 +78,10 @@ def test_restored_images_keep_the_state_and_advance_the_epoch(tmp_path: Path) ->
         assert restored.index == after.applied_index == image.index + 1
         assert after.bucket_uuid == before.bucket_uuid
         assert after.sync_page(limit=1000).items == before.sync_page(limit=1000).items
-        sub, was = after.subscription("s"), before.subscription("s")
+        sub, was = after.subs.get("s"), before.subs.get("s")
         assert sub is not None and was is not None
         assert (sub.head, sub.acked, sub.start) == (was.head, was.acked, was.start)
-        assert after.outbox_rows("s") == before.outbox_rows("s")
+        assert after.subs.outbox_rows("s") == before.subs.outbox_rows("s")
 
 
 def test_a_damaged_backup_is_refused_and_nothing_is_written(tmp_path: Path) -> None:

@@ -3,8 +3,6 @@ maps to one subscription per principal, in the replicated state and its snapshot
 
 from __future__ import annotations
 
-from collections import deque
-
 import msgpack
 import pytest
 
@@ -38,7 +36,7 @@ def test_a_durable_name_resumes_its_subscription_at_the_acknowledged_point() -> 
     assert again.error is None and again.existing
     assert again.sub_id == "s1" and again.start == first.start
     assert again.acked == rows[0].emit_seq  # its stream resumes right after the ack
-    assert d.sm.subscription("fresh") is None and d.sm.subscription_count("alice") == 1
+    assert d.sm.subs.get("fresh") is None and d.sm.subs.count("alice") == 1
     decision = d.sm.decide_reconnect("s1", "alice", again.acked)
     assert decision.status is ReconnectStatus.OK and decision.resume == rows[1:]
 
@@ -48,8 +46,8 @@ def test_a_name_is_per_principal() -> None:
     alice = subscribed(d, "a1", durable="billing")
     bob = subscribed(d, "b1", principal="bob", durable="billing")
     assert bob.error is None and not bob.existing and bob.sub_id == "b1"
-    assert d.sm.durable_sub_id("alice", "billing") == "a1"
-    assert d.sm.durable_sub_id("bob", "billing") == "b1"
+    assert d.sm.subs.durable_id("alice", "billing") == "a1"
+    assert d.sm.subs.durable_id("bob", "billing") == "b1"
     # Bob cannot reach Alice's by naming her sub_id either.
     stolen = subscribed(d, alice.sub_id, principal="bob", durable="other")
     assert stolen.error is not None and stolen.error.code is ErrorCode.NOT_OWNER
@@ -69,7 +67,7 @@ def test_a_name_with_another_query_or_an_unnamed_sub_id_is_refused() -> None:
     assert unnamed.error is not None and unnamed.error.code is ErrorCode.SUBSCRIPTION_EXISTS
     # Refusals change nothing but the applied index.
     after = BucketStateMachine.restore(d.sm.snapshot())
-    assert after.subscriptions() == BucketStateMachine.restore(before).subscriptions()
+    assert after.subs.sorted() == BucketStateMachine.restore(before).subs.sorted()
 
 
 def test_unsubscribing_or_expiring_frees_the_name() -> None:
@@ -77,14 +75,14 @@ def test_unsubscribing_or_expiring_frees_the_name() -> None:
     d.lease()
     subscribed(d, "s1", durable="billing")
     d.unsubscribe("s1")
-    assert d.sm.durable_sub_id("alice", "billing") is None
+    assert d.sm.subs.durable_id("alice", "billing") is None
     fresh = subscribed(d, "s2", durable="billing")
     assert not fresh.existing and fresh.sub_id == "s2"
     from sevendb.outbox.entries import OutboxPurge
 
     d.now_ms += IDLE + 1
     d.apply(OutboxPurge(d.sm.lease_index, (), ("s2",), IDLE, d.tick()))
-    assert d.sm.subscription("s2") is None and d.sm.durable_sub_id("alice", "billing") is None
+    assert d.sm.subs.get("s2") is None and d.sm.subs.durable_id("alice", "billing") is None
     assert not subscribed(d, "s3", durable="billing").existing
 
 
@@ -95,7 +93,7 @@ def test_names_survive_a_snapshot_and_format_2_still_restores() -> None:
     d.set("o/1")
     restored = BucketStateMachine.restore(d.sm.snapshot())
     assert restored.digest() == d.sm.digest()
-    assert restored.durable_sub_id("alice", "billing") == "s1"
+    assert restored.subs.durable_id("alice", "billing") == "s1"
     assert msgpack.unpackb(d.sm.snapshot(), raw=False)[0] == 3
     # A format-2 state (before names) restores with unnamed subscriptions, and
     # re-snapshots as format 3 with the same content otherwise.
@@ -107,8 +105,8 @@ def test_names_survive_a_snapshot_and_format_2_still_restores() -> None:
     # Everything but the history, which format 2 did not keep: it starts at the
     # snapshot's index.
     assert msgpack.unpackb(from_2.snapshot())[:12] == msgpack.unpackb(old.sm.snapshot())[:12]
-    assert from_2.retained() == deque() and from_2.history_after == old.sm.emit_seq(old.index)
-    assert from_2.subscription("s1") is not None and from_2.subscription("s1").durable == ""  # type: ignore[union-attr]
+    assert not from_2.history and from_2.history.after == old.sm.emit_seq(old.index)
+    assert from_2.subs.get("s1") is not None and from_2.subs.get("s1").durable == ""  # type: ignore[union-attr]
 
 
 def test_the_entry_carries_a_name_only_when_there_is_one() -> None:

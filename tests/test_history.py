@@ -88,7 +88,7 @@ def test_past_the_trimmed_window_is_stale_sequence() -> None:
     d = history(Driver())
     rows = d.rows("always")
     d.apply(HistoryTrim(rows[1].emit_seq.commit_index, d.tick()))  # drops o/1 .. o/2
-    assert d.sm.history_after == rows[1].emit_seq
+    assert d.sm.history.after == rows[1].emit_seq
     old = subscribe(d, "old", "all", Start(StartKind.AFTER, rows[0].emit_seq))
     assert old.error is not None and old.error.code is ErrorCode.STALE_SEQUENCE
     early = subscribe(d, "early", "all", Start(StartKind.TIME, time_ms=1))
@@ -96,26 +96,26 @@ def test_past_the_trimmed_window_is_stale_sequence() -> None:
     earliest = subscribe(d, "e", "prefix:o/", EARLIEST)
     assert earliest.start == rows[1].emit_seq and keys(d, "e") == ["o/3"]
     with pytest.raises(StaleSequence):
-        d.sm.history_page(plan_query(Query.parse("all")), rows[0].emit_seq, None, 10)
+        d.sm.history.page(plan_query(Query.parse("all")), rows[0].emit_seq, None, 10)
     # The window survives a snapshot: x/2, o/3, x/3, 4 bytes each (key and value).
     restored = BucketStateMachine.restore(d.sm.snapshot())
-    assert restored.digest() == d.sm.digest() and restored.history_after == d.sm.history_after
-    assert restored.history_size() == d.sm.history_size() == (3, 12)
+    assert restored.digest() == d.sm.digest() and restored.history.after == d.sm.history.after
+    assert restored.history.size() == d.sm.history.size() == (3, 12)
 
 
 def test_history_pages_a_query_between_positions() -> None:
     d = history(Driver())
     plan = plan_query(Query.parse("prefix:x/"))
-    first = d.sm.history_page(plan, None, None, 2)
+    first = d.sm.history.page(plan, None, None, 2)
     assert [e.changes[0].key for e in first.events] == ["x/1", "x/2"] and first.more
     # A page ends where it stopped looking: the next starts there, nothing skipped.
-    rest = d.sm.history_page(plan, first.next_after, None, 100)
+    rest = d.sm.history.page(plan, first.next_after, None, 100)
     assert [e.changes[0].key for e in rest.events] == ["x/3"] and not rest.more
     x2 = first.events[1].emit_seq.commit_index
-    bounded = d.sm.history_page(plan, None, x2, 100)
+    bounded = d.sm.history.page(plan, None, x2, 100)
     assert [e.changes[0].key for e in bounded.events] == ["x/1", "x/2"] and not bounded.more
     with pytest.raises(InvalidArgument):
-        d.sm.history_page(plan, EmitSeq("elsewhere", 1, 1), None, 10)
+        d.sm.history.page(plan, EmitSeq("elsewhere", 1, 1), None, 10)
 
 
 def test_the_trim_point_keeps_each_bound_and_the_safety_point() -> None:
@@ -125,8 +125,8 @@ def test_the_trim_point_keeps_each_bound_and_the_safety_point() -> None:
     d.lease()
     for key in ("o/1", "x/1", "o/2", "x/2", "o/3", "x/3"):
         d.set(key)
-    idx = [kept.emit_seq.commit_index for kept in d.sm.retained()]
-    times = [kept.commit_time_ms for kept in d.sm.retained()]
+    idx = [kept.emit_seq.commit_index for kept in d.sm.history]
+    times = [kept.commit_time_ms for kept in d.sm.history]
     now, big = d.now_ms, 10**9
     assert history_trim_point(d.sm, now, big, big, 0) is None  # within every bound
     assert history_trim_point(d.sm, now, 4, big, 0) == idx[1]  # keeps the newest 4
@@ -136,7 +136,7 @@ def test_the_trim_point_keeps_each_bound_and_the_safety_point() -> None:
     d.subscribe("held", "prefix:o/")
     d.set("o/4")
     d.set("o/5")
-    held = d.sm.subscription("held")
+    held = d.sm.subs.get("held")
     assert held is not None
     floor = held.acked.commit_index
     assert d.sm.safety_point(d.tick()) == floor
@@ -147,7 +147,7 @@ def test_the_trim_point_keeps_each_bound_and_the_safety_point() -> None:
     trimmed = d.apply(HistoryTrim(floor, d.tick())).result
     assert isinstance(trimmed, HistoryTrimResult) and trimmed.dropped == 6
     assert history_trim_point(d.sm, d.now_ms, 1, big, 0) is None
-    second_newest = list(d.sm.retained())[-2].emit_seq.commit_index
+    second_newest = list(d.sm.history)[-2].emit_seq.commit_index
     d.ack("held", d.rows("held")[-1].emit_seq)  # acknowledged: it holds nothing
     assert history_trim_point(d.sm, d.now_ms, 1, big, 0) == second_newest
 

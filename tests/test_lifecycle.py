@@ -78,8 +78,8 @@ def test_an_expired_subscription_is_deleted_and_frees_its_slot(
     result = expire(d, "a", at=d.now_ms + WINDOW + 1)
     assert result.expired == ("a",)
     # Deleted (not kept as a stale entry): no rows, no subscription, one slot free.
-    assert d.sm.subscription("a") is None and d.sm.outbox_size() == 0
-    assert d.sm.subscription_count() == 1
+    assert d.sm.subs.get("a") is None and d.sm.subs.outbox_size() == 0
+    assert d.sm.subs.count() == 1
     taken = d.subscribe("c", "all").result
     assert isinstance(taken, SubscribeResult) and taken.error is None
 
@@ -92,7 +92,7 @@ def test_a_subscription_with_nothing_to_acknowledge_expires_too() -> None:
     # Before, only a subscription with rows could expire: one whose client vanished
     # before anything matched held its slot for ever.
     assert expire(d, "quiet", at=at).expired == ("quiet",)
-    assert d.sm.subscription_count() == 1
+    assert d.sm.subs.count() == 1
     # What the holder proposes: every idle one, except those whose client is attached
     # (it keeps them alive instead).
     assert expirable_subscriptions(d.sm, at, WINDOW) == ("watched",)
@@ -124,7 +124,7 @@ def test_expired_subscriptions_are_remembered_within_a_bound(
     starts = {}
     for sub_id in ("a", "b", "c"):
         d.subscribe(sub_id, "all")
-        starts[sub_id] = d.sm.subscription(sub_id).start  # type: ignore[union-attr]
+        starts[sub_id] = d.sm.subs.get(sub_id).start  # type: ignore[union-attr]
     expire(d, "a", "b", "c", at=d.now_ms + WINDOW + 1)
     answers = {s: d.sm.decide_reconnect(s, "alice", starts[s]).status for s in starts}
     assert answers == {
@@ -137,9 +137,9 @@ def test_expired_subscriptions_are_remembered_within_a_bound(
 def test_expiry_is_judged_on_the_entrys_time_and_window() -> None:
     d = holder()
     with_rows(d)
-    last = d.sm.subscription("s").last_active_ms  # type: ignore[union-attr]
+    last = d.sm.subs.get("s").last_active_ms  # type: ignore[union-attr]
     assert expire(d, "s", at=last + WINDOW).expired == ()  # not yet past it
-    assert d.sm.subscription("s") is not None and len(d.rows("s")) == 1
+    assert d.sm.subs.get("s") is not None and len(d.rows("s")) == 1
     assert expire(d, "s", at=last + WINDOW + 1).expired == ("s",)
 
 
@@ -149,9 +149,9 @@ def test_an_unsubscribe_deletes_the_subscription_and_its_rows() -> None:
     d.set("k")  # a second row, still pending
     applied = d.unsubscribe("s")
     assert SubscriptionClosed("s", CloseReason.UNSUBSCRIBED) in applied.effects
-    assert d.sm.subscription("s") is None and d.sm.subscription_count("alice") == 0
+    assert d.sm.subs.get("s") is None and d.sm.subs.count("alice") == 0
     d.outbox()  # the pending row is dropped, not attached to anything
-    assert d.sm.outbox_size() == 0
+    assert d.sm.subs.outbox_size() == 0
 
 
 def test_keep_alives_hold_only_subscriptions_with_nothing_to_acknowledge() -> None:
@@ -160,7 +160,7 @@ def test_keep_alives_hold_only_subscriptions_with_nothing_to_acknowledge() -> No
     with_rows(d, "busy")
     later = d.now_ms + WINDOW + 1
     d.apply(OutboxPurge(d.sm.lease_index, touch=("quiet", "busy", "gone"), now_ms=later))
-    assert d.sm.subscription("quiet").last_active_ms == later  # type: ignore[union-attr]
+    assert d.sm.subs.get("quiet").last_active_ms == later  # type: ignore[union-attr]
     # A subscriber that acknowledges nothing is not kept alive by being attached.
     assert expirable_subscriptions(d.sm, later + 1, WINDOW, attached={"busy"}) == ("busy",)
     assert expire(d, "quiet", "busy", at=later + 1).expired == ("busy",)
@@ -171,12 +171,12 @@ def test_subscriptions_are_counted_per_principal() -> None:
     d.subscribe("a1", "all", principal="alice")
     d.subscribe("a2", "all", principal="alice")
     d.subscribe("b1", "all", principal="bob")
-    assert (d.sm.subscription_count("alice"), d.sm.subscription_count("bob")) == (2, 1)
+    assert (d.sm.subs.count("alice"), d.sm.subs.count("bob")) == (2, 1)
     d.unsubscribe("a1")
     expire(d, "b1", at=d.now_ms + WINDOW + 1)
-    assert d.sm.subscription_count("alice") == 1 and d.sm.subscription_count("bob") == 0
+    assert d.sm.subs.count("alice") == 1 and d.sm.subs.count("bob") == 0
     restored = BucketStateMachine.restore(d.sm.snapshot())
-    assert restored.subscription_count("alice") == 1
+    assert restored.subs.count("alice") == 1
 
 
 def test_subscription_info_for_operators() -> None:
@@ -208,8 +208,8 @@ def test_an_idle_subscription_stops_holding_the_safety_point_at_its_window() -> 
     with_rows(d)
     for i in range(5):
         d.set(f"other{i}")
-    acked = d.sm.subscription("s").acked.commit_index  # type: ignore[union-attr]
-    last = d.sm.subscription("s").last_active_ms  # type: ignore[union-attr]
+    acked = d.sm.subs.get("s").acked.commit_index  # type: ignore[union-attr]
+    last = d.sm.subs.get("s").last_active_ms  # type: ignore[union-attr]
     assert d.sm.safety_point(last + WINDOW, WINDOW) == acked
     assert d.sm.safety_point(last + WINDOW + 1, WINDOW) == d.sm.applied_index
     expire(d, "s", at=last + WINDOW + 1)
@@ -239,8 +239,8 @@ def test_an_idle_producer_is_forgotten_and_frees_its_slot(monkeypatch: pytest.Mo
     last = d.now_ms  # its last write
     refused = d.init_producer(8).result
     assert refused.error is not None and refused.error.code is ErrorCode.LIMIT_EXCEEDED  # type: ignore[union-attr]
-    assert d.sm.idle_producers(last + IDLE, IDLE) == ()
-    assert d.sm.idle_producers(last + IDLE + 1, IDLE) == (7,)
+    assert d.sm.producers.idle(last + IDLE, IDLE) == ()
+    assert d.sm.producers.idle(last + IDLE + 1, IDLE) == (7,)
     early = OutboxPurge(
         d.sm.lease_index, now_ms=last + IDLE, expire_producers=(7,), producer_idle_ms=IDLE
     )
@@ -249,7 +249,7 @@ def test_an_idle_producer_is_forgotten_and_frees_its_slot(monkeypatch: pytest.Mo
         d.sm.lease_index, now_ms=last + IDLE + 1, expire_producers=(7, 99), producer_idle_ms=IDLE
     )
     assert d.apply(late).result == PurgeResult(expired_producers=(7,))
-    assert d.sm.producer_count() == 0
+    assert len(d.sm.producers) == 0
     gone = d.set("k", producer=ProducerRef(7, 0, 1)).result
     assert isinstance(gone, WriteResult) and gone.error is not None
     assert gone.error.code is ErrorCode.UNKNOWN_PRODUCER
@@ -262,11 +262,11 @@ def test_a_producers_writes_and_retries_keep_it_alive() -> None:
     d.apply(InitProducer(7, 1_000))
     d.now_ms = 1_000 + IDLE
     d.set("k", producer=ProducerRef(7, 0, 0))  # a write at IDLE after the init
-    assert d.sm.idle_producers(1_000 + IDLE + 1, IDLE) == ()
+    assert d.sm.producers.idle(1_000 + IDLE + 1, IDLE) == ()
     d.now_ms = 1_000 + 2 * IDLE
     again = d.set("k", producer=ProducerRef(7, 0, 0)).result  # a retry: a duplicate
     assert isinstance(again, WriteResult) and again.duplicate
-    assert d.sm.idle_producers(1_000 + 2 * IDLE + 2, IDLE) == ()
+    assert d.sm.producers.idle(1_000 + 2 * IDLE + 2, IDLE) == ()
 
 
 def test_producer_expiry_is_deterministic_across_replays_and_snapshots() -> None:
@@ -278,10 +278,10 @@ def test_producer_expiry_is_deterministic_across_replays_and_snapshots() -> None
     d.apply(
         OutboxPurge(d.sm.lease_index, now_ms=at, expire_producers=(7, 9), producer_idle_ms=IDLE)
     )
-    assert d.sm.producer_count() == 1  # 9 wrote more recently
+    assert len(d.sm.producers) == 1  # 9 wrote more recently
     assert replay(d.log).digest() == d.sm.digest()
     restored = BucketStateMachine.restore(d.sm.snapshot())
-    assert restored.digest() == d.sm.digest() and restored.idle_producers(at + IDLE, IDLE) == (9,)
+    assert restored.digest() == d.sm.digest() and restored.producers.idle(at + IDLE, IDLE) == (9,)
 
 
 # ---- the entry and the snapshot ----------------------------------------------------------
@@ -314,7 +314,7 @@ def test_a_snapshot_keeps_lifecycles() -> None:
     assert restored.decide_reconnect("gone", "alice", EmitSeq(BUCKET, 1, 5)).status is (
         ReconnectStatus.STALE_SEQUENCE
     )
-    assert restored.idle_producers(d.now_ms + IDLE, IDLE) == ()
+    assert restored.producers.idle(d.now_ms + IDLE, IDLE) == ()
 
 
 def test_a_snapshot_keeps_rows_not_yet_checkpointed_beside_the_lifecycles() -> None:
@@ -330,16 +330,16 @@ def test_a_snapshot_keeps_rows_not_yet_checkpointed_beside_the_lifecycles() -> N
     snap = d.sm.snapshot()
     restored = BucketStateMachine.restore(snap)
     assert restored.snapshot() == snap
-    assert restored.outbox_rows("live") == d.rows("live") and len(d.rows("live")) == 1
-    assert restored.subscription("gone") is None and len(restored.pending_rows()) == 2
+    assert restored.subs.outbox_rows("live") == d.rows("live") and len(d.rows("live")) == 1
+    assert restored.subs.get("gone") is None and len(restored.pending.rows()) == 2
     assert restored.decide_reconnect("gone", "alice", EmitSeq(BUCKET, 1, 1)).status is (
         ReconnectStatus.STALE_SEQUENCE
     )
     for at in (d.now_ms, d.now_ms + IDLE + 1):
-        assert restored.idle_producers(at, IDLE) == d.sm.idle_producers(at, IDLE)
+        assert restored.producers.idle(at, IDLE) == d.sm.producers.idle(at, IDLE)
     assert d.outbox() is not None
     restored.apply(*d.log[-1])  # the checkpoint's digest holds on the restored replica
-    assert restored.digest() == d.sm.digest() and restored.pending_rows() == ()
+    assert restored.digest() == d.sm.digest() and restored.pending.rows() == ()
 
 
 def _version_1(sm: BucketStateMachine) -> bytes:
@@ -352,12 +352,12 @@ def test_a_format_1_snapshot_is_still_read() -> None:
     d = holder()
     with_rows(d)
     d.init_producer(7)
-    latest = d.sm.subscription("s").rows[-1].delta.commit_time_ms  # type: ignore[union-attr]
+    latest = d.sm.subs.get("s").rows[-1].delta.commit_time_ms  # type: ignore[union-attr]
     old = BucketStateMachine.restore(_version_1(d.sm))
-    assert old.subscription("s") is not None and old.subscription("old") is None
+    assert old.subs.get("s") is not None and old.subs.get("old") is None
     assert old.decide_reconnect("old", "alice", EmitSeq(BUCKET, 1, 1)).status is (
         ReconnectStatus.STALE_SEQUENCE
     )
     # Producers are taken as active at the snapshot's latest time: not forgotten at once.
-    assert old.idle_producers(latest + IDLE, IDLE) == ()
-    assert old.idle_producers(latest + IDLE + 1, IDLE) == (7,)
+    assert old.producers.idle(latest + IDLE, IDLE) == ()
+    assert old.producers.idle(latest + IDLE + 1, IDLE) == (7,)

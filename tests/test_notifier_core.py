@@ -41,7 +41,7 @@ def holder_with_sub(query: str = "prefix:a/", holder: str = "n1") -> tuple[Drive
     d = Driver(holder=holder)
     d.lease()
     d.subscribe("s", query)
-    sub = d.sm.subscription("s")
+    sub = d.sm.subs.get("s")
     assert sub is not None
     return d, sub.start
 
@@ -240,7 +240,7 @@ def test_a_pass_over_ready_streams_sends_what_a_full_pass_sends(
     sendable = RowsPending if mode is EmissionMode.DERIVED else RowsOutboxed
     for core in (full, lean):
         for sub_id in subs[:2]:
-            core.attach(d.sm, sub_id, "alice", d.sm.subscription(sub_id).start, d.now_ms)  # type: ignore[union-attr]
+            core.attach(d.sm, sub_id, "alice", d.sm.subs.get(sub_id).start, d.now_ms)  # type: ignore[union-attr]
     for step, n in script:
         if step in ("write", "outbox"):
             applied_ = (
@@ -265,7 +265,7 @@ def test_a_pass_over_ready_streams_sends_what_a_full_pass_sends(
             for core in (full, lean):
                 core.on_client_ack(d.sm, subs[n], "alice", up_to, d.now_ms)
         elif step == "attach":
-            sub = d.sm.subscription(subs[n])
+            sub = d.sm.subs.get(subs[n])
             assert sub is not None
             for core in (full, lean):
                 core.attach(d.sm, subs[n], "alice", max(sub.start, sub.acked), d.now_ms)
@@ -291,7 +291,7 @@ def test_a_pass_over_ready_streams_leaves_no_set_sized_for_every_stream() -> Non
     core = NotifierCore("n1")
     for i in range(2_000):
         d.subscribe(f"s{i}", f"key:k{i}")
-        start = d.sm.subscription(f"s{i}").start  # type: ignore[union-attr]
+        start = d.sm.subs.get(f"s{i}").start  # type: ignore[union-attr]
         assert core.attach(d.sm, f"s{i}", "alice", start, d.now_ms).status is (
             AttachStatus.ATTACHED
         )
@@ -497,7 +497,7 @@ def test_outbox_writes_are_pipelined_up_to_the_limit_and_restart_after_a_loss() 
     again = core.outbox_entry(d.sm, d.sm.lease_index, d.tick(500))
     assert again is not None and again.from_index == 3
     assert d.apply(again).result == OutboxWriteResult(rows=2)
-    assert d.sm.pending_rows() == ()
+    assert d.sm.pending.rows() == ()
 
 
 def test_derived_checkpoints_one_at_a_time_at_most_every_interval() -> None:
@@ -525,7 +525,7 @@ def test_derived_checkpoints_one_at_a_time_at_most_every_interval() -> None:
     retry = new.outbox_entry(d.sm, d.sm.lease_index, d.tick())
     assert retry is not None and (retry.from_index, retry.row_count) == (second.through_index, 1)
     assert d.apply(retry).result == OutboxWriteResult(rows=1)
-    assert d.sm.pending_rows() == ()
+    assert d.sm.pending.rows() == ()
 
 
 # ---- the conversation: notifier and SDK cursor joined in memory ------------------------
@@ -628,5 +628,5 @@ def test_conversation_is_effective_once_through_a_lossy_channel(
             c.deliver(c.channel.pop(0))
     c.server_turn()
     assert c.processed == c.committed
-    assert c.d.sm.outbox_size() == 0
-    assert c.d.sm.pending_rows() == ()
+    assert c.d.sm.subs.outbox_size() == 0
+    assert c.d.sm.pending.rows() == ()

@@ -141,7 +141,7 @@ def test_the_derived_mode_sends_rows_once_their_write_applied_before_any_outbox_
     committed = five_writes_on_one_stream(leader, notifier)
     # Sent, though no OUTBOX_WRITE covers the last four: their write is their durability.
     assert leader.read(lambda sm: sm.outboxed_through) < committed[1]
-    pending = leader.read(lambda sm: [r.emit_seq.commit_index for r in sm.pending_rows()])
+    pending = leader.read(lambda sm: [r.emit_seq.commit_index for r in sm.pending.rows()])
     assert pending[-4:] == committed[1:]
 
 

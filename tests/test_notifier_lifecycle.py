@@ -49,7 +49,7 @@ def test_an_attached_quiet_subscription_outlives_the_window_and_its_first_row() 
     d.outbox()
     purge = housekeeping(d, core, d.tick())
     assert purge is None or "s" not in purge.expire
-    assert d.sm.subscription("s") is not None and len(d.rows("s")) == 1
+    assert d.sm.subs.get("s") is not None and len(d.rows("s")) == 1
 
 
 def test_a_detached_quiet_subscription_expires_once_the_holder_has_settled() -> None:
@@ -60,7 +60,7 @@ def test_a_detached_quiet_subscription_expires_once_the_holder_has_settled() -> 
     assert first is None or first.expire == ()
     later = housekeeping(d, core, begin + WINDOW + 301)
     assert later is not None and later.expire == ("s",)
-    assert d.sm.subscription("s") is None
+    assert d.sm.subs.get("s") is None
 
 
 def test_a_subscriber_that_acknowledges_nothing_expires_attached_or_not() -> None:
@@ -70,7 +70,7 @@ def test_a_subscriber_that_acknowledges_nothing_expires_attached_or_not() -> Non
     write(d, "a/1")
     d.outbox()
     core.next_batches(d.sm, 10, d.now_ms)  # sent, never acknowledged
-    last = d.sm.subscription("s").last_active_ms  # type: ignore[union-attr]
+    last = d.sm.subs.get("s").last_active_ms  # type: ignore[union-attr]
     purge = housekeeping(d, core, last + WINDOW + 1)
     assert purge is not None and purge.expire == ("s",) and purge.touch == ()
     assert core.closed_streams(d.sm) == ("s",)
@@ -171,15 +171,15 @@ def test_a_deleted_subscriptions_rows_never_leave(mode: EmissionMode, how: str) 
     else:
         purge = housekeeping(d, core, d.now_ms + WINDOW + 1)
         assert purge is not None and purge.expire == ("s",)
-    assert d.sm.subscription("s") is None and d.sm.outbox_size() == 0
+    assert d.sm.subs.get("s") is None and d.sm.subs.outbox_size() == 0
     assert core.closed_streams(d.sm) == ("s",)
     assert core.next_batches(d.sm, 100, d.tick()) == []
-    assert len(d.sm.pending_rows()) == 2  # kept for the checkpoint's digest only
+    assert len(d.sm.pending.rows()) == 2  # kept for the checkpoint's digest only
     d.subscribe("s", "prefix:a/")  # the same sub_id again, before the checkpoint
     checkpoint = core.outbox_entry(d.sm, d.sm.lease_index, d.tick())
     assert checkpoint is not None and checkpoint.row_count == 2
     assert d.apply(checkpoint).result == OutboxWriteResult(rows=0)
-    assert d.sm.pending_rows() == () and d.rows("s") == ()
+    assert d.sm.pending.rows() == () and d.rows("s") == ()
 
 
 @pytest.mark.parametrize("mode", list(EmissionMode))
@@ -198,7 +198,7 @@ def test_a_row_not_yet_checkpointed_is_one_to_acknowledge(mode: EmissionMode) ->
     assert touch == ()
     d.now_ms = quiet
     d.apply(OutboxPurge(d.sm.lease_index, (), (), WINDOW, quiet, ("s",)))  # ignored
-    assert d.sm.subscription("s").last_active_ms < quiet  # type: ignore[union-attr]
+    assert d.sm.subs.get("s").last_active_ms < quiet  # type: ignore[union-attr]
     sent = core.next_batches(d.sm, 10, d.tick())
     if mode is EmissionMode.LITERAL:
         assert sent == []  # not before its checkpoint, and so not acknowledged either
@@ -221,8 +221,8 @@ def test_a_row_not_yet_checkpointed_is_one_to_acknowledge(mode: EmissionMode) ->
         assert d.apply(checkpoint).result == OutboxWriteResult(rows=1)
     else:
         assert checkpoint is None
-    assert d.sm.pending_rows() == ()
-    acked_at = d.sm.subscription("s").last_active_ms  # type: ignore[union-attr]
+    assert d.sm.pending.rows() == ()
+    acked_at = d.sm.subs.get("s").last_active_ms  # type: ignore[union-attr]
     later = acked_at + WINDOW // 4 + 1
     _, touch, _ = core.lifecycle(d.sm, later, WINDOW)
     assert touch == ("s",)

@@ -75,7 +75,7 @@ def test_purge_never_removes_an_unacked_row(acts: list[tuple[object, ...]]) -> N
         if isinstance(applied.result, PurgeResult):
             for outcome in applied.result.acks:
                 if outcome.status is AckStatus.ACCEPTED:
-                    sub = d.sm.subscription(outcome.sub_id)
+                    sub = d.sm.subs.get(outcome.sub_id)
                     assert sub is not None
                     accepted[outcome.sub_id] = sub.acked
         for effect in applied.effects:
@@ -84,7 +84,7 @@ def test_purge_never_removes_an_unacked_row(acts: list[tuple[object, ...]]) -> N
                     assert row.emit_seq <= accepted[row.sub_id]
 
     run_actions(d, acts, after=check)
-    for sub in d.sm.subscriptions():  # an expired one is gone (and its rows with it)
+    for sub in d.sm.subs.sorted():  # an expired one is gone (and its rows with it)
         kept = list(sub.rows)
         acked = accepted.get(sub.sub_id, sub.start)
         unacked = [r for r in computed.get(sub.sub_id, []) if r.emit_seq > acked]
@@ -110,7 +110,7 @@ def test_effective_once_through_a_lossy_channel(
     d = Driver()
     d.lease()
     d.subscribe("s", "prefix:a/")
-    start = d.sm.subscription("s").start  # type: ignore[union-attr]
+    start = d.sm.subs.get("s").start  # type: ignore[union-attr]
     committed: list[OutboxRow] = []
     for i, key in enumerate(writes):
         for effect in d.apply(

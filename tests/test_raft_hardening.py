@@ -449,7 +449,7 @@ def test_after_divergence_quarantines_only_that_replica(
     for n in range(10):
         healthy[n % 2].propose(write(f"after-{n}"))
     wait_until(lambda: len({state(r) for r in healthy}) == 1, what="healthy replicas agree")
-    assert healthy[0].read(lambda sm: sm.subscription("s-1")) is not None
+    assert healthy[0].read(lambda sm: sm.subs.get("s-1")) is not None
     assert leader.status()["core_applied_index"] < outcome.commit_index
     assert not leader.is_leader
 
@@ -838,7 +838,7 @@ def test_compaction_never_passes_the_safety_point(tmp_path: Path) -> None:
         proposal = replica.read(lambda sm: sm.propose_outbox_write(sm.lease_index, now))
         assert proposal is not None
         replica.propose(encode_entry(proposal))
-        rows = replica.read(lambda sm: sm.outbox_rows("s"))
+        rows = replica.read(lambda sm: sm.subs.outbox_rows("s"))
         assert rows  # outboxed, not acknowledged
         held_at = replica.read(lambda sm: sm.safety_point(now))
         writes("more")
@@ -849,7 +849,7 @@ def test_compaction_never_passes_the_safety_point(tmp_path: Path) -> None:
         # The client acks everything; only the cold replica checkpoint holds now.
         replica.cold_replica_checkpoint = 4
         lease = replica.read(lambda sm: sm.lease_index)
-        rows = replica.read(lambda sm: sm.outbox_rows("s"))  # the later writes' rows too
+        rows = replica.read(lambda sm: sm.subs.outbox_rows("s"))  # the later writes' rows too
         ack = OutboxPurge(lease, (Ack("s", "alice", rows[-1].emit_seq),), now_ms=now)
         assert replica.propose(encode_entry(ack)).error is None
         for hold in ("cold", "migration"):

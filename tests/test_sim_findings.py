@@ -30,7 +30,7 @@ def test_a_resubscribed_sub_id_does_not_adopt_its_previous_incarnations_rows() -
     d.unsubscribe("s")
     d.subscribe("s", "all")  # a new incarnation starts here
     d.outbox()
-    sub = d.sm.subscription("s")
+    sub = d.sm.subs.get("s")
     assert sub is not None
     # Finding 1 (fixed): the old row, emit_seq before sub.start, was attached; no
     # ack could ever cover it (acking sub.start is a DUPLICATE), so the outbox

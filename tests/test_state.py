@@ -48,6 +48,7 @@ from sevendb.outbox.model import (
 )
 from sevendb.outbox.query import Plan, Query, QueryKind, plan_query
 from sevendb.outbox.state import BucketStateMachine, rows_digest
+from sevendb.outbox.subscriptions import SubscriptionTable
 
 
 def write_result(d: Driver, *args: object, **kw: object) -> WriteResult:
@@ -233,18 +234,18 @@ def test_rows_join_the_outbox_when_their_source_applies_and_an_outbox_write_chec
     applied = d.set("k")
     (pending,) = [e for e in applied.effects if isinstance(e, RowsPending)]
     # Kept at once (a function of the committed entry), and pending a checkpoint.
-    assert d.rows("s") == pending.rows and d.sm.pending_rows() == pending.rows
+    assert d.rows("s") == pending.rows and d.sm.pending.rows() == pending.rows
     assert d.sm.outboxed_through == 0
     # The literal emission mode sends only what an OUTBOX_WRITE covered:
-    assert d.sm.outbox_rows("s", through_index=d.sm.outboxed_through) == ()
+    assert d.sm.subs.outbox_rows("s", through_index=d.sm.outboxed_through) == ()
     outboxed = d.outbox()
     assert outboxed is not None
     assert [e for e in outboxed.effects if isinstance(e, RowsOutboxed)] == [
         RowsOutboxed(pending.rows)
     ]
-    assert d.rows("s") == pending.rows and d.sm.pending_rows() == ()
+    assert d.rows("s") == pending.rows and d.sm.pending.rows() == ()
     assert d.sm.outboxed_through == pending.rows[0].emit_seq.commit_index
-    assert d.sm.outbox_rows("s", through_index=d.sm.outboxed_through) == pending.rows
+    assert d.sm.subs.outbox_rows("s", through_index=d.sm.outboxed_through) == pending.rows
 
 
 def test_subscribe_is_idempotent_for_the_same_principal_and_query() -> None:
@@ -265,7 +266,7 @@ def test_plan_mismatch_raises_and_changes_nothing() -> None:
     q = Query(QueryKind.ALL)
     with pytest.raises(PlanMismatch):
         d.sm.apply(1, encode_entry(Subscribe("s", "alice", q, plan_query(q).plan_hash ^ 1, 0)))
-    assert d.sm.digest() == before and d.sm.subscription("s") is None
+    assert d.sm.digest() == before and d.sm.subs.get("s") is None
 
 
 def _subscribe(sub_id: str, query: str, principal: str = "alice") -> Subscribe:
@@ -289,7 +290,7 @@ def test_a_subscribe_batch_applies_each_subscribe_as_its_own_entry_would() -> No
     result = d.apply(batch).result
     assert isinstance(result, SubscribeBatchResult)
     at = seq(d.index)
-    old = d.sm.subscription("old")
+    old = d.sm.subs.get("old")
     assert old is not None
     assert [(r.sub_id, r.start, r.existing) for r in result.results[:2]] == [
         ("a", at, False),
@@ -302,8 +303,8 @@ def test_a_subscribe_batch_applies_each_subscribe_as_its_own_entry_would() -> No
     assert result.results[3].start == at  # bob's, made in this entry
     d.set("a/1")
     d.set("k")
-    assert [r.sub_id for r in d.sm.outbox_rows("a")] == ["a"]
-    assert [r.prev_emit_seq for r in d.sm.outbox_rows("b")] == [at]
+    assert [r.sub_id for r in d.sm.subs.outbox_rows("a")] == ["a"]
+    assert [r.prev_emit_seq for r in d.sm.subs.outbox_rows("b")] == [at]
 
 
 def test_a_diverging_plan_anywhere_in_a_subscribe_batch_changes_nothing() -> None:
@@ -318,7 +319,7 @@ def test_a_diverging_plan_anywhere_in_a_subscribe_batch_changes_nothing() -> Non
     batch = SubscribeBatch((_subscribe("a", "prefix:a/"), _subscribe("b", "key:k")))
     with pytest.raises(PlanMismatch):
         d.sm.apply(d.index + 1, encode_entry(batch))
-    assert d.sm.digest() == before and d.sm.subscription("a") is None
+    assert d.sm.digest() == before and d.sm.subs.get("a") is None
 
 
 def test_divergent_planner_is_detected_on_subscribe() -> None:
@@ -357,7 +358,7 @@ def test_outbox_write_digest_mismatch_is_divergence() -> None:
 def test_the_proposer_does_not_compute_its_own_digest_again_and_the_others_still_check(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from sevendb.outbox import state
+    from sevendb.outbox import pending
 
     calls: list[int] = []
 
@@ -365,7 +366,7 @@ def test_the_proposer_does_not_compute_its_own_digest_again_and_the_others_still
         calls.append(len(rows))
         return rows_digest(rows)
 
-    monkeypatch.setattr(state, "rows_digest", counting)
+    monkeypatch.setattr(pending, "rows_digest", counting)
     holder, follower = Driver(), Driver()
     for d in (holder, follower):
         d.lease()
@@ -421,18 +422,18 @@ def test_pipelined_outbox_writes_apply_in_order_and_only_in_order() -> None:
     assert second is not None and second.from_index == first.through_index
     assert second.row_count == 1  # only the row after the first range
     # The second commits first (say the first was lost): refused, nothing changes.
-    pending = d.sm.pending_rows()
+    pending = d.sm.pending.rows()
     early = d.apply(second).result
     assert isinstance(early, OutboxWriteResult) and early.error is not None
     assert early.error.code is ErrorCode.STALE_RANGE
-    assert d.sm.outboxed_through == 0 and d.sm.pending_rows() == pending
+    assert d.sm.outboxed_through == 0 and d.sm.pending.rows() == pending
     # In log order both apply, and the rows outboxed are the rows computed.
     second = d.sm.propose_outbox_write(d.sm.lease_index, 0, after=first.through_index)
     assert second is not None
     assert d.apply(first).result == OutboxWriteResult(rows=1)
     assert d.apply(second).result == OutboxWriteResult(rows=1)
     assert [r.emit_seq.commit_index for r in d.rows("s")] == [3, 4]
-    assert d.sm.pending_rows() == ()
+    assert d.sm.pending.rows() == ()
 
 
 def test_outbox_entries_from_a_deposed_lease_holder_are_fenced() -> None:
@@ -447,7 +448,7 @@ def test_outbox_entries_from_a_deposed_lease_holder_are_fenced() -> None:
     result = d.apply(proposal).result
     assert isinstance(result, OutboxWriteResult) and result.error is not None
     assert result.error.code is ErrorCode.STALE_LEASE and d.sm.outboxed_through == 0
-    assert len(d.sm.pending_rows()) == 1
+    assert len(d.sm.pending.rows()) == 1
     purge = d.apply(OutboxPurge(old_lease, (), now_ms=1)).result
     assert isinstance(purge, PurgeResult) and purge.error is not None
 
@@ -463,7 +464,7 @@ def test_unsubscribe_by_owner_only_and_drops_rows() -> None:
     assert denied.error is not None and denied.error.code is ErrorCode.NOT_OWNER  # type: ignore[union-attr]
     applied = d.unsubscribe("s")
     assert SubscriptionClosed("s", CloseReason.UNSUBSCRIBED) in applied.effects
-    assert d.sm.subscription("s") is None and d.sm.outbox_size() == 0
+    assert d.sm.subs.get("s") is None and d.sm.subs.outbox_size() == 0
 
 
 def test_unsubscribe_between_proposal_and_commit_keeps_digest_valid() -> None:
@@ -532,10 +533,10 @@ def test_bad_acks_are_rejected_and_change_nothing(who: str, offset: int, status:
     target = EmitSeq(BUCKET, 1, first.commit_index + offset)
     result = d.ack("s", target, principal=who)
     assert result.acks[0].status is status
-    sub = d.sm.subscription("s")
+    sub = d.sm.subs.get("s")
     assert sub is not None and sub.acked == first and len(d.rows("s")) == 1
     # Only the applied index moved.
-    assert BucketStateMachine.restore(d.sm.snapshot()).outbox_size() == 1
+    assert BucketStateMachine.restore(d.sm.snapshot()).subs.outbox_size() == 1
     assert before != d.sm.digest()
 
 
@@ -569,9 +570,9 @@ def test_an_ack_of_rows_not_yet_checkpointed_purges_them_and_the_checkpoint_stil
     assert proposal is not None and proposal.row_count == 2
     result = d.ack("s", first.emit_seq)
     assert result.acks[0].status is AckStatus.ACCEPTED and result.purged_rows == 1
-    assert d.rows("s") == (second,) and len(d.sm.pending_rows()) == 2
+    assert d.rows("s") == (second,) and len(d.sm.pending.rows()) == 2
     assert d.apply(proposal).result == OutboxWriteResult(rows=2)
-    assert d.rows("s") == (second,) and d.sm.pending_rows() == ()
+    assert d.rows("s") == (second,) and d.sm.pending.rows() == ()
     assert d.sm.propose_outbox_write(d.sm.lease_index, d.tick()) is None
 
 
@@ -581,7 +582,7 @@ def test_an_ack_of_rows_not_yet_checkpointed_purges_them_and_the_checkpoint_stil
 def test_reconnect_decisions() -> None:
     d = Driver()
     first = _one_row(d)
-    sub = d.sm.subscription("s")
+    sub = d.sm.subs.get("s")
     assert sub is not None
     ok = d.sm.decide_reconnect("s", "alice", sub.start)
     assert ok.status is ReconnectStatus.OK and len(ok.resume) == 2
@@ -611,7 +612,7 @@ def test_stalled_subscriber_is_dropped_from_safety_point_then_expired() -> None:
     first = _one_row(d)
     window = 1_000
     now = d.now_ms
-    start = d.sm.subscription("s").start  # type: ignore[union-attr]
+    start = d.sm.subs.get("s").start  # type: ignore[union-attr]
     assert d.sm.safety_point(now, window) == start.commit_index
     assert stalled_subscriptions(d.sm, now, window) == ()
     later = now + window + 1
@@ -621,7 +622,7 @@ def test_stalled_subscriber_is_dropped_from_safety_point_then_expired() -> None:
     applied = d.apply(OutboxPurge(d.sm.lease_index, (), ("s", "s", "nope"), window, later))
     assert applied.result == PurgeResult(expired=("s",))
     assert SubscriptionClosed("s", CloseReason.STALLED) in applied.effects
-    assert d.sm.outbox_size() == 0
+    assert d.sm.subs.outbox_size() == 0
     recon = d.sm.decide_reconnect("s", "alice", first)
     assert recon.status is ReconnectStatus.STALE_SEQUENCE
     assert d.ack("s", first).acks[0].status is AckStatus.STALE
@@ -707,14 +708,14 @@ def test_a_format_1_snapshot_restores_with_its_pending_rows_in_the_outbox() -> N
     assert raw[0] == 3
     stale = [["gone", *raw[9][0][1:9], []]]  # "s" as it was, under another name
     restored = BucketStateMachine.restore(version_1_snapshot(d.sm, tuple(stale)))
-    assert restored.outbox_rows("s") == d.rows("s") and len(d.rows("s")) == 2
-    assert restored.subscription("gone") is None and restored.outbox_size() == 2
+    assert restored.subs.outbox_rows("s") == d.rows("s") and len(d.rows("s")) == 2
+    assert restored.subs.get("gone") is None and restored.subs.outbox_size() == 2
     assert restored.decide_reconnect("gone", "alice", d.rows("s")[0].emit_seq).status is (
         ReconnectStatus.STALE_SEQUENCE
     )
     assert d.outbox() is not None
     restored.apply(*d.log[-1])  # the same digest: the pending batches are as they were
-    assert restored.outbox_rows("s") == d.rows("s") and restored.pending_rows() == ()
+    assert restored.subs.outbox_rows("s") == d.rows("s") and restored.pending.rows() == ()
 
 
 def test_restore_rejects_garbage() -> None:
@@ -799,7 +800,7 @@ def test_a_full_garbage_collection_does_not_walk_the_keys() -> None:
         d.set(f"k{i}", b"v%d" % i)
     d.set("k0", b"again", Expected.exact(1))  # an update replaces a record
     gc.collect()
-    assert not gc.is_tracked(d.sm._data)
+    assert not gc.is_tracked(d.sm.store._data)
     record = d.sm.get("k0")
     assert record is not None and (record.value, record.version) == (b"again", 2)
 
@@ -821,7 +822,7 @@ def test_a_later_snapshot_is_of_the_state_when_it_was_asked_for() -> None:
     d.set("k0", b"changed", producer=ProducerRef(7, 0, 3))
     d.set("new", b"key")
     d.outbox()
-    head = d.sm.subscriptions()[0].head
+    head = d.sm.subs.sorted()[0].head
     d.ack("s", head)
     d.set("k1", b"pending")
     assert make() == before
@@ -888,7 +889,7 @@ def test_a_single_change_makes_the_rows_the_general_matching_makes(
 ) -> None:
     fast, general = Driver(), Driver()
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(BucketStateMachine, "_rows_of_one", BucketStateMachine._rows_matched)
+        m.setattr(SubscriptionTable, "_rows_of_one", SubscriptionTable._rows_matched)
         for i, query in enumerate(queries):
             general.subscribe(f"s{i}", query)
         slow_rows = [general.set(key).effects for key in keys]
@@ -902,14 +903,14 @@ def test_key_range_reads_keys_in_order_as_they_were_when_asked() -> None:
     d = Driver()
     for key in ("b/2", "a/1", "b/1", "c", "b/3", "a/2"):
         d.set(key, key.encode())
-    later = d.sm.key_range_later("", "", "b/", "", 2)
+    later = d.sm.store.range_later("", "", "b/", "", 2)
     d.set("b/0")  # after the call: not in its answer
     d.delete("b/1")
     page, more = later()
     assert [(kv.key, kv.value) for kv in page] == [("b/1", b"b/1"), ("b/2", b"b/2")] and more
-    page, more = d.sm.key_range_later("", "", "b/", "b/2", 2)()
+    page, more = d.sm.store.range_later("", "", "b/", "b/2", 2)()
     assert [kv.key for kv in page] == ["b/3"] and not more
-    page, more = d.sm.key_range_later("a/2", "b/3", "", "", 10)()
+    page, more = d.sm.store.range_later("a/2", "b/3", "", "", 10)()
     assert [kv.key for kv in page] == ["a/2", "b/0", "b/2"] and not more
-    page, _ = d.sm.key_range_later("", "", "", "", 100)()
+    page, _ = d.sm.store.range_later("", "", "", "", 100)()
     assert [kv.key for kv in page] == ["a/1", "a/2", "b/0", "b/2", "b/3", "c"]

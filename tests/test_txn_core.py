@@ -387,13 +387,13 @@ def test_read_uncommitted_gets_writes_as_they_apply_read_committed_at_the_marker
     )
     assert d.rows("dirty") == dirty  # nothing more at the markers
     # the chain stays gapless for both
-    assert row.prev_emit_seq == d.sm.subscription("committed").start  # type: ignore[union-attr]
+    assert row.prev_emit_seq == d.sm.subs.get("committed").start  # type: ignore[union-attr]
     assert dirty[1].prev_emit_seq == dirty[0].emit_seq
     # plain writes reach both
     d.set("k3")
     assert len(d.rows("committed")) == 2 and len(d.rows("dirty")) == 3
     # the retained history holds only what committed
-    assert [c.key for kept in d.sm.retained() for c in kept.changes] == ["k1", "k3"]
+    assert [c.key for kept in d.sm.history for c in kept.changes] == ["k1", "k3"]
 
 
 def test_isolation_survives_snapshot_and_encoding() -> None:
@@ -401,7 +401,7 @@ def test_isolation_survives_snapshot_and_encoding() -> None:
     subscribe(d, "dirty", Isolation.READ_UNCOMMITTED)
     restored = BucketStateMachine.restore(d.sm.snapshot())
     assert restored.snapshot() == d.sm.snapshot()
-    assert restored.subscription("dirty").isolation is Isolation.READ_UNCOMMITTED  # type: ignore[union-attr]
+    assert restored.subs.get("dirty").isolation is Isolation.READ_UNCOMMITTED  # type: ignore[union-attr]
     query = Query.parse("all")
     entry = Subscribe("s", "a", query, 1, 2, isolation=Isolation.READ_UNCOMMITTED)
     assert decode_entry(encode_entry(entry)) == entry
@@ -438,16 +438,16 @@ def test_an_ack_in_a_transaction_applies_at_its_commit_only() -> None:
     first, second = (row.emit_seq for row in d.rows("in"))
     join(d, 1)
     assert ack_write(d, 1, first, put("out/1")).error is None
-    assert d.sm.subscription("in").acked < first  # type: ignore[union-attr]
+    assert d.sm.subs.get("in").acked < first  # type: ignore[union-attr]
     mark(d, 1, TxnOutcome.COMMIT)
-    assert d.sm.subscription("in").acked == first  # type: ignore[union-attr]
+    assert d.sm.subs.get("in").acked == first  # type: ignore[union-attr]
     assert [r.emit_seq for r in d.rows("in")] == [second]
     assert d.sm.get("out/1") is not None
     # aborted: neither the output nor the ack
     join(d, 2)
     assert ack_write(d, 2, second, put("out/2")).error is None
     mark(d, 2, TxnOutcome.ABORT)
-    assert d.sm.subscription("in").acked == first  # type: ignore[union-attr]
+    assert d.sm.subs.get("in").acked == first  # type: ignore[union-attr]
     assert d.sm.get("out/2") is None
 
 

@@ -1158,9 +1158,27 @@ def _add_client_commands(
     )
     token.set_defaults(fn=cmd_token)
     _add_auth_commands(sub, common)
+    _add_subscribe_command(sub, client_common)
+    history = sub.add_parser(
+        "history",
+        parents=[client_common],
+        help="print the retained history of QUERY (key:K, prefix:P or all): one JSON line "
+        "per change, bucket by bucket",
+    )
+    history.add_argument("query", help="key:K, prefix:P or all")
+    history.add_argument(
+        "--page-size", type=int, default=0, help="change sets per request (default: the node's)"
+    )
+    history.set_defaults(fn=cmd_history)
+
+
+def _add_subscribe_command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """subscribe: tail a query."""
     subscribe = sub.add_parser(
         "subscribe",
-        parents=[client_common],
+        parents=[common],
         help="tail QUERY (key:K, prefix:P or all): one JSON line per change, acked as printed",
     )
     subscribe.add_argument("query", help="key:K, prefix:P or all")
@@ -1211,17 +1229,6 @@ def _add_client_commands(
         help="when a stream cannot be resumed (default: start afresh and say so on stderr)",
     )
     subscribe.set_defaults(fn=cmd_subscribe)
-    history = sub.add_parser(
-        "history",
-        parents=[client_common],
-        help="print the retained history of QUERY (key:K, prefix:P or all): one JSON line "
-        "per change, bucket by bucket",
-    )
-    history.add_argument("query", help="key:K, prefix:P or all")
-    history.add_argument(
-        "--page-size", type=int, default=0, help="change sets per request (default: the node's)"
-    )
-    history.set_defaults(fn=cmd_history)
 
 
 def _add_kv_commands(

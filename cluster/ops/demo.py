@@ -453,8 +453,8 @@ def run_core_demo(out: Callable[[str], None] = print) -> int:
         f"{proposal.through_index}], digest {proposal.digest:#x}"
     )
     commit(proposal)
-    rows = sm.outbox_rows("sub-1")
-    start = sm.subscription("sub-1").start  # type: ignore[union-attr]
+    rows = sm.subs.outbox_rows("sub-1")
+    start = sm.subs.get("sub-1").start  # type: ignore[union-attr]
     cursor: StreamCursor[OutboxRow] = StreamCursor(start)
     delivered: list[OutboxRow] = []
     # The network resends the first event (at-least-once); the SDK dedupes it.
@@ -472,7 +472,7 @@ def run_core_demo(out: Callable[[str], None] = print) -> int:
     assert isinstance(purge.result, PurgeResult)
     out(
         f"ack through {ack.up_to}: {purge.result.acks[0].status}, "
-        f"{purge.result.purged_rows} rows purged, {sm.outbox_size()} left"
+        f"{purge.result.purged_rows} rows purged, {sm.subs.outbox_size()} left"
     )
     bad = commit(OutboxPurge(sm.lease_index, (Ack("sub-1", "mallory", delivered[-1].emit_seq),)))
     assert isinstance(bad.result, PurgeResult)

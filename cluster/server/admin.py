@@ -189,9 +189,9 @@ class Admin:
                 lambda sm: (
                     sm.digest() if with_digests else "",
                     sm.lease_holder,
-                    len(sm.subscriptions()),
-                    sm.outbox_size(),
-                    sm.producer_count(),
+                    len(sm.subs.sorted()),
+                    sm.subs.outbox_size(),
+                    len(sm.producers),
                 )
             )
         )

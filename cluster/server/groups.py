@@ -72,7 +72,7 @@ def check_fence(
     def judge(sm: BucketStateMachine) -> str | None:
         durable = name
         if durable is None:
-            sub = sm.subscription(sub_id)
+            sub = sm.subs.get(sub_id)
             if sub is None or sub.principal != principal:
                 return None  # not found / not the caller's: answered as before
             durable = sub.durable

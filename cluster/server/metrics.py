@@ -355,9 +355,9 @@ class _SubscriptionCollector(Collector):
             try:
                 count, stuck, producing, counts, open_ = replica.read(
                     lambda sm: (
-                        len(sm.subscriptions_by_id()),
+                        len(sm.subs.by_id()),
                         len(stalled_subscriptions(sm, now_ms, window)),
-                        sm.producer_count(),
+                        len(sm.producers),
                         dict(sm.txns.counts),
                         sm.txns.active(),
                     )

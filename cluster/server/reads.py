@@ -93,7 +93,7 @@ class Reads:
             )
         through = request.through_commit_index or None
         try:
-            page = replica.read(lambda sm: sm.history_page(plan, after, through, request.limit))
+            page = replica.read(lambda sm: sm.history.page(plan, after, through, request.limit))
         except SevenDBError as exc:
             raise Failure.domain(exc) from None
         readable = self._edge.readable(call.principal)
@@ -161,7 +161,7 @@ class Reads:
             await edge.read_barrier(bucket)
         prefix, start, end = request.prefix, request.start, request.end
         try:
-            make = replica.read(lambda sm: sm.key_range_later(start, end, prefix, after, limit))
+            make = replica.read(lambda sm: sm.store.range_later(start, end, prefix, after, limit))
         except ReplicaUnavailable as exc:
             raise edge.unavailable(bucket, exc) from None
         page, more = await asyncio.to_thread(make)  # the scan holds neither lock nor loop

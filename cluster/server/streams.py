@@ -105,9 +105,9 @@ class Streams:
         try:
             full = notifier.replica.read(
                 lambda sm: (
-                    sm.subscription(sub_id) is None
-                    and not (durable and sm.durable_sub_id(principal, durable))
-                    and sm.subscription_count(principal) >= most
+                    sm.subs.get(sub_id) is None
+                    and not (durable and sm.subs.durable_id(principal, durable))
+                    and sm.subs.count(principal) >= most
                 )
             )
         except ReplicaUnavailable as exc:
@@ -389,7 +389,7 @@ class Streams:
         """PERMISSION_DENIED if `principal` may no longer read what its subscription
         selects (a grant revoked since it subscribed)."""
         try:
-            sub = notifier.replica.read(lambda sm: sm.subscription(sub_id))
+            sub = notifier.replica.read(lambda sm: sm.subs.get(sub_id))
         except ReplicaUnavailable as exc:
             raise self._edge.unavailable(notifier.bucket, exc) from None
         if sub is not None and sub.principal == principal:  # another's: NOT_OWNER below

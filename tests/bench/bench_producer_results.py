@@ -27,7 +27,8 @@ from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import InitProducer, Op, OpKind, ProducerRef, Write, encode_entry
 from sevendb.outbox.model import WriteResult
 from sevendb.outbox.producer_results import ProducerResults
-from sevendb.outbox.state import BucketStateMachine, _Producer
+from sevendb.outbox.producers import Producer
+from sevendb.outbox.state import BucketStateMachine
 
 UUID = "0f6c3d52-4b8e-4bb4-9d53-1a2b3c4d5e6f"
 KEPT_BUILT = limits.PRODUCER_RESULTS_CACHED
@@ -50,9 +51,9 @@ def measure(producers: int, kept: int, width: int) -> dict[str, float]:
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    new: list[_Producer] = []
+    new: list[Producer] = []
     for results in whole:
-        p = _Producer(0, 1, writes - 1)
+        p = Producer(0, 1, writes - 1)
         for result in results:
             p.results.add(result)
         new.append(p)
@@ -110,7 +111,7 @@ def apply_cost(writes: int = 20_000) -> tuple[float, float]:
         sm.apply(2 + i, data)
     applied = (time.perf_counter() - started) / writes * 1e6
     retry = Write((Op(OpKind.SET, "k", b"v"),), ProducerRef(7, 0, writes - 1), 3)
-    results = sm._producers[7].results
+    results = sm.producers[7].results
     started = time.perf_counter()
     for i in range(writes):
         results.original(i % len(results), UUID, retry)

@@ -169,7 +169,7 @@ class Holder:
         self.sinks: dict[str, Sink] = {}
         self.cursors: dict[str, StreamCursor[Event]] = {}
         for i in range(subs):
-            sub = replica.sm.subscription(f"s{i}")
+            sub = replica.sm.subs.get(f"s{i}")
             assert sub is not None
             self.sinks[sub.sub_id] = Sink()
             self.cursors[sub.sub_id] = StreamCursor(sub.start)
