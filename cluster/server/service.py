@@ -111,6 +111,7 @@ class NodeService:
     async def close(self) -> None:
         await self.txns.stop()
         self.writes.close()
+        self.streams.close()
         await self.edge.close()
 
 

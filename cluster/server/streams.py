@@ -29,8 +29,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import grpc
 
 from sevendb.cluster.common.acl import Permission
-from sevendb.cluster.raft.replica import ReplicaUnavailable
-from sevendb.cluster.server.edge import Call, Edge, now_ms
+from sevendb.cluster.raft.replica import BucketReplica, ReplicaUnavailable
+from sevendb.cluster.server.batcher import BatcherFull, Batchers, SubscribeBatcher
+from sevendb.cluster.server.edge import PROPOSE_TIMEOUT_S, Call, Edge, now_ms
 from sevendb.cluster.server.errors import Failure
 from sevendb.cluster.server.groups import check_fence, fence_failure
 from sevendb.cluster.server.sinks import (
@@ -64,6 +65,39 @@ class Streams:
         self._events = EventEncoder()
         self._attached: dict[tuple[int, str], StreamSink] = {}
         """(bucket, sub_id) -> the sink of the subscription's newest attached stream."""
+        self._batchers = Batchers(self._new_batcher)
+
+    def _new_batcher(self, replica: BucketReplica) -> SubscribeBatcher:
+        return SubscribeBatcher(
+            replica,
+            asyncio.get_running_loop(),
+            timeout_s=PROPOSE_TIMEOUT_S,
+            retry_after_ms=self._edge.limits.overloaded_retry_after_ms,
+        )
+
+    def close(self) -> None:
+        self._batchers.close()
+
+    async def _commit(self, notifier: BucketNotifier, entry: Subscribe) -> SubscribeResult:
+        """Commit `entry` through the bucket's `SubscribeBatcher` (in one entry with the
+        SUBSCRIBEs waiting with it): its own result, or its own refusal (a Failure)."""
+        bucket = notifier.bucket
+        replica = self._edge.replicas.get(bucket)
+        if replica is None:  # removed since `_holder` found the notifier
+            raise Failure(grpc.StatusCode.UNAVAILABLE, f"bucket {bucket}: moved; retry")
+        try:
+            (done,) = await self._batchers.of(replica).submit([entry])
+        except BatcherFull as exc:
+            raise Failure.exhausted(str(exc), codec.OVERLOADED, exc.retry_after_ms) from None
+        except ReplicaUnavailable as exc:
+            raise self._edge.unavailable(bucket, exc) from None
+        if isinstance(done, ReplicaUnavailable):
+            raise self._edge.unavailable(bucket, done)
+        if isinstance(done, BaseException):
+            raise done
+        if done.error is not None:
+            raise Failure.rejected(done.error)
+        return done
 
     async def subscribe_call(
         self, request: pb.SubscribeRequest, call: Call
@@ -163,7 +197,7 @@ class Streams:
         fence = request.group if request.HasField("group") else None
         self._check_group(notifier, principal, "", entry.durable, fence)
         self._check_room(notifier, principal, sub_id, entry.durable)
-        result, _ = await self._edge.commit(bucket, entry, SubscribeResult)
+        result = await self._commit(notifier, entry)
         assert result.start is not None and result.acked is not None
         resumed = result.existing and bool(entry.durable)
         self._check_group(notifier, principal, "", entry.durable, fence)

@@ -21,8 +21,14 @@ from typing import Final
 import grpc
 
 from sevendb.cluster.common.acl import Permission
-from sevendb.cluster.raft.replica import ReplicaUnavailable
-from sevendb.cluster.server.batcher import BatcherFull, Outcome, WriteBatcher, write_size
+from sevendb.cluster.raft.replica import BucketReplica, ReplicaUnavailable
+from sevendb.cluster.server.batcher import (
+    BatcherFull,
+    Batchers,
+    Outcome,
+    WriteBatcher,
+    write_size,
+)
 from sevendb.cluster.server.edge import PROPOSE_TIMEOUT_S, Call, Edge, now_ms
 from sevendb.cluster.server.errors import Failure
 from sevendb.outbox import limits
@@ -47,13 +53,12 @@ class Writes:
 
     def __init__(self, edge: Edge) -> None:
         self._edge = edge
-        self._batchers: dict[int, WriteBatcher] = {}
+        self._batchers = Batchers(self._new_batcher)
         self.transactional: TransactionalWrite | None = None
         """Where a transactional write goes (cluster/server/txns.py)."""
 
     def close(self) -> None:
-        for batcher in self._batchers.values():
-            batcher.close()
+        self._batchers.close()
 
     def _parse(self, request: pb.WriteRequest, principal: str) -> tuple[int, Write]:
         """Validate one write, check that `principal` may write its keys, and find its
@@ -86,20 +91,18 @@ class Writes:
     def _batcher(self, bucket: int) -> WriteBatcher | None:
         """The batcher of this node's replica of `bucket` (None: no replica here)."""
         replica = self._edge.replicas.get(bucket)
-        if replica is None:
-            return None
-        batcher = self._batchers.get(bucket)
-        if batcher is None or batcher.replica is not replica:  # new, or restarted
-            limits = self._edge.limits
-            batcher = self._batchers[bucket] = WriteBatcher(
-                replica,
-                asyncio.get_running_loop(),
-                timeout_s=PROPOSE_TIMEOUT_S,
-                writes_max=limits.batcher_writes_max,
-                bytes_max=limits.batcher_bytes_max,
-                retry_after_ms=limits.overloaded_retry_after_ms,
-            )
-        return batcher
+        return None if replica is None else self._batchers.of(replica)
+
+    def _new_batcher(self, replica: BucketReplica) -> WriteBatcher:
+        limits = self._edge.limits
+        return WriteBatcher(
+            replica,
+            asyncio.get_running_loop(),
+            timeout_s=PROPOSE_TIMEOUT_S,
+            writes_max=limits.batcher_writes_max,
+            bytes_max=limits.batcher_bytes_max,
+            retry_after_ms=limits.overloaded_retry_after_ms,
+        )
 
     def _submit(
         self, principal: str, bucket: int, batcher: WriteBatcher, writes: list[Write]
