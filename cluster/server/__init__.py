@@ -1,5 +1,5 @@
 """sevendb.cluster.server: the node process - its replicas and notifiers, the gRPC
-service, the write batcher, how requests fail at the edge, metrics and fault points.
+service, the write and SUBSCRIBE batchers, how requests fail at the edge, metrics and fault points.
 
 The service (`service.py`) is split by concern: `rpc` (the guard: token, parsing),
 `edge` (what every handler shares), `writes`, `reads`, `streams` and `sinks`
