@@ -112,12 +112,8 @@ def test_a_divergent_plan_fails_its_whole_entry_as_a_quarantine(
 
 def test_an_entry_carries_at_most_the_core_s_limit() -> None:
     async def run() -> StuckReplica:
-        replica = StuckReplica()
-        batcher = SubscribeBatcher(
-            replica,  # type: ignore[arg-type]
-            asyncio.get_running_loop(),
-            entries_in_flight=2,
-        )
+        replica, loop = StuckReplica(), asyncio.get_running_loop()
+        batcher = SubscribeBatcher(replica, loop, entries_in_flight=2)  # type: ignore[arg-type]
         many = limits.SUBSCRIBES_PER_BATCH_MAX + 100
         batcher.submit([subscribe(f"s{i}") for i in range(many)])
         await asyncio.sleep(0)
