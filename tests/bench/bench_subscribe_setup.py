@@ -55,7 +55,7 @@ def one_run(subs: int, threads: int) -> dict[str, Any]:
                 made = list(pool.map(lambda i: client.subscribe(f"key:s/{i}"), range(subs)))
             wall = time.monotonic() - t0
             server = sum(cpu_seconds(p) for p in pids) - server0
-            threads = {k: v - threads0.get(k, 0.0) for k, v in thread_cpu(pids).items()}
+            by_thread = {k: v - threads0.get(k, 0.0) for k, v in thread_cpu(pids).items()}
             own = time.process_time() - client0
             starts = _starts(made)  # before anything is delivered: nothing is written
             for sub in made:
@@ -70,7 +70,7 @@ def one_run(subs: int, threads: int) -> dict[str, Any]:
         "client_cpu_ms_per_sub": own * 1000 / subs,
         "entries": len(starts),
         "threads_us_per_sub": {
-            k: v * 1e6 / subs for k, v in sorted(threads.items(), key=lambda kv: -kv[1])
+            k: v * 1e6 / subs for k, v in sorted(by_thread.items(), key=lambda kv: -kv[1])
         },
     }
 
