@@ -81,7 +81,7 @@ from .model import (
 )
 from .pending import PendingRows, rows_digest
 from .producers import Producer, ProducerTable
-from .query import Planner, plan_query
+from .query import Plan, Planner, Query, plan_query
 from .store import KeyStore
 from .subscriptions import Subscription, SubscriptionTable
 from .txn import TxnState
@@ -327,13 +327,14 @@ class BucketStateMachine:
     # ---- subscriptions ---------------------------------------------------------
 
     def _apply_subscribe(
-        self, index: int, entry: Subscribe, effects: list[Effect]
+        self, index: int, entry: Subscribe, effects: list[Effect], plan: Plan | None = None
     ) -> SubscribeResult:
+        """`plan`: the entry's query planned already (by a SUBSCRIBE_BATCH's check)."""
         named = self.subs.durable_id(entry.principal, entry.durable) if entry.durable else None
         existing = self.subs.get(named or entry.sub_id)
         if existing is not None:
             return _existing_subscription(existing, entry)
-        plan = self._planner(entry.query)
+        plan = self._planner(entry.query) if plan is None else plan
         if plan.plan_hash != entry.plan_hash:
             raise PlanMismatch(
                 f"SUBSCRIBE {entry.sub_id} at {index}: plan_hash {entry.plan_hash:#x} committed, "
@@ -386,9 +387,11 @@ class BucketStateMachine:
         new subscription's plan is checked first: a divergence raises `PlanMismatch`
         before anything changed (the replica quarantines itself)."""
         seen: set[str] = set()
+        plans: dict[Query, Plan] = {}
         for subscribe in entry.subscribes:
             if self.subs.get(subscribe.sub_id) is None and subscribe.sub_id not in seen:
-                plan = self._planner(subscribe.query)
+                plan = plans.get(subscribe.query) or self._planner(subscribe.query)
+                plans[subscribe.query] = plan
                 if plan.plan_hash != subscribe.plan_hash:
                     raise PlanMismatch(
                         f"SUBSCRIBE_BATCH at {index}, {subscribe.sub_id}: plan_hash "
@@ -398,7 +401,8 @@ class BucketStateMachine:
             seen.add(subscribe.sub_id)
         return SubscribeBatchResult(
             tuple(
-                self._apply_subscribe(index, subscribe, effects) for subscribe in entry.subscribes
+                self._apply_subscribe(index, subscribe, effects, plans.get(subscribe.query))
+                for subscribe in entry.subscribes
             )
         )
 

@@ -322,6 +322,22 @@ def test_a_diverging_plan_anywhere_in_a_subscribe_batch_changes_nothing() -> Non
     assert d.sm.digest() == before and d.sm.subs.get("a") is None
 
 
+def test_a_subscribe_batch_plans_each_query_once() -> None:
+    planned: list[Query] = []
+
+    def counting(query: Query) -> Plan:
+        planned.append(query)
+        return plan_query(query)
+
+    d = Driver(BucketStateMachine(BUCKET, planner=counting))
+    d.lease()
+    batch = SubscribeBatch(tuple(_subscribe(f"s{i}", "prefix:a/") for i in range(5)))
+    result = d.apply(batch).result
+    assert isinstance(result, SubscribeBatchResult)
+    assert all(r.error is None for r in result.results) and len(d.sm.subs) == 5
+    assert planned == [Query.parse("prefix:a/")]
+
+
 def test_divergent_planner_is_detected_on_subscribe() -> None:
     def broken(query: Query) -> Plan:
         plan = plan_query(query)
