@@ -64,6 +64,9 @@ class Engine:
         self._channels: dict[str, aio.Channel] = {}
         self._stubs: dict[str, pb_grpc.SevenDBStub] = {}
         self._rotation = itertools.count(random.randrange(1 << 16))
+        self.holders: dict[int, str] = {}
+        """Loop only: the node each bucket's last stream was established on (its
+        notifier lease holder then): where a new subscription of it goes first."""
         self._thread: threading.Thread | None = None
         self._loop_ident = threading.get_ident()
         if loop is None:

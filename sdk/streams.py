@@ -264,7 +264,12 @@ class BucketStreams:
 
     def target_of(self, bucket: int) -> str:
         """The node a bucket's acks go to: its stream's."""
-        return self.streams[bucket].target or self._engine.any_endpoint()
+        return self.streams[bucket].target or self._first_target(bucket)
+
+    def _first_target(self, bucket: int) -> str:
+        """Where a bucket's stream goes first: the node its last stream was established
+        on (likely still the lease holder), else any (a redirect says where to go)."""
+        return self._engine.holders.get(bucket) or self._engine.any_endpoint()
 
     async def start(self) -> None:
         for stream in self.streams.values():
@@ -294,6 +299,8 @@ class BucketStreams:
 
     def _ready(self, stream: BucketStream) -> None:
         stream.ready = True
+        if stream.target is not None:
+            self._engine.holders[stream.bucket] = stream.target
         if self._changed is not None:
             self._changed.set()
 
@@ -362,7 +369,7 @@ class BucketStreams:
                 return
 
     async def _stream_once(self, stream: BucketStream) -> None:
-        target = stream.target or self._engine.any_endpoint()
+        target = stream.target or self._first_target(stream.bucket)
         stream.target = target
         call = (
             await self._reconnect(stream, target)
