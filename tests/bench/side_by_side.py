@@ -133,6 +133,9 @@ METHOD = f"""## Method
     subscriptions share one `Session` call per node (the SDK's only way to
     subscribe). The SDK acks what was processed; there is no cursor file, so
     nothing is fsynced client-side.
+  - Each system's subscriber sets up 64 subscriptions at a time (etcd and NATS: 64
+    concurrent creations; sevendb: 64 threads each in a blocking `Client.subscribe`;
+    before 2026-11-26, 64 for etcd, 32 for NATS and 16 for sevendb).
 
   etcd and NATS subscriber processes connect to a follower (workload 2), or
   round-robin over the members (workloads 3 and 4); the sevendb SDK follows each

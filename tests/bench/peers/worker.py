@@ -328,6 +328,12 @@ class SubscriberClient(Protocol):
     async def close(self, unsubscribe: bool) -> None: ...
 
 
+SETUP_CONCURRENCY = 64
+"""Subscriptions a subscriber process sets up at once, the same for every system (etcd
+Watch creations, NATS consumer creations, sevendb `Client.subscribe` calls, each
+blocking, on as many threads)."""
+
+
 def subscriptions(spec: JsonDict) -> list[int | None]:
     """None per prefix subscription, or the key index of each key subscription."""
     if spec["kind"] == "prefix":
@@ -387,7 +393,7 @@ class EtcdSubscriber:
             )
 
         starts = list(range(0, len(subs), per_stream))
-        gate = asyncio.Semaphore(64)
+        gate = asyncio.Semaphore(SETUP_CONCURRENCY)
 
         async def gated(first: int) -> None:
             async with gate:
@@ -447,7 +453,7 @@ class NatsSubscriber:
         prefix: str = spec["prefix"]
         durable = bool(spec.get("durable", False))
         tag: str = spec.get("tag", "s")
-        gate = asyncio.Semaphore(32)
+        gate = asyncio.Semaphore(SETUP_CONCURRENCY)
 
         async def make(i: int, key_index: int | None) -> None:
             subject = f"bench.{prefix}.>" if key_index is None else f"bench.{prefix}.{key_index}"
@@ -515,7 +521,8 @@ class SevendbSubscriber:
         ]
         loop = asyncio.get_running_loop()
         # Client.subscribe blocks until its streams are up: make many at once.
-        with ThreadPoolExecutor(max_workers=int(spec.get("setup_threads", 16))) as pool:
+        threads = int(spec.get("setup_threads", SETUP_CONCURRENCY))
+        with ThreadPoolExecutor(max_workers=threads) as pool:
             self.subs = list(
                 await asyncio.gather(
                     *(
