@@ -127,3 +127,16 @@ def test_a_node_allocates_pyarrow_memory_from_the_system_allocator() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "mimalloc"
+
+
+def test_a_dump_counts_what_pyarrow_allocated() -> None:
+    import pyarrow as pa
+
+    from sevendb.cluster.server.memory import arrow_lines
+
+    before = dict(line.split() for line in arrow_lines())
+    held = pa.allocate_buffer(8 * 1024 * 1024)
+    after = dict(line.split() for line in arrow_lines())
+    assert int(after["arrow_allocated_bytes"]) >= int(before["arrow_allocated_bytes"]) + held.size
+    assert after["arrow_pool"] == pa.default_memory_pool().backend_name
+    del held

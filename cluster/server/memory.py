@@ -4,7 +4,8 @@
 
 A dump gives the process's RSS, the blocks the Python allocator holds
 (`sys.getallocatedblocks`), glibc malloc's bytes in use and free but kept (gRPC,
-protobuf, OpenSSL and Python's objects over 512 bytes live there), the live
+protobuf, OpenSSL and Python's objects over 512 bytes live there), pyarrow's
+allocated bytes (part of malloc's when its pool is the system's), the live
 objects the collector tracks by type and how each count changed since the previous
 dump; and, when the node traces allocations
 (``[node] tracemalloc_frames`` > 0, `tracemalloc` started before the node is
@@ -106,6 +107,17 @@ def malloc_lines() -> list[str]:
         f"malloc_free_kept_bytes {info.fordblks}",
         f"malloc_mmapped_bytes {info.hblkhd}",
     ]
+
+
+def arrow_lines() -> list[str]:
+    """pyarrow's default pool: the bytes it has allocated (from malloc on a node, whose
+    archive writer sets the pool to the C library's; docs/operations.md), and the
+    pool's name. Nothing if pyarrow was not imported."""
+    arrow = sys.modules.get("pyarrow")
+    if arrow is None:
+        return []
+    pool = arrow.default_memory_pool()
+    return [f"arrow_allocated_bytes {pool.bytes_allocated()}", f"arrow_pool {pool.backend_name}"]
 
 
 def mapping_lines(top: int = MAPPINGS) -> list[str]:
@@ -237,6 +249,7 @@ class MemoryDumps:
             f"rss_bytes {rss_bytes()}",
             f"allocated_blocks {sys.getallocatedblocks()}",
             *malloc_lines(),
+            *arrow_lines(),
         ]
         lines += ["", "# anonymous mappings by resident bytes (resident, size)", *mapping_lines()]
         unreachable = gc.collect()  # what is left is alive, not garbage awaiting a collection
