@@ -88,6 +88,47 @@ def node_events(data: Path, t0_ns: int) -> list[tuple[float, str, str]]:
     return sorted(out)
 
 
+_WRITTEN = re.compile(r"snapshot at log index \d+ written \(\d+ bytes in ([0-9.]+) s\)")
+
+
+def snapshot_windows(marks: list[tuple[float, str, str]]) -> list[tuple[float, float]]:
+    """(start, end) seconds of each snapshot the nodes logged: end is the log line's
+    time, start that minus the duration it states."""
+    out = []
+    for at, _, what in marks:
+        m = _WRITTEN.search(what)
+        if m:
+            out.append((at - float(m.group(1)), at))
+    return out
+
+
+def most_at_once(windows: list[tuple[float, float]]) -> int:
+    """The most snapshot windows open at one time."""
+    edges = sorted([(a, 1) for a, _ in windows] + [(b, -1) for _, b in windows])
+    most = open_now = 0
+    for _, step in edges:
+        open_now += step
+        most = max(most, open_now)
+    return most
+
+
+def split_by_windows(
+    load: dict[str, Any], result: dict[str, Any], t0_ns: int, windows: list[tuple[float, float]]
+) -> tuple[list[float], list[float]]:
+    """send->application ms (sorted) of the writes sent while a snapshot was being
+    written, and of the others."""
+    received = {(b, i): ns for b, i, ns in result["trace"]}
+    inside, outside = [], []
+    for b, i, sent, _ in load["acks"]:
+        got = received.get((b, i))
+        if got is None:
+            continue
+        at = (sent - t0_ns) / 1e9
+        hit = any(a <= at <= z for a, z in windows)
+        (inside if hit else outside).append((got - sent) / 1e6)
+    return sorted(inside), sorted(outside)
+
+
 def one_run(args: argparse.Namespace, run: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="sevendb-bench-stall-") as tmp:
         data = Path(tmp) / "data"
@@ -124,6 +165,15 @@ def one_run(args: argparse.Namespace, run: int) -> dict[str, float]:
     for at, node, what in marks:
         if -1 <= at <= args.seconds + 1:
             print(f"  node {node} at {at:7.3f} s: {what}", flush=True)
+    windows = snapshot_windows(marks)
+    inside, outside = split_by_windows(load, result, t0_ns, windows)
+    print(
+        f"  writes sent while a node wrote a snapshot: {len(inside)}, send->app p99 "
+        f"{pct(inside, 99):.1f} max {max(inside, default=float('nan')):.1f} ms; the others: "
+        f"{len(outside)}, p99 {pct(outside, 99):.1f} max {max(outside, default=float('nan')):.1f}"
+        f" ms; at most {most_at_once(windows)} node(s) writing one at once",
+        flush=True,
+    )
     previous = None
     for e in eps:
         gap = "" if previous is None else f", {e['start_s'] - previous:.2f} s after the previous"
