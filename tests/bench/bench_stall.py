@@ -118,7 +118,8 @@ def split_by_windows(
     """send->application ms (sorted) of the writes sent while a snapshot was being
     written, and of the others."""
     received = {(b, i): ns for b, i, ns in result["trace"]}
-    inside, outside = [], []
+    inside: list[float] = []
+    outside: list[float] = []
     for b, i, sent, _ in load["acks"]:
         got = received.get((b, i))
         if got is None:
