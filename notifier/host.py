@@ -533,8 +533,9 @@ class BucketNotifier:
         core = self._core
         if core is None:
             return False
-        # Scanning every stream (resend timers, closed subscriptions, stalls, gauges)
-        # is housekeeping, done once a second: an idle subscription costs nothing.
+        # Scanning every stream (closed subscriptions, stalls, gauges) and the resend
+        # timers of the streams with events in flight are housekeeping, done once a
+        # second; the pass that sends looks only at ready streams.
         housekeeping = now - self._last_housekeeping_ms >= HOUSEKEEPING_MS
         if housekeeping:
             self._last_housekeeping_ms = now
@@ -551,7 +552,9 @@ class BucketNotifier:
         if housekeeping:
             self._end_slow_streams(core, now)
             self._propose_trim(sm, now)
-        sent = self._send(core, sm, now, SEND_EVENTS_MAX, full=housekeeping)
+        if housekeeping:
+            core.mark_in_flight_ready()  # their resend timers; an idle stream is not looked at
+        sent = self._send(core, sm, now, SEND_EVENTS_MAX, full=False)
         if self._metrics is not None and housekeeping:
             self._metrics.gauges(self.bucket, sm.subs.outbox_size(), max_ack_lag(sm))
         return sent >= SEND_EVENTS_MAX

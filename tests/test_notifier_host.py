@@ -16,16 +16,18 @@ import pytest
 from test_replica import Cluster, wait_until, write
 
 from sevendb.cluster.raft.replica import BucketReplica
-from sevendb.notifier.core import AttachStatus, EmissionMode
+from sevendb.notifier.core import AttachStatus, EmissionMode, NotifierConfig, NotifierCore
 from sevendb.notifier.host import (
     INLINE_STREAMS_MAX,
     BucketNotifier,
     NotifierSettings,
     NotifierThread,
 )
+from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import Subscribe, encode_entry
 from sevendb.outbox.model import OutboxRow, SubscribeResult
 from sevendb.outbox.query import Query, plan_query
+from sevendb.outbox.state import BucketStateMachine
 
 PRINCIPAL = "alice"
 
@@ -208,3 +210,59 @@ def test_the_notifier_thread_runs_passes_when_woken_and_again_while_more_is_read
     wait_until(lambda: len(names) == 5, what="a pass after the failing one")
     runner.stop()
     assert not any(t.name == "notifier-b7" for t in threading.enumerate())
+
+
+class CountingCore(NotifierCore):
+    """Records the streams its passes looked at."""
+
+    looked: list[str]
+
+    def _rows_after(
+        self, sm: BucketStateMachine, sub_id: str, position: EmitSeq, through: int | None
+    ) -> tuple[OutboxRow, ...]:
+        self.looked.append(sub_id)
+        return super()._rows_after(sm, sub_id, position, through)
+
+
+def test_housekeeping_looks_at_no_idle_stream(leader: BucketReplica) -> None:
+    """The holder's once-a-second pass looked at every attached stream for the
+    resend timers (10,000 idle ones: 85 ms a second on the 2-core host,
+    docs/performance.md, "Idle subscriptions"). It looks at the streams with events
+    in flight (only they have a timer) and those with new rows, not the idle ones."""
+    cores: list[CountingCore] = []
+
+    def counting(me: str, config: NotifierConfig, sm: BucketStateMachine) -> NotifierCore:
+        core = CountingCore(me, config)
+        core.looked = []
+        cores.append(core)
+        return core
+
+    now = [1_000_000]
+    settings = NotifierSettings(resend_after_ms=600_000)
+    notifier = BucketNotifier(
+        leader, settings, runner=Passes(), clock_ms=lambda: now[0], new_core=counting
+    )
+    leader.on_applied = notifier.on_applied
+    leader.after_applies = notifier.after_applies
+
+    def holds() -> bool:
+        now[0] += 10
+        notifier.step()
+        return notifier.emitting
+
+    wait_until(holds, what="the notifier to hold the lease")
+    sinks = {}
+    for i in range(20):
+        start = subscribe(leader, f"s{i}", f"key:k/{i}").start
+        assert start is not None
+        sinks[f"s{i}"] = Sink()
+        attached, _ = notifier.attach(f"s{i}", PRINCIPAL, start, sinks[f"s{i}"])
+        assert attached.status is AttachStatus.ATTACHED
+    leader.propose(write("k/7"))
+    wait_until(lambda: (notifier.step(), len(sinks["s7"].rows) == 1)[1], what="s7's event")
+    (core,) = cores
+    core.looked.clear()
+    for _ in range(3):  # housekeeping passes, a second apart
+        now[0] += 1_000
+        notifier.step()
+    assert set(core.looked) == {"s7"}  # in flight (nothing acks here); the others idle

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,11 +23,12 @@ from pysyncobj.config import SERIALIZER_STATE
 from sevendb.cluster.raft.replica import ApplyOutcome, BucketReplica, ReplicaUnavailable
 from sevendb.cluster.raft.snapshots import SNAPSHOT_FILE, BackgroundSerializer
 from sevendb.cluster.raft.transfer import TRANSFER_PAUSE_LAG
-from sevendb.cluster.raft.tuning import RaftTuning, compaction_due
+from sevendb.cluster.raft.tuning import RaftTuning, compaction_due, snapshot_wait_s
 from sevendb.outbox.entries import ANY, Entry, Op, OpKind, Write, decode_entry, encode_entry
 from sevendb.outbox.errors import LimitExceeded
 from sevendb.outbox.model import Applied, WriteResult
 from sevendb.outbox.state import BucketStateMachine
+from sevendb.proto.threads import HANDOVER_SWITCH_INTERVAL_S
 
 BUCKET_UUID = "bucket-test-0001"
 PASSWORD = "test-cluster-password"
@@ -368,6 +370,41 @@ def test_a_snapshot_is_due_once_the_log_outgrows_the_last_one(
     )
 
 
+def test_a_replica_waits_its_rank_times_the_stagger_before_its_snapshot() -> None:
+    tuning = fast(snapshot_stagger_s=1.5)
+    group = ["127.0.0.1:3", "127.0.0.1:1", "127.0.0.1:2"]
+    assert [snapshot_wait_s(tuning, group, me) for me in sorted(group)] == [0.0, 1.5, 3.0]
+    assert snapshot_wait_s(tuning, group, "127.0.0.1:9") == 0.0  # not (or no longer) a member
+    assert snapshot_wait_s(fast(snapshot_stagger_s=0.0), group, "127.0.0.1:3") == 0.0
+    with pytest.raises(ValueError, match="snapshot_stagger_s"):
+        fast(snapshot_stagger_s=-1.0)
+
+
+def test_the_replicas_of_a_group_snapshot_one_after_another(tmp_path: Path) -> None:
+    """The replicas find a snapshot due at the same log index. They all wrote it at
+    once, and on a 2-core host three processes packing a large state stalled writes
+    on every node (docs/performance.md, "Writes stalled behind snapshots"). Now the
+    first in address order starts at once and the others each wait their rank times
+    `snapshot_stagger_s` (here far longer than the test): only the first has written
+    one, though all are past the threshold and the group kept committing."""
+    c = Cluster(tmp_path, tuning=fast(compaction_min_entries=20, snapshot_stagger_s=600.0))
+    c.start_all()
+    try:
+        leader = c.leader()
+        for n in range(30):
+            leader.propose(write(f"k-{n}"))
+        first = c.replicas[c.addrs.index(sorted(c.addrs)[0])]
+        wait_until(lambda: num(first, "snapshots_written") == 1, what="the first snapshot")
+        for n in range(30):  # more entries: still past the threshold, still waiting
+            leader.propose(write(f"more-{n}"))
+        c.converge()
+        first_addr = sorted(c.addrs)[0]
+        others = [num(r, "snapshots_written") for r in c.live if r.self_addr != first_addr]
+        assert num(first, "snapshots_written") >= 1 and others == [0, 0]
+    finally:
+        c.close()
+
+
 def test_a_negative_compaction_log_ratio_is_refused() -> None:
     with pytest.raises(ValueError, match="compaction_log_ratio"):
         fast(compaction_log_ratio=-1.0)
@@ -377,8 +414,11 @@ def test_replicas_snapshot_a_large_state_again_only_after_as_many_log_bytes(
     tmp_path: Path,
 ) -> None:
     """Entries alone (pysyncobj's rule) rewrite a large state every few entries; the
-    replicas wait until the log holds as many bytes as their last snapshot."""
-    c = Cluster(tmp_path, tuning=fast(compaction_min_entries=20)).start_all()
+    replicas wait until the log holds as many bytes as their last snapshot. (No
+    stagger: the byte counts below assume every replica snapshots at the same index.)"""
+    c = Cluster(
+        tmp_path, tuning=fast(compaction_min_entries=20, snapshot_stagger_s=0.0)
+    ).start_all()
     try:
         leader = c.leader()
         big = b"x" * 4096
@@ -445,6 +485,29 @@ def test_no_snapshot_is_installed_while_the_replica_writes_its_own(tmp_path: Pat
     assert ser.setTransmissionData((b"leader's ", True, False)) is False
     assert ser.setTransmissionData((b"newer", False, True)) is True
     assert dump.read_bytes() == b"leader's newer"
+
+
+def test_a_snapshot_is_written_with_the_short_switch_interval(tmp_path: Path) -> None:
+    """The snapshot thread packs the whole state in Python for up to a second; with
+    CPython's 5 ms switch interval the Raft loop thread waited up to 5 ms for the GIL
+    after each of its polls, sends and fsyncs meanwhile, and writes on every node
+    stalled (docs/performance.md, "Writes stalled behind snapshots"). The write runs
+    with `HANDOVER_SWITCH_INTERVAL_S`; the interval is back once it is done."""
+    before = sys.getswitchinterval()
+    seen: list[float] = []
+
+    def serializer(tmp: str, data: object) -> Callable[[], None]:
+        def write() -> None:
+            seen.append(sys.getswitchinterval())
+            Path(tmp).write_bytes(b"state")
+
+        return write
+
+    ser = BackgroundSerializer(str(tmp_path / "snapshot"), 1024, False, serializer, None, None)
+    ser.serialize((None, "last", "prev", "cluster"), 7)
+    wait_until(lambda: ser.checkSerializing()[0] == SERIALIZER_STATE.SUCCESS)
+    assert seen == [HANDOVER_SWITCH_INTERVAL_S]
+    assert sys.getswitchinterval() == before
 
 
 def test_writes_commit_while_a_snapshot_is_being_written(

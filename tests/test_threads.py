@@ -1,12 +1,13 @@
 """proto/threads.py: a node's threads, and a client's loop thread, carry their names to
-the operating system."""
+the operating system; long CPU-bound work shortens the GIL switch interval meanwhile."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 
-from sevendb.proto.threads import name_os_thread
+from sevendb.proto.threads import HANDOVER_SWITCH_INTERVAL_S, name_os_thread, prompt_handover
 
 
 def _os_name(native_id: int) -> str:
@@ -45,3 +46,31 @@ def test_a_client_names_its_loop_thread() -> None:
 
 async def _native_id() -> int:
     return threading.get_native_id()
+
+
+def test_prompt_handover_shortens_the_switch_interval_until_the_last_user_ends() -> None:
+    before = sys.getswitchinterval()
+    assert before > HANDOVER_SWITCH_INTERVAL_S  # CPython's 5 ms
+    inside = threading.Event()
+    leave = threading.Event()
+
+    def other() -> None:
+        with prompt_handover():
+            inside.set()
+            leave.wait(10)
+
+    t = threading.Thread(target=other)
+    with prompt_handover():
+        assert sys.getswitchinterval() == HANDOVER_SWITCH_INTERVAL_S
+        t.start()
+        assert inside.wait(10)
+    assert sys.getswitchinterval() == HANDOVER_SWITCH_INTERVAL_S  # the other one still runs
+    leave.set()
+    t.join()
+    assert sys.getswitchinterval() == before
+    try:
+        with prompt_handover():
+            raise ValueError("boom")
+    except ValueError:
+        pass
+    assert sys.getswitchinterval() == before

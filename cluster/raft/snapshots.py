@@ -26,6 +26,7 @@ from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.serializer import Serializer
 
 from sevendb.cluster.common.files import fsync_dir, write_synced
+from sevendb.proto.threads import prompt_handover
 
 from .journal import DurableJournal
 
@@ -196,7 +197,8 @@ class BackgroundSerializer(Serializer):  # type: ignore[misc]
 
         def run() -> None:
             try:
-                write()
+                with prompt_handover():  # the Raft loop waits for the GIL meanwhile
+                    write()
                 atomic_replace(tmp, self._Serializer__fileName)
                 self._result = -1
             except Exception:

@@ -4,11 +4,12 @@ snapshot. A node reads overrides from `SEVENDB_RAFT_<FIELD>`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sevendb.outbox import limits
 
-__all__ = ["RaftTuning", "compaction_due"]
+__all__ = ["RaftTuning", "compaction_due", "snapshot_wait_s"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,15 @@ class RaftTuning:
     compaction_recheck_s: float = 1.0
     """After the archive could not publish what a snapshot would cover, wait this long
     before the next snapshot."""
+    snapshot_stagger_s: float = 1.0
+    """A replica whose snapshot is due starts it this long times its rank among the
+    group's members (sorted addresses) later. The replicas of a group reach the same
+    log index together, so they all found their snapshot due at once: three threads
+    packing a large state in three processes (0.5-1 s of CPU each at 37 MB) took
+    both cores of a 2-core host, and writes on every node waited for them (p99 141-179 ms
+    at 500 writes/s; docs/performance.md, "Writes stalled behind snapshots"). One
+    at a time, a majority of the group is never slowed by its own snapshot. 0: all
+    at once, as pysyncobj does."""
     snapshot_chunk_bytes: int = 64 * 1024
     commands_queue_size: int = 100_000
     stall_window_ms: int = limits.STALL_WINDOW_MS_DEFAULT
@@ -107,6 +117,8 @@ class RaftTuning:
             raise ValueError("0 <= leader_balance_s <= leader_balance_backoff_max_s")
         if self.compaction_min_entries < 2 or self.compaction_min_time_s <= 0:
             raise ValueError("compaction_min_entries >= 2 and compaction_min_time_s > 0")
+        if not self.snapshot_stagger_s >= 0:
+            raise ValueError("snapshot_stagger_s must be >= 0")
         if not self.compaction_log_ratio >= 0:
             raise ValueError("compaction_log_ratio must be >= 0")
         if self.cold_replica_window_ms < 0:
@@ -132,3 +144,11 @@ def compaction_due(
         entries > tuning.compaction_min_entries
         and log_bytes >= tuning.compaction_log_ratio * snapshot_bytes
     )
+
+
+def snapshot_wait_s(tuning: RaftTuning, members: Sequence[str], me: str) -> float:
+    """How long a replica waits, once its snapshot is due, before it starts it:
+    `snapshot_stagger_s` times its rank among the sorted `members` (0 for the first,
+    or when `me` is not among them)."""
+    ranked = sorted(members)
+    return tuning.snapshot_stagger_s * (ranked.index(me) if me in ranked else 0)
