@@ -90,6 +90,7 @@ from .model import (
     SubscriptionClosed,
     SyncPage,
     TxnResult,
+    TxnTag,
     UnsubscribeResult,
     WriteBatchResult,
     WriteResult,
@@ -97,7 +98,7 @@ from .model import (
 )
 from .producer_results import ProducerResults
 from .query import Plan, Planner, Query, QueryIndex, QueryKind, plan_query
-from .txn import TxnState
+from .txn import TxnState, uncommitted_readers
 
 SNAPSHOT_FORMAT_VERSION: Final = 3
 """3: each subscription carries its durable name ("" for none) and the index of its
@@ -460,7 +461,8 @@ class BucketStateMachine:
         changes carry version 0: the versions are set at the COMMIT marker."""
         changes = tuple(Change(op.key, op.kind, op.value, 0) for op in entry.ops)
         commit = self.emit_seq(index)
-        rows = self._rows_for(commit, changes, entry.now_ms, Isolation.READ_UNCOMMITTED)
+        tag = TxnTag(entry.txn_id, entry.epoch, entry.number, committed=False)
+        rows = self._rows_for(commit, changes, entry.now_ms, Isolation.READ_UNCOMMITTED, tag)
         if rows:
             self._pending.append(_PendingBatch(index, rows))
             effects.append(RowsPending(rows))
@@ -476,13 +478,15 @@ class BucketStateMachine:
         if ops:
             commit = self.emit_seq(index)
             changes = self._set_ops(index, ops)[0]
-            self._emit_rows(commit, changes, entry.now_ms, effects, Isolation.READ_COMMITTED)
+            tag = TxnTag(entry.txn_id, entry.epoch, entry.number, committed=True)
+            self._emit_rows(commit, changes, entry.now_ms, effects, Isolation.READ_COMMITTED, tag)
         purged: list[OutboxRow] = []
         for ack in acks:  # consumed input commits with the output (if still ahead)
             if self.check_ack(ack.sub_id, ack.principal, ack.up_to).status is AckStatus.ACCEPTED:
                 purged.extend(self._purge(ack, entry.now_ms))
         if purged:
-            effects.insert(0, RowsPurged(tuple(purged), entry.now_ms))
+            readers = uncommitted_readers(purged, self._subs) if self._uncommitted else frozenset()
+            effects.insert(0, RowsPurged(tuple(purged), entry.now_ms, readers))
         return result
 
     @property
@@ -541,13 +545,14 @@ class BucketStateMachine:
         now_ms: int,
         effects: list[Effect],
         only: Isolation | None = None,
+        txn: TxnTag | None = None,
     ) -> None:
         made = tuple(changes)
         if made:
             size = delta_bytes(made)
             self._history.append(RetainedChange(commit, now_ms, made, size))
             self._history_bytes += size
-        rows = self._rows_for(commit, made, now_ms, only)
+        rows = self._rows_for(commit, made, now_ms, only, txn)
         if rows:
             self._pending.append(_PendingBatch(commit.commit_index, rows))
             effects.append(RowsPending(rows))
@@ -558,6 +563,7 @@ class BucketStateMachine:
         changes: tuple[Change, ...],
         now_ms: int,
         only: Isolation | None = None,
+        txn: TxnTag | None = None,
     ) -> tuple[OutboxRow, ...]:
         """One row per live subscription that any change matches (of isolation level
         `only`, if given: a COMMIT marker's changes go to those reading committed, a
@@ -573,8 +579,8 @@ class BucketStateMachine:
                 return subs[sub_id].isolation is only
 
         if len(changes) == 1:  # the common case: every matching sub gets the one delta
-            return self._rows_of_one(commit, changes, now_ms, keep)
-        return self._rows_matched(commit, changes, now_ms, keep)
+            return self._rows_of_one(commit, changes, now_ms, keep, txn)
+        return self._rows_matched(commit, changes, now_ms, keep, txn)
 
     def _rows_matched(
         self,
@@ -582,6 +588,7 @@ class BucketStateMachine:
         changes: tuple[Change, ...],
         now_ms: int,
         keep: Callable[[str], bool] | None = None,
+        txn: TxnTag | None = None,
     ) -> tuple[OutboxRow, ...]:
         matched: dict[str, list[int]] = {}
         for i, change in enumerate(changes):
@@ -595,7 +602,7 @@ class BucketStateMachine:
             delta = deltas.get(picked)
             if delta is None:
                 mine = tuple(changes[i] for i in picked)
-                delta = deltas[picked] = Delta(mine, now_ms, delta_bytes(mine))
+                delta = deltas[picked] = Delta(mine, now_ms, delta_bytes(mine), txn)
             sub = self._subs[sub_id]
             row = OutboxRow(sub_id, commit, sub.head, delta)
             rows.append(row)
@@ -609,6 +616,7 @@ class BucketStateMachine:
         changes: tuple[Change, ...],
         now_ms: int,
         keep: Callable[[str], bool] | None = None,
+        txn: TxnTag | None = None,
     ) -> tuple[OutboxRow, ...]:
         """`_rows_for` of a single change: the same rows, without the per-sub bookkeeping."""
         hits = self._queries.matching(changes[0].key)
@@ -616,7 +624,7 @@ class BucketStateMachine:
             hits = {sub_id for sub_id in hits if keep(sub_id)}
         if not hits:
             return ()
-        delta = Delta(changes, now_ms, delta_bytes(changes))
+        delta = Delta(changes, now_ms, delta_bytes(changes), txn)
         subs = self._subs
         rows = []
         for sub_id in sorted(hits):
@@ -1073,6 +1081,7 @@ class BucketStateMachine:
             outcomes.append(outcome)
             if outcome.status is AckStatus.ACCEPTED:
                 purged.extend(self._purge(ack, entry.now_ms))
+        readers = uncommitted_readers(purged, self._subs) if self._uncommitted else frozenset()
         now = entry.now_ms
         for sub_id in entry.touch:
             sub = self._subs.get(sub_id)
@@ -1095,7 +1104,7 @@ class BucketStateMachine:
                 del self._producers[pid]
                 forgotten.append(pid)
         if purged:
-            effects.insert(0, RowsPurged(tuple(purged), now))
+            effects.insert(0, RowsPurged(tuple(purged), now, readers))
         return PurgeResult(
             tuple(outcomes), tuple(expired), len(purged), expired_producers=tuple(forgotten)
         )
@@ -1585,10 +1594,7 @@ def _adopt_pending_rows(subs: dict[str, Subscription], pending: deque[_PendingBa
 
 
 def _unpack_row(raw: Any) -> OutboxRow:
-    sub_id, emit, prev, (changes, commit_time) = raw
-    return OutboxRow(
-        sub_id,
-        EmitSeq(*emit),
-        EmitSeq(*prev),
-        Delta(tuple(Change(k, OpKind(op), v, ver) for k, op, v, ver in changes), commit_time),
-    )
+    sub_id, emit, prev, (changes, commit_time, *txn) = raw
+    made = tuple(Change(k, OpKind(op), v, ver) for k, op, v, ver in changes)
+    tag = TxnTag(*txn[0]) if txn else None  # a third item: a transaction's (outbox/txn.py)
+    return OutboxRow(sub_id, EmitSeq(*emit), EmitSeq(*prev), Delta(made, commit_time, txn=tag))

@@ -11,16 +11,26 @@ bucket's snapshot and digest (`pack` / `unpack`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from . import limits
 from .emitseq import EmitSeq
-from .entries import Ack, ExpectKind, Op, OpKind, Txn, TxnAction, TxnOutcome, TxnWrite
+from .entries import (
+    Ack,
+    ExpectKind,
+    Isolation,
+    Op,
+    OpKind,
+    Txn,
+    TxnAction,
+    TxnOutcome,
+    TxnWrite,
+)
 from .errors import ErrorCode, Rejection
-from .model import AckOutcome, AckStatus, TxnResult, TxnWriteResult
+from .model import AckOutcome, AckStatus, OutboxRow, TxnResult, TxnWriteResult
 
 
 class TxnPhase(IntEnum):
@@ -133,6 +143,21 @@ class TxnInfo:
     buckets: tuple[int, ...]
     started_ms: int
     timeout_ms: int
+
+
+class _Reader(Protocol):
+    @property
+    def isolation(self) -> Isolation: ...
+
+
+def uncommitted_readers(rows: Iterable[OutboxRow], subs: Mapping[str, _Reader]) -> frozenset[str]:
+    """The sub_ids of `rows` whose subscriptions read uncommitted (`RowsPurged`)."""
+    found = set()
+    for row in rows:
+        sub = subs.get(row.sub_id)
+        if sub is not None and sub.isolation is Isolation.READ_UNCOMMITTED:
+            found.add(row.sub_id)
+    return frozenset(found)
 
 
 def _reject(code: ErrorCode, message: str) -> Rejection:
@@ -620,4 +645,5 @@ __all__ = [
     "TxnPhase",
     "TxnRecord",
     "TxnState",
+    "uncommitted_readers",
 ]
