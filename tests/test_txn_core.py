@@ -16,6 +16,7 @@ from sevendb.outbox.entries import (
     Isolation,
     Op,
     OpKind,
+    OutboxPurge,
     Subscribe,
     Txn,
     TxnAction,
@@ -394,6 +395,33 @@ def test_read_uncommitted_gets_writes_as_they_apply_read_committed_at_the_marker
     assert len(d.rows("committed")) == 2 and len(d.rows("dirty")) == 3
     # the retained history holds only what committed
     assert [c.key for kept in d.sm.retained() for c in kept.changes] == ["k1", "k3"]
+
+
+def test_rows_record_their_transaction_through_snapshots_and_purges() -> None:
+    """Each row's delta names its transaction (the archive records it, docs/spark.md):
+    committed at the marker, uncommitted at the write; kept by snapshots; and the
+    purge effect names the read_uncommitted subscriptions."""
+    from sevendb.outbox.model import RowsPurged, TxnTag
+
+    d = Driver()
+    d.lease()
+    subscribe(d, "committed", Isolation.READ_COMMITTED)
+    subscribe(d, "dirty", Isolation.READ_UNCOMMITTED)
+    join(d, 1)
+    twrite(d, 1, put("k1", b"a"), put("k2", b"b"))
+    mark(d, 1, TxnOutcome.COMMIT)
+    d.set("k3")
+    assert [r.delta.txn for r in d.rows("dirty")] == [TxnTag(TID, 0, 1, committed=False), None]
+    assert [r.delta.txn for r in d.rows("committed")] == [TxnTag(TID, 0, 1, committed=True), None]
+    restored = BucketStateMachine.restore(d.sm.snapshot())
+    assert restored.snapshot() == d.sm.snapshot()
+    for sub_id in ("dirty", "committed"):
+        assert restored.outbox_rows(sub_id) == d.rows(sub_id)
+    d.outbox()
+    acks = tuple(Ack(s, "alice", d.rows(s)[-1].emit_seq) for s in ("committed", "dirty"))
+    applied = d.apply(OutboxPurge(d.sm.lease_index, acks, now_ms=d.tick()))
+    (purged,) = [e for e in applied.effects if isinstance(e, RowsPurged)]
+    assert len(purged.rows) == 4 and purged.read_uncommitted == frozenset({"dirty"})
 
 
 def test_isolation_survives_snapshot_and_encoding() -> None:
