@@ -24,7 +24,11 @@ from sevendb.cluster.common.acl import Permission
 from sevendb.cluster.common.auth import NODE_PRINCIPAL, auth_metadata
 from sevendb.cluster.server.edge import FORWARD_KEY, FORWARD_TIMEOUT_S, Call, Edge, now_ms
 from sevendb.cluster.server.errors import Failure
-from sevendb.cluster.server.faults import KILL_AFTER_TXN_DECISION, FaultPoints
+from sevendb.cluster.server.faults import (
+    KILL_AFTER_TXN_DECISION,
+    KILL_BEFORE_TXN_DECISION,
+    FaultPoints,
+)
 from sevendb.outbox.entries import (
     TXN_TIMEOUT_MS_DEFAULT,
     Ack,
@@ -106,6 +110,8 @@ class Transactions:
         edge, bucket = self._edge, self.coordinator(request)
         entry = self._entry(request, call)
         tid = entry.txn_id
+        if self._faults is not None and entry.action is TxnAction.END:
+            self._faults.fire(KILL_BEFORE_TXN_DECISION)
         result, _ = await edge.commit(bucket, entry, TxnResult)
         response = pb.TxnResponse(epoch=result.epoch, number=result.number, coordinator=bucket)
         if entry.action is TxnAction.ADD:
