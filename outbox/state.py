@@ -474,6 +474,8 @@ class BucketStateMachine:
             return self._txns.apply(entry)
         if entry.action is TxnAction.JOIN:
             return self._txns.join(entry)
+        if entry.action is TxnAction.PREPARE:
+            return self._txns.prepare(entry)
         result, ops, acks = self._txns.mark(entry)
         if ops:
             commit = self.emit_seq(index)

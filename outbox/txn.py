@@ -444,6 +444,30 @@ class TxnState:
         self.pending[key] = PendingTxn(entry.epoch, entry.principal)
         return TxnResult(entry.txn_id, entry.epoch, entry.number)
 
+    def prepare(self, entry: Txn) -> TxnResult:
+        """PREPARE, before a COMMIT is decided: refused (INVALID_TXN_STATE) unless this
+        bucket holds exactly `entry.writes` writes of the transaction, so that the
+        COMMIT marker, once decided, finds here what the producer wrote. A transaction
+        already ended here passes (the coordinator answers for it); nothing changes."""
+        ended = self.ended.get(entry.txn_id)
+        if ended is not None and ended[0] >= entry.number:
+            return TxnResult(entry.txn_id, entry.epoch, entry.number)
+        pending = self.pending.get((entry.txn_id, entry.number))
+        held = 0 if pending is None else pending.writes
+        if held == entry.writes:
+            return TxnResult(entry.txn_id, entry.epoch, entry.number)
+        joined = "joined it" if pending is not None else "never joined it"
+        return TxnResult(
+            entry.txn_id,
+            entry.epoch,
+            entry.number,
+            error=_reject(
+                ErrorCode.INVALID_TXN_STATE,
+                f"transaction {entry.number} of {entry.txn_id!r} cannot commit: a participant "
+                f"bucket holds {held} of the {entry.writes} writes sent to it ({joined})",
+            ),
+        )
+
     def write(
         self, entry: TxnWrite, version_of: Callable[[str], int | None], check_ack: AckCheck
     ) -> TxnWriteResult:

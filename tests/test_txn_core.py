@@ -184,6 +184,32 @@ def mark(d: Driver, number: int, outcome: TxnOutcome) -> TxnResult:
     return txn(d, TxnAction.MARK, number=number, outcome=outcome)
 
 
+def prepare(d: Driver, number: int, writes: int) -> TxnResult:
+    return txn(d, TxnAction.PREPARE, number=number, writes=writes)
+
+
+def test_prepare_checks_the_participant_holds_exactly_the_writes_sent() -> None:
+    """Before a COMMIT is decided each participant is asked whether it holds what the
+    producer wrote to it: a bucket that never joined, or holds fewer or more writes,
+    refuses (the transaction is then aborted, docs/transactions.md); nothing changes."""
+    d = Driver()
+    join(d, 1)
+    twrite(d, 1, put("k1"))
+    twrite(d, 1, put("k2"))
+    before = d.sm.txns.pack()
+    assert prepare(d, 1, 2).error is None
+    for wrong in (0, 1, 3):
+        refused = prepare(d, 1, wrong)
+        assert code(refused) is ErrorCode.INVALID_TXN_STATE
+        assert f"holds 2 of the {wrong} writes sent to it (joined it)" in str(refused.error)
+    never = prepare(d, 2, 1)  # never joined here: its writes are not here
+    assert "holds 0 of the 1 writes sent to it (never joined it)" in str(never.error)
+    assert prepare(d, 2, 0).error is None  # added but never written to: nothing to hold
+    assert d.sm.txns.pack() == before
+    mark(d, 1, TxnOutcome.COMMIT)
+    assert prepare(d, 1, 5).error is None  # ended here: the coordinator answers for it
+
+
 def test_write_to_a_bucket_not_added_is_refused_and_changes_nothing() -> None:
     d = Driver()
     assert code(twrite(d, 1, put("k"))) is ErrorCode.BUCKET_NOT_IN_TXN
@@ -267,6 +293,9 @@ def test_a_precondition_is_checked_against_committed_data() -> None:
         {"action": TxnAction.MARK, "number": 1, "outcome": TxnOutcome.NONE},
         {"action": TxnAction.ADD, "buckets": (2, 1)},  # not in order
         {"action": TxnAction.JOIN, "number": 1, "buckets": (1,)},
+        {"action": TxnAction.JOIN, "number": 1, "writes": 2},  # writes: PREPARE's only
+        {"action": TxnAction.PREPARE, "number": 0, "writes": 2},
+        {"action": TxnAction.PREPARE, "number": 1, "writes": -1},
     ],
 )
 def test_bad_txn_entries_are_refused(kwargs: dict[str, object]) -> None:
@@ -283,6 +312,9 @@ def test_bad_txn_entries_are_refused(kwargs: dict[str, object]) -> None:
         [int(TxnAction.ADD), TID, 0, 0, [1], 0, "", 0, 0],  # ADD of number 0
         [int(TxnAction.INIT), "", 0, 0, [], 0, "", 0, 10],  # empty id
         [int(TxnAction.MARK), TID, 0, 1, [], 9, "", 0, 0],  # unknown outcome
+        [int(TxnAction.PREPARE), TID, 0, 1, [], 0, "", 0, 0],  # PREPARE without writes
+        [int(TxnAction.JOIN), TID, 0, 1, [], 0, "", 0, 0, 0],  # a tenth field: PREPARE's
+        [],
     ],
 )
 def test_bad_txn_bytes_are_malformed_and_change_nothing(fields: list[object]) -> None:
@@ -310,6 +342,8 @@ def test_txn_entries_round_trip() -> None:
         Txn(TxnAction.INIT, TID, principal="a", timeout_ms=5),
         Txn(TxnAction.ADD, TID, 1, 1, (0, 4)),
         Txn(TxnAction.MARK, TID, 1, 3, outcome=TxnOutcome.ABORT_FENCED, now_ms=9),
+        Txn(TxnAction.PREPARE, TID, 1, 3, now_ms=9, writes=4),
+        Txn(TxnAction.PREPARE, TID, 1, 3, now_ms=9),
         TxnWrite(TID, 1, 2, (put("a"), Op(OpKind.DEL, "b")), "p", 7, 3),
     ):
         assert decode_entry(encode_entry(entry)) == entry
