@@ -885,6 +885,18 @@ def rewrite_segments(root: Path, change: Any) -> None:
         pq.write_table(change(table).replace_schema_metadata(table.schema.metadata), path)
 
 
+def each_row(change: Any) -> Any:
+    """A `rewrite_segments` edit: `change(row) -> row, or None to drop it` per row."""
+
+    def edit(t: Any) -> Any:
+        import pyarrow as pa
+
+        rows = [change(row) for row in t.to_pylist()]
+        return pa.Table.from_pylist([r for r in rows if r is not None], schema=t.schema)
+
+    return edit
+
+
 def txn_events(spark: SparkSession, root: Path) -> dict[tuple[str, str, int], Any]:
     rows = deduplicated(load_archive(spark, root)).collect()
     return {(r.bucket_uuid, r.sub_id, r.commit_index): r for r in rows}
@@ -957,8 +969,6 @@ def test_the_audit_catches_an_aborted_transaction_s_delivery(
 def test_the_audit_catches_a_committed_transaction_delivered_incompletely(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    import pyarrow as pa
-
     root = build_txn_archive(tmp_path / "archive")
     events = txn_events(spark, root)
     (target,) = [
@@ -967,15 +977,13 @@ def test_the_audit_catches_a_committed_transaction_delivered_incompletely(
         if b == TXN_BUCKETS[1] and sub == "rc" and r.txn_committed
     ]
 
-    def drop_a_change(t: pa.Table) -> pa.Table:
+    def drop_a_change(row: dict[str, Any]) -> dict[str, Any]:
         """Bucket 1's commit event for "rc" loses its last change on every node."""
-        rows = t.to_pylist()
-        for row in rows:
-            if row["sub_id"] == "rc" and row["commit_index"] == target.commit_index:
-                row["changes"] = row["changes"][:-1]
-        return pa.Table.from_pylist(rows, schema=t.schema)
+        if row["sub_id"] == "rc" and row["commit_index"] == target.commit_index:
+            row["changes"] = row["changes"][:-1]
+        return row
 
-    rewrite_segments(root / fmt.partition_path(TXN_BUCKETS[1], 1), drop_a_change)
+    rewrite_segments(root / fmt.partition_path(TXN_BUCKETS[1], 1), each_row(drop_a_change))
     report = audit(spark, root)
     assert (report.incomplete, report.uncommitted, report.conflicts) == (1, 0, 0)
     (issue,) = report.examples
@@ -992,8 +1000,6 @@ def test_the_audit_catches_a_committed_transaction_delivered_incompletely(
 def test_the_audit_catches_a_committed_transaction_split_or_missing_in_a_bucket(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    import pyarrow as pa
-
     root = build_txn_archive(tmp_path / "archive")
     events = txn_events(spark, root)
 
@@ -1009,18 +1015,15 @@ def test_the_audit_catches_a_committed_transaction_split_or_missing_in_a_bucket(
     forged = rc_events(1)[rc_events(1).index(split) + 1]  # "o/after", a plain write's
 
     def edit(drop: int | None, tag: int | None) -> Any:
-        def change(t: pa.Table) -> pa.Table:
-            rows = []
-            for row in t.to_pylist():
-                if row["sub_id"] == "rc" and row["commit_index"] == drop:
-                    continue
-                if row["sub_id"] == "rc" and row["commit_index"] == tag:
-                    row.update(txn_id="tx", txn_epoch=0, txn_number=1, txn_committed=True)
-                    row["txn_changes"] = len(row["changes"])
-                rows.append(row)
-            return pa.Table.from_pylist(rows, schema=t.schema)
+        def change(row: dict[str, Any]) -> dict[str, Any] | None:
+            if row["sub_id"] == "rc" and row["commit_index"] == drop:
+                return None
+            if row["sub_id"] == "rc" and row["commit_index"] == tag:
+                row.update(txn_id="tx", txn_epoch=0, txn_number=1, txn_committed=True)
+                row["txn_changes"] = len(row["changes"])
+            return row
 
-        return change
+        return each_row(change)
 
     # bucket 0: "rc"'s commit event lost on every node; bucket 1: a second event of
     # the same transaction for "rc" (its commit split in two)
