@@ -52,6 +52,7 @@ from sevendb.cluster.archive.spark_jobs import (
     stream,
 )
 from sevendb.cluster.archive.writer import ArchiveWriter, read_archive
+from sevendb.outbox.keys import bucket_of
 from sevendb.outbox.model import Applied, OutboxRow
 from sevendb.outbox.state import BucketStateMachine
 
@@ -606,7 +607,9 @@ def test_audit_passes_on_an_archive_from_a_real_cluster(
 ) -> None:
     """Nodes started by `cluster_up` archive purged rows under the root
     `SEVENDB_ARCHIVE_ROOT` names (a `file://` URI here: a shared mount); every node
-    replicates both buckets, so each row is archived three times and counted once."""
+    replicates both buckets, so each row is archived three times and counted once. A
+    committed transaction across both buckets is archived as one event per bucket,
+    recorded as such; an aborted one is not archived."""
     monkeypatch.setenv("SEVENDB_ARCHIVE_SEGMENT_AGE_S_MAX", "0.2")
     root = tmp_path / "shared mount" / "archive"
     monkeypatch.setenv("SEVENDB_ARCHIVE_ROOT", root.as_uri())
@@ -617,6 +620,14 @@ def test_audit_passes_on_an_archive_from_a_real_cluster(
             producer = client.producer()
             for key in keys:
                 producer.put(key, key.encode())
+            tkeys = [f"orders/t{i}" for i in range(4)]
+            with client.transaction("archived-app") as txn:
+                for key in tkeys:
+                    txn.put(key, b"t")
+            doomed = client.transaction("archived-app")
+            doomed.put("orders/aborted", b"x")
+            doomed.abort()
+            keys = [*keys, *tkeys]
             seen: set[str] = set()
 
             def delivered() -> bool:
@@ -647,7 +658,13 @@ def test_audit_passes_on_an_archive_from_a_real_cluster(
         cluster.stop()
     report = audit(spark, root.as_uri())
     assert report.ok, report.examples
-    assert report.events == len(keys) and report.nodes == 3 and report.rows == 3 * len(keys)
+    events = len(keys) - len(tkeys) + 2  # the transaction: one event in each bucket
+    assert report.events == events and report.nodes == 3 and report.rows == 3 * events
+    assert report.transactions == 2
+    table = read_archive(root)
+    archived = {c["key"] for changes in table.column("changes").to_pylist() for c in changes}
+    assert "orders/aborted" not in archived and set(tkeys) <= archived
+    assert {bucket_of(k, 2) for k in tkeys} == {0, 1}
 
 
 # ---- a real Spark cluster ------------------------------------------------------------------
