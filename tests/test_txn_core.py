@@ -450,7 +450,7 @@ def test_rows_record_their_transaction_through_snapshots_and_purges() -> None:
     restored = BucketStateMachine.restore(d.sm.snapshot())
     assert restored.snapshot() == d.sm.snapshot()
     for sub_id in ("dirty", "committed"):
-        assert restored.outbox_rows(sub_id) == d.rows(sub_id)
+        assert Driver(restored).rows(sub_id) == d.rows(sub_id)
     d.outbox()
     acks = tuple(Ack(s, "alice", d.rows(s)[-1].emit_seq) for s in ("committed", "dirty"))
     applied = d.apply(OutboxPurge(d.sm.lease_index, acks, now_ms=d.tick()))
