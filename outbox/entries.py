@@ -522,6 +522,10 @@ class TxnAction(IntEnum):
     """A participant bucket learns it is part of transaction `number`."""
     MARK = 7
     """A participant bucket applies (COMMIT) or discards (ABORT_*) its pending writes."""
+    PREPARE = 8
+    """Before a COMMIT is decided: a participant bucket checks that it holds exactly
+    the `writes` the producer sent it (it refuses otherwise, and the transaction is
+    aborted instead). Changes nothing."""
 
 
 class TxnOutcome(IntEnum):
@@ -565,6 +569,8 @@ class Txn:
     principal: str = ""
     now_ms: int = 0
     timeout_ms: int = 0
+    writes: int = 0
+    """PREPARE: how many writes (TXN_WRITE sequences) the producer sent this bucket."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.action, TxnAction):
@@ -576,6 +582,7 @@ class Txn:
         _check_int(self.number, "transaction number")
         _check_int(self.now_ms, "now_ms")
         _check_int(self.timeout_ms, "transaction timeout_ms", hi=limits.TXN_TIMEOUT_MS_MAX)
+        _check_int(self.writes, "transaction writes")
         if self.principal:
             _check_str(self.principal, "principal", limits.PRINCIPAL_BYTES_MAX)
         if not isinstance(self.buckets, tuple) or len(self.buckets) > limits.TXN_BUCKETS_MAX:
@@ -603,10 +610,16 @@ class Txn:
             TxnOutcome.ABORT,
         ):
             raise InvalidArgument(f"{action.name} decides COMMIT or ABORT")
-        if action in (TxnAction.END, TxnAction.COMPLETE, TxnAction.JOIN, TxnAction.MARK) and (
-            self.number < 1
-        ):
+        if action in (
+            TxnAction.END,
+            TxnAction.COMPLETE,
+            TxnAction.JOIN,
+            TxnAction.MARK,
+            TxnAction.PREPARE,
+        ) and (self.number < 1):
             raise InvalidArgument(f"{action.name} names a transaction number >= 1")
+        if self.writes and action is not TxnAction.PREPARE:
+            raise InvalidArgument("only PREPARE names writes")
 
     @property
     def coordinator_side(self) -> bool:
@@ -807,6 +820,7 @@ def _txn_fields(entry: Txn | TxnWrite) -> list[object]:
         entry.principal,
         entry.now_ms,
         entry.timeout_ms,
+        *([entry.writes] if entry.action is TxnAction.PREPARE else []),  # a tenth: PREPARE's
     ]
 
 
@@ -823,11 +837,14 @@ def _decode_txn(kind: EntryType, f: list[object]) -> Txn | TxnWrite:
         if len(f) == 8 and not acks:
             raise InvalidArgument("TXN_WRITE with no acks must have seven fields")
         return TxnWrite(f[0], f[1], f[2], ops, f[4], f[5], f[6], acks)  # type: ignore[arg-type]
-    _arity(f, 9, "TXN")
+    if len(f) not in (9, 10):
+        _arity(f, 9, "TXN")
     action = TxnAction(_check_int(f[0], "transaction action", hi=len(TxnAction) - 1))
+    _arity(f, 10 if action is TxnAction.PREPARE else 9, f"TXN {action.name}")
     outcome = TxnOutcome(_check_int(f[5], "transaction outcome", hi=len(TxnOutcome) - 1))
     buckets = tuple(_as_list(f[4], "buckets", limits.TXN_BUCKETS_MAX))
-    return Txn(action, f[1], f[2], f[3], buckets, outcome, f[6], f[7], f[8])  # type: ignore[arg-type]
+    writes = f[9] if action is TxnAction.PREPARE else 0
+    return Txn(action, f[1], f[2], f[3], buckets, outcome, f[6], f[7], f[8], writes)  # type: ignore[arg-type]
 
 
 def encode_entry(entry: Entry) -> bytes:

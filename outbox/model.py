@@ -31,6 +31,21 @@ class Change(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class TxnTag:
+    """The transaction a delta's changes belong to (docs/transactions.md): made at its
+    COMMIT marker (`committed`), or as one of its writes applied (a read_uncommitted
+    delivery, the transaction then undecided). The archive records it (docs/spark.md)."""
+
+    txn_id: str
+    epoch: int
+    number: int
+    committed: bool
+
+    def pack(self) -> list[object]:
+        return [self.txn_id, self.epoch, self.number, self.committed]
+
+
+@dataclass(frozen=True, slots=True)
 class Delta:
     """What one committed source entry changed for one subscription."""
 
@@ -40,9 +55,13 @@ class Delta:
     """Its keys' and values' bytes, when its maker counted them (-1: not counted).
     Not part of its value: the state machine counts them as it builds a delta, while
     they are in cache, for the notifier's byte window (`delta_bytes`)."""
+    txn: TxnTag | None = None
+    """The transaction whose changes these are (None: a plain write's)."""
 
     def pack(self) -> list[object]:
-        return [[c.pack() for c in self.changes], self.commit_time_ms]
+        if self.txn is None:  # two items, as before transactions
+            return [[c.pack() for c in self.changes], self.commit_time_ms]
+        return [[c.pack() for c in self.changes], self.commit_time_ms, self.txn.pack()]
 
 
 def delta_bytes(changes: tuple[Change, ...]) -> int:
@@ -289,6 +308,9 @@ class RowsPurged:
 
     rows: tuple[OutboxRow, ...]
     ack_time_ms: int
+    read_uncommitted: frozenset[str] = frozenset()
+    """The sub_ids among `rows` whose subscriptions read uncommitted (the archive
+    records each row's isolation level)."""
 
 
 class CloseReason(StrEnum):

@@ -74,6 +74,7 @@ from .model import (
     SubscriptionClosed,
     SyncPage,
     TxnResult,
+    TxnTag,
     UnsubscribeResult,
     WriteBatchResult,
     WriteResult,
@@ -84,7 +85,7 @@ from .producers import Producer, ProducerTable
 from .query import Plan, Planner, Query, plan_query
 from .store import KeyStore
 from .subscriptions import Subscription, SubscriptionTable
-from .txn import TxnState
+from .txn import TxnState, uncommitted_readers
 
 __all__ = ["BucketStateMachine", "Subscription", "rows_digest"]
 
@@ -280,8 +281,9 @@ class BucketStateMachine:
         for no one else, nor for the retained history: it is not committed). Its
         changes carry version 0: the versions are set at the COMMIT marker."""
         changes = tuple(Change(op.key, op.kind, op.value, 0) for op in entry.ops)
+        tag = TxnTag(entry.txn_id, entry.epoch, entry.number, committed=False)
         rows = self.subs.rows_for(
-            self.emit_seq(index), changes, entry.now_ms, Isolation.READ_UNCOMMITTED
+            self.emit_seq(index), changes, entry.now_ms, Isolation.READ_UNCOMMITTED, tag
         )
         if rows:
             self.pending.add(index, rows)
@@ -294,18 +296,24 @@ class BucketStateMachine:
             return self.txns.apply(entry)
         if entry.action is TxnAction.JOIN:
             return self.txns.join(entry)
+        if entry.action is TxnAction.PREPARE:
+            return self.txns.prepare(entry)
         result, ops, acks = self.txns.mark(entry)
         if ops:
             changes = self.store.apply(index, ops)[0]
             commit = self.emit_seq(index)
-            self._emit_rows(commit, changes, entry.now_ms, effects, Isolation.READ_COMMITTED)
+            tag = TxnTag(entry.txn_id, entry.epoch, entry.number, committed=True)
+            self._emit_rows(commit, changes, entry.now_ms, effects, Isolation.READ_COMMITTED, tag)
         purged: list[OutboxRow] = []
         for ack in acks:  # consumed input commits with the output (if still ahead)
             outcome = self.subs.check_ack(ack.sub_id, ack.principal, ack.up_to)
             if outcome.status is AckStatus.ACCEPTED:
                 purged.extend(self.subs.purge(ack, entry.now_ms))
         if purged:
-            effects.insert(0, RowsPurged(tuple(purged), entry.now_ms))
+            readers = frozenset[str]()
+            if self.subs.uncommitted:
+                readers = uncommitted_readers(purged, self.subs.by_id())
+            effects.insert(0, RowsPurged(tuple(purged), entry.now_ms, readers))
         return result
 
     def _emit_rows(
@@ -315,11 +323,12 @@ class BucketStateMachine:
         now_ms: int,
         effects: list[Effect],
         only: Isolation | None = None,
+        txn: TxnTag | None = None,
     ) -> None:
         made = tuple(changes)
         if made:
             self.history.record(RetainedChange(commit, now_ms, made, delta_bytes(made)))
-        rows = self.subs.rows_for(commit, made, now_ms, only)
+        rows = self.subs.rows_for(commit, made, now_ms, only, txn)
         if rows:
             self.pending.add(commit.commit_index, rows)
             effects.append(RowsPending(rows))
@@ -466,6 +475,9 @@ class BucketStateMachine:
             outcomes.append(outcome)
             if outcome.status is AckStatus.ACCEPTED:
                 purged.extend(self.subs.purge(ack, entry.now_ms))
+        readers = frozenset[str]()  # taken before expiries below remove a subscription
+        if self.subs.uncommitted:
+            readers = uncommitted_readers(purged, self.subs.by_id())
         now = entry.now_ms
         for sub_id in entry.touch:
             sub = self.subs.get(sub_id)
@@ -483,7 +495,7 @@ class BucketStateMachine:
                 effects.append(SubscriptionClosed(sub_id, CloseReason.STALLED))
         forgotten = self.producers.expire(entry.expire_producers, now, entry.producer_idle_ms)
         if purged:
-            effects.insert(0, RowsPurged(tuple(purged), now))
+            effects.insert(0, RowsPurged(tuple(purged), now, readers))
         return PurgeResult(
             tuple(outcomes), tuple(expired), len(purged), expired_producers=forgotten
         )

@@ -14,7 +14,7 @@ from . import limits
 from .emitseq import EmitSeq
 from .entries import Ack, Isolation, OpKind
 from .errors import PlanMismatch
-from .model import AckOutcome, AckStatus, Change, Delta, OutboxRow, delta_bytes
+from .model import AckOutcome, AckStatus, Change, Delta, OutboxRow, TxnTag, delta_bytes
 from .query import Plan, Planner, Query, QueryIndex, QueryKind
 
 
@@ -179,6 +179,7 @@ class SubscriptionTable:
         changes: tuple[Change, ...],
         now_ms: int,
         only: Isolation | None = None,
+        txn: TxnTag | None = None,
     ) -> tuple[OutboxRow, ...]:
         """One row per live subscription that any change matches (of isolation level
         `only`, if given: a COMMIT marker's changes go to those reading committed, a
@@ -194,8 +195,8 @@ class SubscriptionTable:
                 return subs[sub_id].isolation is only
 
         if len(changes) == 1:  # the common case: every matching sub gets the one delta
-            return self._rows_of_one(commit, changes, now_ms, keep)
-        return self._rows_matched(commit, changes, now_ms, keep)
+            return self._rows_of_one(commit, changes, now_ms, keep, txn)
+        return self._rows_matched(commit, changes, now_ms, keep, txn)
 
     def _rows_matched(
         self,
@@ -203,6 +204,7 @@ class SubscriptionTable:
         changes: tuple[Change, ...],
         now_ms: int,
         keep: Callable[[str], bool] | None = None,
+        txn: TxnTag | None = None,
     ) -> tuple[OutboxRow, ...]:
         matched: dict[str, list[int]] = {}
         for i, change in enumerate(changes):
@@ -216,7 +218,7 @@ class SubscriptionTable:
             delta = deltas.get(picked)
             if delta is None:
                 mine = tuple(changes[i] for i in picked)
-                delta = deltas[picked] = Delta(mine, now_ms, delta_bytes(mine))
+                delta = deltas[picked] = Delta(mine, now_ms, delta_bytes(mine), txn)
             rows.append(self._subs[sub_id].take_row(commit, delta))
         return tuple(rows)
 
@@ -226,6 +228,7 @@ class SubscriptionTable:
         changes: tuple[Change, ...],
         now_ms: int,
         keep: Callable[[str], bool] | None = None,
+        txn: TxnTag | None = None,
     ) -> tuple[OutboxRow, ...]:
         """`rows_for` of a single change: the same rows, without the per-sub bookkeeping."""
         hits = self._queries.matching(changes[0].key)
@@ -233,7 +236,7 @@ class SubscriptionTable:
             hits = {sub_id for sub_id in hits if keep(sub_id)}
         if not hits:
             return ()
-        delta = Delta(changes, now_ms, delta_bytes(changes))
+        delta = Delta(changes, now_ms, delta_bytes(changes), txn)
         subs = self._subs
         return tuple(subs[sub_id].take_row(commit, delta) for sub_id in sorted(hits))
 
@@ -395,10 +398,7 @@ def _isolation(rest: list[Any]) -> Isolation:
 
 def unpack_row(raw: Any) -> OutboxRow:
     """An outbox row from its snapshot item (`OutboxRow.pack()`)."""
-    sub_id, emit, prev, (changes, commit_time) = raw
-    return OutboxRow(
-        sub_id,
-        EmitSeq(*emit),
-        EmitSeq(*prev),
-        Delta(tuple(Change(k, OpKind(op), v, ver) for k, op, v, ver in changes), commit_time),
-    )
+    sub_id, emit, prev, (changes, commit_time, *txn) = raw
+    made = tuple(Change(k, OpKind(op), v, ver) for k, op, v, ver in changes)
+    tag = TxnTag(*txn[0]) if txn else None  # a third item: a transaction's (outbox/txn.py)
+    return OutboxRow(sub_id, EmitSeq(*emit), EmitSeq(*prev), Delta(made, commit_time, txn=tag))

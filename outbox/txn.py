@@ -11,16 +11,26 @@ bucket's snapshot and digest (`pack` / `unpack`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from . import limits
 from .emitseq import EmitSeq
-from .entries import Ack, ExpectKind, Op, OpKind, Txn, TxnAction, TxnOutcome, TxnWrite
+from .entries import (
+    Ack,
+    ExpectKind,
+    Isolation,
+    Op,
+    OpKind,
+    Txn,
+    TxnAction,
+    TxnOutcome,
+    TxnWrite,
+)
 from .errors import ErrorCode, Rejection
-from .model import AckOutcome, AckStatus, TxnResult, TxnWriteResult
+from .model import AckOutcome, AckStatus, OutboxRow, TxnResult, TxnWriteResult
 
 
 class TxnPhase(IntEnum):
@@ -133,6 +143,21 @@ class TxnInfo:
     buckets: tuple[int, ...]
     started_ms: int
     timeout_ms: int
+
+
+class _Reader(Protocol):
+    @property
+    def isolation(self) -> Isolation: ...
+
+
+def uncommitted_readers(rows: Iterable[OutboxRow], subs: Mapping[str, _Reader]) -> frozenset[str]:
+    """The sub_ids of `rows` whose subscriptions read uncommitted (`RowsPurged`)."""
+    found = set()
+    for row in rows:
+        sub = subs.get(row.sub_id)
+        if sub is not None and sub.isolation is Isolation.READ_UNCOMMITTED:
+            found.add(row.sub_id)
+    return frozenset(found)
 
 
 def _reject(code: ErrorCode, message: str) -> Rejection:
@@ -419,6 +444,30 @@ class TxnState:
         self.pending[key] = PendingTxn(entry.epoch, entry.principal)
         return TxnResult(entry.txn_id, entry.epoch, entry.number)
 
+    def prepare(self, entry: Txn) -> TxnResult:
+        """PREPARE, before a COMMIT is decided: refused (INVALID_TXN_STATE) unless this
+        bucket holds exactly `entry.writes` writes of the transaction, so that the
+        COMMIT marker, once decided, finds here what the producer wrote. A transaction
+        already ended here passes (the coordinator answers for it); nothing changes."""
+        ended = self.ended.get(entry.txn_id)
+        if ended is not None and ended[0] >= entry.number:
+            return TxnResult(entry.txn_id, entry.epoch, entry.number)
+        pending = self.pending.get((entry.txn_id, entry.number))
+        held = 0 if pending is None else pending.writes
+        if held == entry.writes:
+            return TxnResult(entry.txn_id, entry.epoch, entry.number)
+        joined = "joined it" if pending is not None else "never joined it"
+        return TxnResult(
+            entry.txn_id,
+            entry.epoch,
+            entry.number,
+            error=_reject(
+                ErrorCode.INVALID_TXN_STATE,
+                f"transaction {entry.number} of {entry.txn_id!r} cannot commit: a participant "
+                f"bucket holds {held} of the {entry.writes} writes sent to it ({joined})",
+            ),
+        )
+
     def write(
         self, entry: TxnWrite, version_of: Callable[[str], int | None], check_ack: AckCheck
     ) -> TxnWriteResult:
@@ -620,4 +669,5 @@ __all__ = [
     "TxnPhase",
     "TxnRecord",
     "TxnState",
+    "uncommitted_readers",
 ]

@@ -467,7 +467,7 @@ class TxnRef(_message.Message):
     def __init__(self, transactional_id: _Optional[str] = ..., epoch: _Optional[int] = ..., number: _Optional[int] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class TxnRequest(_message.Message):
-    __slots__ = ("action", "transactional_id", "epoch", "number", "buckets", "timeout_ms", "resolve_commit")
+    __slots__ = ("action", "transactional_id", "epoch", "number", "buckets", "timeout_ms", "resolve_commit", "writes")
     class Action(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         INIT: _ClassVar[TxnRequest.Action]
@@ -487,6 +487,7 @@ class TxnRequest(_message.Message):
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     RESOLVE_COMMIT_FIELD_NUMBER: _ClassVar[int]
+    WRITES_FIELD_NUMBER: _ClassVar[int]
     action: TxnRequest.Action
     transactional_id: str
     epoch: int
@@ -494,7 +495,8 @@ class TxnRequest(_message.Message):
     buckets: _containers.RepeatedScalarFieldContainer[int]
     timeout_ms: int
     resolve_commit: bool
-    def __init__(self, action: _Optional[_Union[TxnRequest.Action, str]] = ..., transactional_id: _Optional[str] = ..., epoch: _Optional[int] = ..., number: _Optional[int] = ..., buckets: _Optional[_Iterable[int]] = ..., timeout_ms: _Optional[int] = ..., resolve_commit: _Optional[bool] = ...) -> None: ...
+    writes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, action: _Optional[_Union[TxnRequest.Action, str]] = ..., transactional_id: _Optional[str] = ..., epoch: _Optional[int] = ..., number: _Optional[int] = ..., buckets: _Optional[_Iterable[int]] = ..., timeout_ms: _Optional[int] = ..., resolve_commit: _Optional[bool] = ..., writes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TxnResponse(_message.Message):
     __slots__ = ("epoch", "number", "coordinator", "buckets")
@@ -509,16 +511,20 @@ class TxnResponse(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., number: _Optional[int] = ..., coordinator: _Optional[int] = ..., buckets: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TxnMarkRequest(_message.Message):
-    __slots__ = ("bucket", "txn", "outcome", "owner")
+    __slots__ = ("bucket", "txn", "outcome", "owner", "prepare", "writes")
     BUCKET_FIELD_NUMBER: _ClassVar[int]
     TXN_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    PREPARE_FIELD_NUMBER: _ClassVar[int]
+    WRITES_FIELD_NUMBER: _ClassVar[int]
     bucket: int
     txn: TxnRef
     outcome: int
     owner: str
-    def __init__(self, bucket: _Optional[int] = ..., txn: _Optional[_Union[TxnRef, _Mapping]] = ..., outcome: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
+    prepare: bool
+    writes: int
+    def __init__(self, bucket: _Optional[int] = ..., txn: _Optional[_Union[TxnRef, _Mapping]] = ..., outcome: _Optional[int] = ..., owner: _Optional[str] = ..., prepare: _Optional[bool] = ..., writes: _Optional[int] = ...) -> None: ...
 
 class TxnMarkResponse(_message.Message):
     __slots__ = ()

@@ -187,14 +187,17 @@ class AsyncTransaction:
         if self._open is None:
             return ()  # nothing was written: nothing to decide
         session = await self._session()
-        response = await self._call(
-            pb.TxnRequest(
-                action=pb.TxnRequest.COMMIT if commit else pb.TxnRequest.ABORT,
-                transactional_id=self._txn_id,
-                epoch=session.epoch,
-                number=self._open.number,
-            )
+        request = pb.TxnRequest(
+            action=pb.TxnRequest.COMMIT if commit else pb.TxnRequest.ABORT,
+            transactional_id=self._txn_id,
+            epoch=session.epoch,
+            number=self._open.number,
         )
+        if commit:  # every bucket is checked to hold exactly these writes first
+            buckets = sorted(self._open.buckets)
+            request.buckets.extend(buckets)
+            request.writes.extend(self._open.writes.get(b, 0) for b in buckets)
+        response = await self._call(request)
         return tuple(response.buckets)
 
     async def commit(self) -> tuple[int, ...]:

@@ -404,6 +404,48 @@ def test_compaction_holds_a_batch_not_its_sources(tmp_path: Path) -> None:
     w.close()
 
 
+def as_format_1(path: Path) -> None:
+    """Rewrite a segment as format 1 wrote it: no transaction columns, footer format 1."""
+    table = pq.read_table(path, partitioning=None)
+    footer = json.loads(table.schema.metadata[fmt.SEGMENT_METADATA_KEY])
+    footer["format"] = 1
+    old = table.drop_columns(list(fmt.TXN_COLUMNS)).replace_schema_metadata(
+        {fmt.SEGMENT_METADATA_KEY: json.dumps(footer).encode()}
+    )
+    pq.write_table(old, path)
+
+
+def test_format_1_segments_are_read_and_compacted_with_format_2_ones(tmp_path: Path) -> None:
+    root = tmp_path / "archive"
+    w = small_segments(root)
+    old = [s for s in w.segments() if s.epoch == 1][:3]
+    for s in old:
+        as_format_1(root / s.path)
+        assert pq.read_schema(root / s.path).names == [
+            n for n in fmt.FILE_SCHEMA.names if n not in fmt.TXN_COLUMNS
+        ]
+        assert read_segment_info(root / s.path).path == s.path  # the footer still read
+    assert fmt.SEGMENT_FORMAT == 2
+    table = read_archive(root)
+    assert archived(root) == EXPECTED  # the old rows read, the new columns null
+    assert table.column("txn_id").null_count == table.num_rows
+    assert table.column("read_uncommitted").null_count == sum(s.rows for s in old)
+    report = w.maintain()  # merges old and new segments into one format-2 file
+    assert report.compacted == 7
+    assert archived(root) == EXPECTED
+    for s in w.segments():
+        assert pq.read_schema(root / s.path).names == fmt.FILE_SCHEMA.names
+        footer = json.loads(pq.read_schema(root / s.path).metadata[fmt.SEGMENT_METADATA_KEY])
+        assert footer["format"] == 2
+    w.close()
+
+
+def test_a_segment_missing_a_format_1_column_is_refused() -> None:
+    batch = pa.RecordBatch.from_pylist([], schema=fmt.FILE_SCHEMA).drop_columns(["purge_index"])
+    with pytest.raises(ArchiveError, match=r"lacks the columns \['purge_index'"):
+        fmt.conform(batch)
+
+
 def test_compaction_respects_the_target_the_minimum_and_consumers(tmp_path: Path) -> None:
     root = tmp_path / "archive"
     w = small_segments(root, compact_min_files=3)

@@ -42,6 +42,7 @@ from sevendb.cluster.archive.spark_jobs import (
     Latency,
     SparkJobError,
     audit,
+    deduplicated,
     export,
     load_archive,
     main,
@@ -51,6 +52,7 @@ from sevendb.cluster.archive.spark_jobs import (
     stream,
 )
 from sevendb.cluster.archive.writer import ArchiveWriter, read_archive
+from sevendb.outbox.keys import bucket_of
 from sevendb.outbox.model import Applied, OutboxRow
 from sevendb.outbox.state import BucketStateMachine
 
@@ -605,7 +607,9 @@ def test_audit_passes_on_an_archive_from_a_real_cluster(
 ) -> None:
     """Nodes started by `cluster_up` archive purged rows under the root
     `SEVENDB_ARCHIVE_ROOT` names (a `file://` URI here: a shared mount); every node
-    replicates both buckets, so each row is archived three times and counted once."""
+    replicates both buckets, so each row is archived three times and counted once. A
+    committed transaction across both buckets is archived as one event per bucket,
+    recorded as such; an aborted one is not archived."""
     monkeypatch.setenv("SEVENDB_ARCHIVE_SEGMENT_AGE_S_MAX", "0.2")
     root = tmp_path / "shared mount" / "archive"
     monkeypatch.setenv("SEVENDB_ARCHIVE_ROOT", root.as_uri())
@@ -616,6 +620,14 @@ def test_audit_passes_on_an_archive_from_a_real_cluster(
             producer = client.producer()
             for key in keys:
                 producer.put(key, key.encode())
+            tkeys = [f"orders/t{i}" for i in range(4)]
+            with client.transaction("archived-app") as txn:
+                for key in tkeys:
+                    txn.put(key, b"t")
+            doomed = client.transaction("archived-app")
+            doomed.put("orders/aborted", b"x")
+            doomed.abort()
+            keys = [*keys, *tkeys]
             seen: set[str] = set()
 
             def delivered() -> bool:
@@ -646,7 +658,13 @@ def test_audit_passes_on_an_archive_from_a_real_cluster(
         cluster.stop()
     report = audit(spark, root.as_uri())
     assert report.ok, report.examples
-    assert report.events == len(keys) and report.nodes == 3 and report.rows == 3 * len(keys)
+    events = len(keys) - len(tkeys) + 2  # the transaction: one event in each bucket
+    assert report.events == events and report.nodes == 3 and report.rows == 3 * events
+    assert report.transactions == 2
+    table = read_archive(root)
+    archived = {c["key"] for changes in table.column("changes").to_pylist() for c in changes}
+    assert "orders/aborted" not in archived and set(tkeys) <= archived
+    assert {bucket_of(k, 2) for k in tkeys} == {0, 1}
 
 
 # ---- a real Spark cluster ------------------------------------------------------------------
@@ -789,3 +807,277 @@ def test_the_jobs_on_a_standalone_spark_cluster_give_the_local_results(
     for table in ("export", "stream"):
         got = spark_events(spark.read.schema(EXPORT_SCHEMA).parquet(str(remote / table)))
         assert got == EXPECTED, table
+
+
+# ---- transactions (archive format 2) --------------------------------------------------
+
+TXN_BUCKETS = {
+    0: "7f3b1e2a-0c4d-4e5f-8a9b-1c2d3e4f5a6b",
+    1: "0d1e2f3a-4b5c-4d6e-9f70-8192a3b4c5d6",
+}
+
+
+def txn_history(bucket_uuid: str, keys: tuple[str, ...]) -> list[Applied]:
+    """One participant bucket of two transactions of "tx": number 1 writes `keys` in two
+    writes and commits, number 2 writes `o/aborted` and aborts. Subscriptions: "rc"
+    (read_committed, every key), "ra" (read_committed, only `o/a...`), "ru"
+    (read_uncommitted); then every row is acknowledged."""
+    from sevendb.outbox.entries import (
+        Isolation,
+        Op,
+        OpKind,
+        Subscribe,
+        Txn,
+        TxnAction,
+        TxnOutcome,
+        TxnWrite,
+    )
+    from sevendb.outbox.query import Query, plan_query
+
+    d = Driver(BucketStateMachine(bucket_uuid))
+    log = [d.lease()]
+    for sub_id, query, isolation in (
+        ("rc", "prefix:o/", Isolation.READ_COMMITTED),
+        ("ra", "prefix:o/a", Isolation.READ_COMMITTED),
+        ("ru", "prefix:o/", Isolation.READ_UNCOMMITTED),
+    ):
+        q = Query.parse(query)
+        log.append(
+            d.apply(
+                Subscribe(
+                    sub_id, "alice", q, plan_query(q).plan_hash, d.tick(), "", isolation=isolation
+                )
+            )
+        )
+
+    def step(action: TxnAction, number: int, outcome: TxnOutcome = TxnOutcome.NONE) -> None:
+        log.append(
+            d.apply(
+                Txn(
+                    action, "tx", number=number, outcome=outcome, principal="alice", now_ms=d.tick()
+                )
+            )
+        )
+
+    def write(number: int, seq: int, *names: str) -> None:
+        ops = tuple(Op(OpKind.SET, k, k.encode()) for k in names)
+        log.append(d.apply(TxnWrite("tx", 0, number, ops, "alice", d.tick(), seq)))
+
+    log.append(d.set("o/plain"))
+    step(TxnAction.JOIN, 1)
+    write(1, 1, *keys[:1])
+    write(1, 2, *keys[1:])
+    step(TxnAction.MARK, 1, TxnOutcome.COMMIT)
+    step(TxnAction.JOIN, 2)
+    write(2, 1, "o/aborted")
+    step(TxnAction.MARK, 2, TxnOutcome.ABORT)
+    log.append(d.set("o/after"))
+    log.append(d.outbox())  # type: ignore[arg-type]
+    log.append(purge(d, ("rc", -1), ("ra", -1), ("ru", -1)))
+    return log
+
+
+TXN_HISTORY = {
+    0: txn_history(TXN_BUCKETS[0], ("o/a1", "o/b1", "o/a2")),
+    1: txn_history(TXN_BUCKETS[1], ("o/a3", "o/b3")),
+}
+
+
+def build_txn_archive(root: Path) -> Path:
+    writers = [ArchiveWriter(root, n, background=False, retention_age_s=0) for n in NODES[:2]]
+    for w in writers:
+        for bucket, log in TXN_HISTORY.items():
+            for applied in log:
+                w.on_applied(bucket, applied)
+        w.close()
+    return root
+
+
+def rewrite_segments(root: Path, change: Any) -> None:
+    """Corrupt every segment file under `root` in place: `change(table) -> table`."""
+    for path in root.rglob("*.parquet"):
+        if any(part.startswith(("_", ".")) for part in path.relative_to(root).parts):
+            continue
+        table = pq.read_table(path, partitioning=None)
+        pq.write_table(change(table).replace_schema_metadata(table.schema.metadata), path)
+
+
+def each_row(change: Any) -> Any:
+    """A `rewrite_segments` edit: `change(row) -> row, or None to drop it` per row."""
+
+    def edit(t: Any) -> Any:
+        import pyarrow as pa
+
+        rows = [change(row) for row in t.to_pylist()]
+        return pa.Table.from_pylist([r for r in rows if r is not None], schema=t.schema)
+
+    return edit
+
+
+def txn_events(spark: SparkSession, root: Path) -> dict[tuple[str, str, int], Any]:
+    rows = deduplicated(load_archive(spark, root)).collect()
+    return {(r.bucket_uuid, r.sub_id, r.commit_index): r for r in rows}
+
+
+@pytest.mark.slow
+def test_the_archive_records_transactions_and_the_audit_passes(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = build_txn_archive(tmp_path / "archive")
+    events = txn_events(spark, root)
+    for bucket, keys in ((0, ("o/a1", "o/b1", "o/a2")), (1, ("o/a3", "o/b3"))):
+        uuid = TXN_BUCKETS[bucket]
+        by_sub: dict[str, list[Any]] = defaultdict(list)
+        for (b, sub, _), r in sorted(events.items()):
+            if b == uuid and r.txn_id is not None:
+                by_sub[sub].append(r)
+        (rc,) = by_sub["rc"]  # the commit: one event, at the marker, every change
+        assert (rc.txn_id, rc.txn_epoch, rc.txn_number, rc.txn_committed) == ("tx", 0, 1, True)
+        assert [c.key for c in rc.changes] == list(keys) and rc.txn_changes == len(keys)
+        (ra,) = by_sub["ra"]  # the part its query selects
+        assert [c.key for c in ra.changes] == [k for k in keys if k.startswith("o/a")]
+        assert ra.txn_changes == len(ra.changes)
+        # read_uncommitted: each write as it applied, the aborted one's included
+        ru = by_sub["ru"]
+        assert [(r.txn_number, r.txn_committed, r.read_uncommitted) for r in ru] == [
+            (1, False, True),
+            (1, False, True),
+            (2, False, True),
+        ]
+        assert "o/aborted" not in {c.key for r in by_sub["rc"] + by_sub["ra"] for c in r.changes}
+        plain = [r for (b, _, _), r in events.items() if b == uuid and r.txn_id is None]
+        assert plain and all(r.txn_changes is None for r in plain)
+    report = audit(spark, root)
+    assert report.ok, report.examples
+    assert report.transactions == 4  # rc and ra, in both buckets
+    assert main(["audit", str(root)], spark=spark) == 0
+    out = capsys.readouterr().out
+    assert "audit: 4 committed transaction events; uncommitted deliveries 0, incomplete" in out
+
+
+@pytest.mark.slow
+def test_the_audit_catches_an_aborted_transaction_s_delivery(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import pyarrow as pa
+
+    root = build_txn_archive(tmp_path / "archive")
+    # What a read_committed subscription that got the writes as they applied would have
+    # archived: "ru"'s rows, recorded as a read_committed subscription's.
+    rewrite_segments(
+        root,
+        lambda t: t.set_column(
+            t.schema.get_field_index("read_uncommitted"),
+            "read_uncommitted",
+            pa.array([False] * t.num_rows, pa.bool_()),
+        ),
+    )
+    report = audit(spark, root)
+    assert not report.ok
+    assert (report.uncommitted, report.incomplete, report.gaps, report.conflicts) == (6, 0, 0, 0)
+    flagged = {(i.bucket_uuid, i.sub_id, i.kinds) for i in report.examples}
+    assert flagged == {(TXN_BUCKETS[b], "ru", ("uncommitted",)) for b in (0, 1)}
+    assert any("transaction 2 of 'tx'" in i.detail for i in report.examples)  # the aborted one
+    assert main(["audit", str(root)], spark=spark) == 1
+    assert "uncommitted: bucket" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_audit_catches_a_committed_transaction_delivered_incompletely(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    root = build_txn_archive(tmp_path / "archive")
+    events = txn_events(spark, root)
+    (target,) = [
+        r
+        for (b, sub, _), r in events.items()
+        if b == TXN_BUCKETS[1] and sub == "rc" and r.txn_committed
+    ]
+
+    def drop_a_change(row: dict[str, Any]) -> dict[str, Any]:
+        """Bucket 1's commit event for "rc" loses its last change on every node."""
+        if row["sub_id"] == "rc" and row["commit_index"] == target.commit_index:
+            row["changes"] = row["changes"][:-1]
+        return row
+
+    rewrite_segments(root / fmt.partition_path(TXN_BUCKETS[1], 1), each_row(drop_a_change))
+    report = audit(spark, root)
+    assert (report.incomplete, report.uncommitted, report.conflicts) == (1, 0, 0)
+    (issue,) = report.examples
+    assert (issue.kinds, issue.bucket_uuid, issue.sub_id, issue.commit_index) == (
+        ("incomplete",),
+        TXN_BUCKETS[1],
+        "rc",
+        target.commit_index,
+    )
+    assert "carries 1 of its 2 changes" in issue.detail
+
+
+@pytest.mark.slow
+def test_the_audit_catches_a_committed_transaction_split_or_missing_in_a_bucket(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    root = build_txn_archive(tmp_path / "archive")
+    events = txn_events(spark, root)
+
+    def rc_events(bucket: int) -> list[Any]:
+        return sorted(
+            (r for (u, sub, _), r in events.items() if u == TXN_BUCKETS[bucket] and sub == "rc"),
+            key=lambda r: r.commit_index,
+        )
+
+    gone = next(r for r in rc_events(0) if r.txn_committed)
+    after_gone = rc_events(0)[rc_events(0).index(gone) + 1]
+    split = next(r for r in rc_events(1) if r.txn_committed)
+    forged = rc_events(1)[rc_events(1).index(split) + 1]  # "o/after", a plain write's
+
+    def edit(drop: int | None, tag: int | None) -> Any:
+        def change(row: dict[str, Any]) -> dict[str, Any] | None:
+            if row["sub_id"] == "rc" and row["commit_index"] == drop:
+                return None
+            if row["sub_id"] == "rc" and row["commit_index"] == tag:
+                row.update(txn_id="tx", txn_epoch=0, txn_number=1, txn_committed=True)
+                row["txn_changes"] = len(row["changes"])
+            return row
+
+        return each_row(change)
+
+    # bucket 0: "rc"'s commit event lost on every node; bucket 1: a second event of
+    # the same transaction for "rc" (its commit split in two)
+    rewrite_segments(root / fmt.partition_path(TXN_BUCKETS[0], 1), edit(gone.commit_index, None))
+    rewrite_segments(root / fmt.partition_path(TXN_BUCKETS[1], 1), edit(None, forged.commit_index))
+    report = audit(spark, root)
+    assert (report.gaps, report.incomplete, report.uncommitted, report.conflicts) == (1, 2, 0, 0)
+    found = {(i.kinds, i.bucket_uuid, i.commit_index) for i in report.examples}
+    assert found == {
+        (("gap",), TXN_BUCKETS[0], after_gone.commit_index),
+        (("incomplete",), TXN_BUCKETS[1], split.commit_index),
+        (("incomplete",), TXN_BUCKETS[1], forged.commit_index),
+    }
+
+
+@pytest.mark.slow
+def test_the_audit_reads_format_1_segments_next_to_format_2_ones(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    import json
+
+    import pyarrow as pa
+
+    root = build_txn_archive(tmp_path / "archive")
+
+    def as_format_1(t: pa.Table) -> pa.Table:
+        footer = json.loads(t.schema.metadata[fmt.SEGMENT_METADATA_KEY])
+        footer["format"] = 1
+        return t.drop_columns(list(fmt.TXN_COLUMNS)).replace_schema_metadata(
+            {fmt.SEGMENT_METADATA_KEY: json.dumps(footer).encode()}
+        )
+
+    for path in (root / fmt.partition_path(TXN_BUCKETS[0], 1)).glob("*.parquet"):
+        pq.write_table(as_format_1(pq.read_table(path, partitioning=None)), path)
+    events = txn_events(spark, root)
+    old = [r for (b, _, _), r in events.items() if b == TXN_BUCKETS[0]]
+    assert old and all(r.txn_id is None and r.read_uncommitted is None for r in old)
+    report = audit(spark, root)
+    # bucket 0's rows carry no transaction (format 1): only bucket 1's are checked
+    assert report.ok and report.transactions == 2

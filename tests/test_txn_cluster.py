@@ -18,7 +18,7 @@ from sevendb.cluster.common.layout import node_dir
 from sevendb.cluster.server.faults import KILL_AFTER_TXN_DECISION, fault_file
 from sevendb.outbox.keys import bucket_of
 from sevendb.proto import sevendb_pb2 as pb
-from sevendb.sdk import ProducerFenced, SubscribeOptions, TransactionTimedOut
+from sevendb.sdk import InvalidTxnState, ProducerFenced, SubscribeOptions, TransactionTimedOut
 from sevendb.sdk.streams import Event
 from sevendb.sdk.subscription import Subscription
 
@@ -191,6 +191,51 @@ def test_read_uncommitted_sees_an_aborted_write_read_committed_never(live: Local
         assert got_clean == [(a, b"plain", 1)]
         dirty.close()
         clean.close()
+
+
+def test_a_commit_is_aborted_when_a_participant_lacks_the_writes_sent_to_it(
+    live: LocalCluster,
+) -> None:
+    """The COMMIT names how many writes went to each bucket; each bucket is checked
+    (PREPARE) before the decision. One that does not hold them (here: the COMMIT claims
+    one write more than bucket b took) makes the transaction abort instead, in every
+    bucket, so no COMMIT marker ever meets a participant without its writes."""
+    a, b = keys_in_both("t9/")
+    with live.client() as client:
+        sub = client.subscribe("prefix:t9/")
+        txn = client.transaction("t9-app")
+        txn.put(a, b"1")
+        txn.put(b, b"2")
+        session = client._core._txn_sessions["t9-app"]
+        commit = pb.TxnRequest(
+            action=pb.TxnRequest.COMMIT,
+            transactional_id="t9-app",
+            epoch=session.epoch,
+            number=txn.number,
+            buckets=[0, 1],
+            writes=[1, 2],
+        )
+        stub = live.stub(live.spec.nodes[0].grpc_address)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Txn(commit, metadata=auth_metadata(live.token()), timeout=30)
+        assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        detail = refused.value.details() or ""
+        assert "is aborted, not committed: bucket 1:" in detail
+        assert "holds 1 of the 2 writes sent to it" in detail
+        with pytest.raises(InvalidTxnState, match="already decided"):
+            txn.commit()  # the SDK's own commit: the abort stands
+        client.put(a + "after", b"plain")
+        (event,) = _take(sub, 1)  # nothing of the transaction before the plain write
+        assert [c.key for c in event.changes] == [a + "after"]
+        assert client.get(a) is None and client.get(b) is None
+        sub.close()
+        # the SDK's commit sends the counts: a transaction as written commits
+        with client.transaction("t9-app") as ok:
+            ok.put(a, b"3")
+            ok.put(b, b"4")
+            ok.put(b + "x", b"5")
+        record = client.get(b + "x")
+        assert record is not None and record.value == b"5"
 
 
 def _take(sub: Subscription, n: int) -> list[Event]:

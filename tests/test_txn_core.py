@@ -16,6 +16,7 @@ from sevendb.outbox.entries import (
     Isolation,
     Op,
     OpKind,
+    OutboxPurge,
     Subscribe,
     Txn,
     TxnAction,
@@ -183,6 +184,32 @@ def mark(d: Driver, number: int, outcome: TxnOutcome) -> TxnResult:
     return txn(d, TxnAction.MARK, number=number, outcome=outcome)
 
 
+def prepare(d: Driver, number: int, writes: int) -> TxnResult:
+    return txn(d, TxnAction.PREPARE, number=number, writes=writes)
+
+
+def test_prepare_checks_the_participant_holds_exactly_the_writes_sent() -> None:
+    """Before a COMMIT is decided each participant is asked whether it holds what the
+    producer wrote to it: a bucket that never joined, or holds fewer or more writes,
+    refuses (the transaction is then aborted, docs/transactions.md); nothing changes."""
+    d = Driver()
+    join(d, 1)
+    twrite(d, 1, put("k1"))
+    twrite(d, 1, put("k2"))
+    before = d.sm.txns.pack()
+    assert prepare(d, 1, 2).error is None
+    for wrong in (0, 1, 3):
+        refused = prepare(d, 1, wrong)
+        assert code(refused) is ErrorCode.INVALID_TXN_STATE
+        assert f"holds 2 of the {wrong} writes sent to it (joined it)" in str(refused.error)
+    never = prepare(d, 2, 1)  # never joined here: its writes are not here
+    assert "holds 0 of the 1 writes sent to it (never joined it)" in str(never.error)
+    assert prepare(d, 2, 0).error is None  # added but never written to: nothing to hold
+    assert d.sm.txns.pack() == before
+    mark(d, 1, TxnOutcome.COMMIT)
+    assert prepare(d, 1, 5).error is None  # ended here: the coordinator answers for it
+
+
 def test_write_to_a_bucket_not_added_is_refused_and_changes_nothing() -> None:
     d = Driver()
     assert code(twrite(d, 1, put("k"))) is ErrorCode.BUCKET_NOT_IN_TXN
@@ -266,6 +293,9 @@ def test_a_precondition_is_checked_against_committed_data() -> None:
         {"action": TxnAction.MARK, "number": 1, "outcome": TxnOutcome.NONE},
         {"action": TxnAction.ADD, "buckets": (2, 1)},  # not in order
         {"action": TxnAction.JOIN, "number": 1, "buckets": (1,)},
+        {"action": TxnAction.JOIN, "number": 1, "writes": 2},  # writes: PREPARE's only
+        {"action": TxnAction.PREPARE, "number": 0, "writes": 2},
+        {"action": TxnAction.PREPARE, "number": 1, "writes": -1},
     ],
 )
 def test_bad_txn_entries_are_refused(kwargs: dict[str, object]) -> None:
@@ -282,6 +312,9 @@ def test_bad_txn_entries_are_refused(kwargs: dict[str, object]) -> None:
         [int(TxnAction.ADD), TID, 0, 0, [1], 0, "", 0, 0],  # ADD of number 0
         [int(TxnAction.INIT), "", 0, 0, [], 0, "", 0, 10],  # empty id
         [int(TxnAction.MARK), TID, 0, 1, [], 9, "", 0, 0],  # unknown outcome
+        [int(TxnAction.PREPARE), TID, 0, 1, [], 0, "", 0, 0],  # PREPARE without writes
+        [int(TxnAction.JOIN), TID, 0, 1, [], 0, "", 0, 0, 0],  # a tenth field: PREPARE's
+        [],
     ],
 )
 def test_bad_txn_bytes_are_malformed_and_change_nothing(fields: list[object]) -> None:
@@ -309,6 +342,8 @@ def test_txn_entries_round_trip() -> None:
         Txn(TxnAction.INIT, TID, principal="a", timeout_ms=5),
         Txn(TxnAction.ADD, TID, 1, 1, (0, 4)),
         Txn(TxnAction.MARK, TID, 1, 3, outcome=TxnOutcome.ABORT_FENCED, now_ms=9),
+        Txn(TxnAction.PREPARE, TID, 1, 3, now_ms=9, writes=4),
+        Txn(TxnAction.PREPARE, TID, 1, 3, now_ms=9),
         TxnWrite(TID, 1, 2, (put("a"), Op(OpKind.DEL, "b")), "p", 7, 3),
     ):
         assert decode_entry(encode_entry(entry)) == entry
@@ -394,6 +429,33 @@ def test_read_uncommitted_gets_writes_as_they_apply_read_committed_at_the_marker
     assert len(d.rows("committed")) == 2 and len(d.rows("dirty")) == 3
     # the retained history holds only what committed
     assert [c.key for kept in d.sm.history for c in kept.changes] == ["k1", "k3"]
+
+
+def test_rows_record_their_transaction_through_snapshots_and_purges() -> None:
+    """Each row's delta names its transaction (the archive records it, docs/spark.md):
+    committed at the marker, uncommitted at the write; kept by snapshots; and the
+    purge effect names the read_uncommitted subscriptions."""
+    from sevendb.outbox.model import RowsPurged, TxnTag
+
+    d = Driver()
+    d.lease()
+    subscribe(d, "committed", Isolation.READ_COMMITTED)
+    subscribe(d, "dirty", Isolation.READ_UNCOMMITTED)
+    join(d, 1)
+    twrite(d, 1, put("k1", b"a"), put("k2", b"b"))
+    mark(d, 1, TxnOutcome.COMMIT)
+    d.set("k3")
+    assert [r.delta.txn for r in d.rows("dirty")] == [TxnTag(TID, 0, 1, committed=False), None]
+    assert [r.delta.txn for r in d.rows("committed")] == [TxnTag(TID, 0, 1, committed=True), None]
+    restored = BucketStateMachine.restore(d.sm.snapshot())
+    assert restored.snapshot() == d.sm.snapshot()
+    for sub_id in ("dirty", "committed"):
+        assert Driver(restored).rows(sub_id) == d.rows(sub_id)
+    d.outbox()
+    acks = tuple(Ack(s, "alice", d.rows(s)[-1].emit_seq) for s in ("committed", "dirty"))
+    applied = d.apply(OutboxPurge(d.sm.lease_index, acks, now_ms=d.tick()))
+    (purged,) = [e for e in applied.effects if isinstance(e, RowsPurged)]
+    assert len(purged.rows) == 4 and purged.read_uncommitted == frozenset({"dirty"})
 
 
 def test_isolation_survives_snapshot_and_encoding() -> None:

@@ -25,7 +25,10 @@ ORPHANS_DIR: Final = "_orphans"
 #: Names starting with these are invisible to Spark and pyarrow datasets.
 HIDDEN_PREFIXES: Final = (".", "_")
 MANIFEST_FORMAT: Final = 1
-SEGMENT_FORMAT: Final = 1
+#: 2: the transaction columns (`TXN_COLUMNS`). Format-1 segments (without them) are
+#: still read: their rows read the columns as null (`conform`).
+SEGMENT_FORMAT: Final = 2
+SEGMENT_FORMATS_READ: Final = frozenset({1, 2})
 CONSUMER_FORMAT: Final = 1
 #: Footer key-value metadata key holding the segment's JSON description.
 SEGMENT_METADATA_KEY: Final = b"sevendb.segment"
@@ -59,7 +62,29 @@ FILE_SCHEMA: Final = pa.schema(
         pa.field("ack_time_ms", pa.int64(), nullable=False),
         pa.field("purge_index", pa.int64(), nullable=False),  # the OUTBOX_PURGE entry
         pa.field("node_id", pa.string(), nullable=False),
+        # Format 2: the transaction whose changes the event carries (docs/spark.md). All
+        # null for a plain write's event and in format-1 segments.
+        pa.field("txn_id", pa.string()),
+        pa.field("txn_epoch", pa.int64()),
+        pa.field("txn_number", pa.int64()),
+        # true: made at the transaction's COMMIT marker; false: as one of its writes
+        # applied, for a read_uncommitted subscription (the transaction undecided then)
+        pa.field("txn_committed", pa.bool_()),
+        # committed: how many of the transaction's changes in this bucket the
+        # subscription's query selected, all of which the event must carry
+        pa.field("txn_changes", pa.int64()),
+        # the subscription reads uncommitted (null in format-1 segments: read_committed)
+        pa.field("read_uncommitted", pa.bool_()),
     ]
+)
+#: The columns format 2 added, all nullable.
+TXN_COLUMNS: Final = (
+    "txn_id",
+    "txn_epoch",
+    "txn_number",
+    "txn_committed",
+    "txn_changes",
+    "read_uncommitted",
 )
 
 #: The hive partition columns, as the directory names hold them.
@@ -87,6 +112,21 @@ _ESCAPE: Final = frozenset("\"#%'*/:=?\\{[]^") | frozenset(chr(c) for c in range
 
 class ArchiveError(Exception):
     """The archive cannot be opened, read or written as asked."""
+
+
+def conform(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A segment's rows in `FILE_SCHEMA`: a format-1 segment's rows get the columns
+    format 2 added, as nulls (the other columns must be there)."""
+    if batch.schema.equals(FILE_SCHEMA):
+        return batch
+    missing = [name for name in FILE_SCHEMA.names if name not in batch.schema.names]
+    if any(name not in TXN_COLUMNS for name in missing):
+        raise ArchiveError(f"a segment lacks the columns {missing}")
+    columns = [
+        batch.column(name) if name in batch.schema.names else pa.nulls(batch.num_rows, f.type)
+        for name, f in zip(FILE_SCHEMA.names, FILE_SCHEMA, strict=True)
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=FILE_SCHEMA)
 
 
 # ------------------------------------------------------------------------ Spark's view
@@ -250,7 +290,7 @@ def info_from_footer(metadata: Mapping[bytes, bytes] | None, where: str) -> Segm
     if raw is None:
         raise ArchiveError(f"{where} has no {SEGMENT_METADATA_KEY.decode()} footer metadata")
     d = json.loads(raw)
-    if d.get("format") != SEGMENT_FORMAT:
+    if d.get("format") not in SEGMENT_FORMATS_READ:
         raise ArchiveError(f"{where}: unsupported segment format {d.get('format')!r}")
     return SegmentInfo.from_json(d)
 
@@ -332,12 +372,16 @@ __all__ = [
     "MANIFEST_DIR",
     "PARTITION_COLUMNS",
     "PARTITION_SCHEMA",
+    "SEGMENT_FORMAT",
+    "SEGMENT_FORMATS_READ",
     "SEGMENT_NAME_REGEX",
+    "TXN_COLUMNS",
     "ArchiveError",
     "ConsumerMark",
     "SegmentInfo",
     "SegmentName",
     "archive_root",
+    "conform",
     "consumer_path",
     "escape_partition_value",
     "info_from_footer",

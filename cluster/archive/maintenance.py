@@ -26,6 +26,7 @@ from sevendb.cluster.archive.format import (
     ArchiveError,
     ConsumerMark,
     SegmentInfo,
+    conform,
     segment_footer,
     segment_name,
 )
@@ -209,7 +210,7 @@ def _stream_rows(
     for s in group:
         for batch in store.batches(s.path, COMPACT_BATCH_ROWS):
             rows += batch.num_rows
-            buffered.append(batch)
+            buffered.append(conform(batch))  # a format-1 segment's rows: new columns null
             size += batch.nbytes
             if size >= buffer_bytes:
                 out.write_table(pa.Table.from_batches(buffered).cast(FILE_SCHEMA))

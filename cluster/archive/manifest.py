@@ -28,6 +28,8 @@ class Purge:
     rows: int
     nbytes: int
     added: float  # clock() when buffered
+    read_uncommitted: frozenset[str] = frozenset()
+    """The entry's sub_ids whose subscriptions read uncommitted (`RowsPurged`)."""
 
 
 @dataclass(slots=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
@@ -83,11 +83,17 @@ def _changes(triples: list[tuple[int, int, OutboxRow]]) -> pa.Array:
     )
 
 
-def rows_table(rows: Iterable[tuple[int, int, OutboxRow]], node_id: str) -> pa.Table:
-    """Arrow columns (FILE_SCHEMA) for `(purge_index, ack_time_ms, row)` triples."""
+def rows_table(
+    rows: Iterable[tuple[int, int, OutboxRow]],
+    node_id: str,
+    read_uncommitted: Collection[str] = frozenset(),
+) -> pa.Table:
+    """Arrow columns (FILE_SCHEMA) for `(purge_index, ack_time_ms, row)` triples;
+    `read_uncommitted`: the sub_ids among them whose subscriptions read uncommitted."""
     triples = list(rows)
     seqs = [row.emit_seq for _, _, row in triples]
     prevs = [row.prev_emit_seq for _, _, row in triples]
+    tags = [row.delta.txn for _, _, row in triples]
     columns = {
         "commit_index": [s.commit_index for s in seqs],
         "sub_id": [row.sub_id for _, _, row in triples],
@@ -99,6 +105,15 @@ def rows_table(rows: Iterable[tuple[int, int, OutboxRow]], node_id: str) -> pa.T
         "ack_time_ms": [ack_ms for _, ack_ms, _ in triples],
         "purge_index": [purge for purge, _, _ in triples],
         "node_id": pa.repeat(pa.scalar(node_id, pa.string()), len(triples)),
+        "txn_id": [None if t is None else t.txn_id for t in tags],
+        "txn_epoch": [None if t is None else t.epoch for t in tags],
+        "txn_number": [None if t is None else t.number for t in tags],
+        "txn_committed": [None if t is None else t.committed for t in tags],
+        "txn_changes": [
+            len(row.delta.changes) if t is not None and t.committed else None
+            for t, (_, _, row) in zip(tags, triples, strict=True)
+        ],
+        "read_uncommitted": [row.sub_id in read_uncommitted for _, _, row in triples],
     }
     return pa.Table.from_pydict(columns, schema=FILE_SCHEMA)
 
@@ -119,13 +134,14 @@ def _plan(node_id: str, bucket: int, bucket_uuid: str, batch: list[Purge]) -> li
                 by_epoch.setdefault(row.emit_seq.epoch_counter, []).append(
                     (purge.index, ack_ms, row)
                 )
+    readers = frozenset().union(*(purge.read_uncommitted for purge in batch))
     epochs = tuple(sorted(by_epoch))
     first, last = batch[0].index, batch[-1].index
     name = segment_name(node_id, first, last)
     parts = []
     for epoch in epochs:
         directory = partition_path(bucket_uuid, epoch)
-        table = rows_table(by_epoch[epoch], node_id)
+        table = rows_table(by_epoch[epoch], node_id, readers)
         info = SegmentInfo(
             path=f"{directory}/{name}",
             node_id=node_id,

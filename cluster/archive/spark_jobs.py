@@ -283,9 +283,13 @@ def _export_frame(events: DataFrame) -> DataFrame:
 # -------------------------------------------------------------------------------- audit
 
 
+#: What the audit flags; each is a boolean column of `_chain_checks` (see `audit`).
+AUDIT_KINDS: Final = ("duplicate", "conflict", "gap", "out_of_order", "uncommitted", "incomplete")
+
+
 @dataclass(frozen=True, slots=True)
 class AuditIssue:
-    kinds: tuple[str, ...]  # duplicate, conflict, gap, out_of_order
+    kinds: tuple[str, ...]  # of AUDIT_KINDS
     bucket_uuid: str
     sub_id: str
     epoch: int
@@ -304,10 +308,20 @@ class AuditReport:
     gaps: int  # events whose predecessor is missing
     out_of_order: int  # chain or purge order contradicted
     examples: tuple[AuditIssue, ...] = ()
+    uncommitted: int = 0  # read_committed deliveries of a transaction not committed then
+    incomplete: int = 0  # a committed transaction's events short of changes, or split
+    transactions: int = 0  # events made at a COMMIT marker
 
     @property
     def ok(self) -> bool:
-        return not (self.duplicates or self.conflicts or self.gaps or self.out_of_order)
+        return not (
+            self.duplicates
+            or self.conflicts
+            or self.gaps
+            or self.out_of_order
+            or self.uncommitted
+            or self.incomplete
+        )
 
 
 def _audit_frame(raw: DataFrame) -> DataFrame:
@@ -328,6 +342,7 @@ def _audit_frame(raw: DataFrame) -> DataFrame:
         "commit_time_ms",
         "ack_time_ms",
         "purge_index",
+        *fmt.TXN_COLUMNS,
     )
     prev_struct = F.struct("prev_bucket_uuid", "prev_epoch", "prev_commit_index", "purge_index")
     name = F.col("_metadata.file_name")
@@ -341,6 +356,7 @@ def _audit_frame(raw: DataFrame) -> DataFrame:
         prev_struct.alias("p"),
         F.struct(first.alias("first"), last.alias("last")).alias("file"),
         F.when(compacted, last - first).alias("cover"),
+        _txn_struct().alias("t"),
     )
     per_node = (
         slim.repartition("bucket_uuid", "sub_id")
@@ -353,6 +369,7 @@ def _audit_frame(raw: DataFrame) -> DataFrame:
             F.size(F.collect_set("file")).alias("files"),
             (F.max("file.last") - F.min("file.first")).alias("span"),
             F.max("cover").alias("cover"),
+            F.min("t").alias("t"),
         )
         .withColumn(
             "extra",
@@ -368,16 +385,53 @@ def _audit_frame(raw: DataFrame) -> DataFrame:
         F.min("h_min").alias("hash_min"),
         F.max("h_max").alias("hash_max"),
         F.min("p").alias("p"),
+        F.min("t").alias("t"),
     )
     return _chain_checks(events)
 
 
+def _txn_struct() -> Any:
+    """An event's transaction columns (format 2; null in format 1) and how many
+    changes it carries."""
+    from pyspark.sql import functions as F
+
+    return F.struct(
+        *fmt.TXN_COLUMNS[:-1],
+        F.coalesce(F.col("read_uncommitted"), F.lit(False)).alias("read_uncommitted"),
+        F.size("changes").alias("carried"),
+    )
+
+
+def _txn_checks(t: Any, events_of_txn: Any) -> tuple[Any, Any]:
+    """The two transaction flags of an event (docs/spark.md): *uncommitted*, a change
+    of a transaction delivered to a read_committed subscription before the
+    transaction's COMMIT marker (so of a transaction open, or later aborted, then);
+    *incomplete*, an event made at a COMMIT marker that does not carry every change of
+    the transaction its subscription selected in the bucket, or a subscription that
+    received one transaction's changes in a bucket in more than one event."""
+    from pyspark.sql import functions as F
+
+    uncommitted = t["txn_id"].isNotNull() & ~t["txn_committed"] & ~t["read_uncommitted"]
+    incomplete = F.coalesce(t["txn_committed"], F.lit(False)) & (
+        (t["carried"] != t["txn_changes"]) | (events_of_txn > 1)
+    )
+    return uncommitted, incomplete
+
+
 def _chain_checks(events: DataFrame) -> DataFrame:
-    """The duplicate, conflict, gap and out-of-order flags over one row per event."""
+    """The duplicate, conflict, gap, out-of-order, uncommitted and incomplete flags over
+    one row per event."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     order = Window.partitionBy("bucket_uuid", "sub_id").orderBy("epoch", "commit_index")
+    txn = F.col("t")
+    one_txn = Window.partitionBy(
+        "bucket_uuid", "sub_id", txn["txn_id"], txn["txn_epoch"], txn["txn_number"]
+    )
+    uncommitted, incomplete = _txn_checks(
+        txn, F.count(F.when(txn["txn_committed"], 1)).over(one_txn)
+    )
     seq = F.struct(F.col("epoch").alias("e"), F.col("commit_index").alias("c"))
     prev = F.struct(F.col("p.prev_epoch").alias("e"), F.col("p.prev_commit_index").alias("c"))
     return (
@@ -394,6 +448,7 @@ def _chain_checks(events: DataFrame) -> DataFrame:
             F.col("before.e").alias("before_epoch"),
             F.col("before.c").alias("before_commit_index"),
             "purge_before",
+            "t",
             (F.col("extra") > 0).alias("duplicate"),
             (F.col("hash_min") != F.col("hash_max")).alias("conflict"),
             (F.col("before").isNotNull() & (prev > F.col("before"))).alias("gap"),
@@ -406,12 +461,14 @@ def _chain_checks(events: DataFrame) -> DataFrame:
                     & (F.col("p.purge_index") < F.col("purge_before"))
                 )
             ).alias("out_of_order"),
+            uncommitted.alias("uncommitted"),
+            incomplete.alias("incomplete"),
         )
     )
 
 
 def _issue(row: Any) -> AuditIssue:
-    kinds = tuple(k for k in ("duplicate", "conflict", "gap", "out_of_order") if row[k])
+    kinds = tuple(k for k in AUDIT_KINDS if row[k])
     at = f"({row.epoch}, {row.commit_index})"
     prev = f"({row.prev_epoch}, {row.prev_commit_index})"
     before = (
@@ -428,6 +485,15 @@ def _issue(row: Any) -> AuditIssue:
         notes.append(
             f"prev_emit_seq {prev} (bucket {row.prev_bucket_uuid}), previous row {before}, "
             f"purged at entry {row.purge_index} after {row.purge_before}"
+        )
+    t = row.t
+    txn = "" if t is None else f"transaction {t.txn_number} of {t.txn_id!r} (epoch {t.txn_epoch})"
+    if row.uncommitted:
+        notes.append(f"a change of {txn} delivered to a read_committed subscription uncommitted")
+    if row.incomplete:
+        notes.append(
+            f"{txn}: this event carries {t.carried} of its {t.txn_changes} changes, or the "
+            "subscription received the transaction in more than one event"
         )
     return AuditIssue(
         kinds,
@@ -460,27 +526,33 @@ def audit(
     and are not duplicates); a *conflict* is an event whose copies differ. The first
     archived event of a subscription has no checkable predecessor (its stream start is
     not archived), nor has the first event inside an `--epoch` filter.
+
+    Transactions (format-2 segments): *uncommitted* is a read_committed subscription's
+    event carrying a transaction's changes made before its COMMIT marker (a change of
+    an open or aborted transaction); *incomplete* is an event made at a COMMIT marker
+    short of the changes the transaction had for the subscription in the bucket, or a
+    transaction a subscription received in more than one event in a bucket.
     """
     from pyspark.sql import functions as F
 
     echo(f"audit: reading {root}" + _filters(bucket, epoch))
     raw = load_archive(spark, root, bucket=bucket, epoch=epoch)
     checked = _audit_frame(raw)
-    flag = F.col("duplicate") | F.col("conflict") | F.col("gap") | F.col("out_of_order")
+    flag = F.lit(False)
+    for kind in AUDIT_KINDS:
+        flag = flag | F.col(kind)
     with progress(spark, "audit", echo, progress_s):
         (summary,) = checked.agg(
             F.coalesce(F.sum("copies"), F.lit(0)).alias("rows"),
             F.count(F.lit(1)).alias("events"),
             # a subscription's first event is the one without a predecessor
             F.count(F.when(F.col("before_epoch").isNull(), 1)).alias("subscriptions"),
-            *[
-                F.count(F.when(F.col(k), 1)).alias(k)
-                for k in ("duplicate", "conflict", "gap", "out_of_order")
-            ],
+            F.count(F.when(F.col("t.txn_committed"), 1)).alias("transactions"),
+            *[F.count(F.when(F.col(k), 1)).alias(k) for k in AUDIT_KINDS],
         ).collect()
         nodes = raw.select("node_id").distinct().count()
         found: tuple[AuditIssue, ...] = ()
-        if summary.duplicate or summary.conflict or summary.gap or summary.out_of_order:
+        if any(summary[k] for k in AUDIT_KINDS):
             rows = (
                 checked.where(flag)
                 .orderBy("bucket_uuid", "sub_id", "epoch", "commit_index")
@@ -498,6 +570,9 @@ def audit(
         gaps=int(summary.gap),
         out_of_order=int(summary.out_of_order),
         examples=found,
+        uncommitted=int(summary.uncommitted),
+        incomplete=int(summary.incomplete),
+        transactions=int(summary.transactions),
     )
 
 
@@ -515,6 +590,10 @@ def print_audit(report: AuditReport, out: Echo = _stdout) -> None:
     out(
         f"audit: gaps {report.gaps}, duplicates {report.duplicates}, out of order "
         f"{report.out_of_order}, conflicting copies {report.conflicts}"
+    )
+    out(
+        f"audit: {report.transactions} committed transaction events; uncommitted "
+        f"deliveries {report.uncommitted}, incomplete transactions {report.incomplete}"
     )
     for issue in report.examples:
         out(

@@ -268,6 +268,9 @@ class ArchiveWriter:
                 sum(len(rows) for _, rows in effects),
                 sum(row_bytes(r) for _, rows in effects for r in rows),
                 self._clock(),
+                frozenset().union(
+                    *(e.read_uncommitted for e in applied.effects if isinstance(e, RowsPurged))
+                ),
             )
         with self._lock:
             if self._closing:

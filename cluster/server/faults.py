@@ -9,7 +9,10 @@ Points: ``kill-before-send`` - the lease holder has outboxed rows ready for a cl
 stream and dies before sending any of them (the crash between OUTBOX_WRITE and send
 of docs/emission.md, FTO-02); ``kill-after-txn-decision`` - the node that took a
 transaction's COMMIT or ABORT dies once the decision is committed, before writing any
-marker (docs/transactions.md: the coordinator's leader finishes it).
+marker (docs/transactions.md: the coordinator's leader finishes it);
+``kill-before-txn-decision`` - the node that took a transaction's COMMIT or ABORT dies
+before proposing the decision (the transaction stays open: its timeout aborts it, or
+its producer's retried call decides it).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Final
 ENV: Final = "SEVENDB_TEST_FAULTS"
 KILL_BEFORE_SEND: Final = "kill-before-send"
 KILL_AFTER_TXN_DECISION: Final = "kill-after-txn-decision"
+KILL_BEFORE_TXN_DECISION: Final = "kill-before-txn-decision"
 
 
 def fault_file(node_dir: Path, name: str) -> Path:
@@ -49,4 +53,11 @@ class FaultPoints:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-__all__ = ["ENV", "KILL_AFTER_TXN_DECISION", "KILL_BEFORE_SEND", "FaultPoints", "fault_file"]
+__all__ = [
+    "ENV",
+    "KILL_AFTER_TXN_DECISION",
+    "KILL_BEFORE_SEND",
+    "KILL_BEFORE_TXN_DECISION",
+    "FaultPoints",
+    "fault_file",
+]

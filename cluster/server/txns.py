@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 from typing import Final
@@ -24,7 +25,11 @@ from sevendb.cluster.common.acl import Permission
 from sevendb.cluster.common.auth import NODE_PRINCIPAL, auth_metadata
 from sevendb.cluster.server.edge import FORWARD_KEY, FORWARD_TIMEOUT_S, Call, Edge, now_ms
 from sevendb.cluster.server.errors import Failure
-from sevendb.cluster.server.faults import KILL_AFTER_TXN_DECISION, FaultPoints
+from sevendb.cluster.server.faults import (
+    KILL_AFTER_TXN_DECISION,
+    KILL_BEFORE_TXN_DECISION,
+    FaultPoints,
+)
 from sevendb.outbox.entries import (
     TXN_TIMEOUT_MS_DEFAULT,
     Ack,
@@ -106,6 +111,13 @@ class Transactions:
         edge, bucket = self._edge, self.coordinator(request)
         entry = self._entry(request, call)
         tid = entry.txn_id
+        refused: list[str] = []
+        if entry.action is TxnAction.END and entry.outcome is TxnOutcome.COMMIT:
+            refused = await self._prepare(request, entry)
+            if refused:  # a participant lacks what the producer wrote: abort instead
+                entry = dataclasses.replace(entry, outcome=TxnOutcome.ABORT)
+        if self._faults is not None and entry.action is TxnAction.END:
+            self._faults.fire(KILL_BEFORE_TXN_DECISION)
         result, _ = await edge.commit(bucket, entry, TxnResult)
         response = pb.TxnResponse(epoch=result.epoch, number=result.number, coordinator=bucket)
         if entry.action is TxnAction.ADD:
@@ -133,7 +145,42 @@ class Transactions:
                         "retries; their pending writes stay invisible)",
                     )
                 )
+        if refused:
+            raise Failure.rejected(
+                Rejection(
+                    ErrorCode.INVALID_TXN_STATE,
+                    f"transaction {result.number} of {tid!r} is aborted, not committed: "
+                    + "; ".join(refused),
+                )
+            )
         return response
+
+    async def _prepare(self, request: pb.TxnRequest, entry: Txn) -> list[str]:
+        """A COMMIT naming the writes sent to each bucket: PREPARE every one of them
+        before the decision. Returns the refusals (why the transaction cannot commit).
+        Raises the Failure of a bucket that cannot be reached: nothing is decided, the
+        transaction stays open (a retried commit or its timeout ends it)."""
+        if not request.writes:
+            return []  # a producer that does not count its writes: nothing to check
+        if len(request.writes) != len(request.buckets):
+            raise Failure.invalid("a COMMIT's writes and buckets are parallel lists")
+        for bucket in request.buckets:
+            self._edge.check_bucket(bucket)
+        checks = sorted(zip(request.buckets, request.writes, strict=True))
+        outcomes = await asyncio.gather(
+            *(
+                self._mark(b, entry.txn_id, entry.epoch, entry.number, TxnOutcome.NONE, "", w)
+                for b, w in checks
+            ),
+            return_exceptions=True,
+        )
+        refused = []
+        for (bucket, _), outcome in zip(checks, outcomes, strict=True):
+            if isinstance(outcome, Failure) and outcome.error is not None:
+                refused.append(f"bucket {bucket}: {outcome.message}")
+            elif isinstance(outcome, BaseException):
+                raise outcome
+        return refused
 
     async def _finish(self, coordinator: int, due: DueMarkers) -> list[int]:
         """Write `due`'s markers, then COMPLETE it at its coordinator: the buckets that
@@ -161,19 +208,29 @@ class Transactions:
         return []
 
     async def _mark(
-        self, bucket: int, tid: str, epoch: int, number: int, outcome: TxnOutcome, owner: str
+        self,
+        bucket: int,
+        tid: str,
+        epoch: int,
+        number: int,
+        outcome: TxnOutcome,
+        owner: str,
+        writes: int | None = None,
     ) -> None:
-        """JOIN (`outcome` NONE) or MARK `bucket`: through this node's replica of it, or
-        by the TxnMark of a node that has one."""
+        """JOIN (`outcome` NONE), PREPARE (`writes` given) or MARK `bucket`: through
+        this node's replica of it, or by the TxnMark of a node that has one."""
         edge = self._edge
         if bucket in edge.replicas:
-            await edge.commit(bucket, _mark_entry(tid, epoch, number, outcome, owner), TxnResult)
+            entry = _mark_entry(tid, epoch, number, outcome, owner, writes)
+            await edge.commit(bucket, entry, TxnResult)
             return
         request = pb.TxnMarkRequest(
             bucket=bucket,
             txn=pb.TxnRef(transactional_id=tid, epoch=epoch, number=number),
             outcome=int(outcome),
             owner=owner,
+            prepare=writes is not None,
+            writes=writes or 0,
         )
         token = edge.node.keyring.mint(NODE_PRINCIPAL, now_ms=now_ms(), ttl_s=NODE_TOKEN_TTL_S)
         try:
@@ -196,7 +253,10 @@ class Transactions:
         ref = request.txn
         try:
             outcome = TxnOutcome(request.outcome)
-            entry = _mark_entry(ref.transactional_id, ref.epoch, ref.number, outcome, request.owner)
+            writes = request.writes if request.prepare else None
+            entry = _mark_entry(
+                ref.transactional_id, ref.epoch, ref.number, outcome, request.owner, writes
+            )
         except (SevenDBError, ValueError) as exc:
             raise Failure.invalid(f"bad TxnMark: {exc}") from None
         await self._edge.commit(request.bucket, entry, TxnResult)
@@ -364,7 +424,13 @@ def _work(sm: BucketStateMachine, now: int) -> tuple[list[str], list[DueMarkers]
     return sm.txns.timed_out(now), list(sm.txns.due())
 
 
-def _mark_entry(tid: str, epoch: int, number: int, outcome: TxnOutcome, owner: str) -> Txn:
+def _mark_entry(
+    tid: str, epoch: int, number: int, outcome: TxnOutcome, owner: str, writes: int | None = None
+) -> Txn:
+    if writes is not None:
+        if outcome is not TxnOutcome.NONE:
+            raise ValueError("a PREPARE has no outcome")
+        return Txn(TxnAction.PREPARE, tid, epoch, number, now_ms=now_ms(), writes=writes)
     if outcome is TxnOutcome.NONE:
         return Txn(TxnAction.JOIN, tid, epoch, number, principal=owner, now_ms=now_ms())
     return Txn(TxnAction.MARK, tid, epoch, number, outcome=outcome, now_ms=now_ms())
