@@ -26,7 +26,7 @@ from .loop import LoopPoller, LoopTransport, RaftLoop
 from .recovery import ACCEPT_LOSS, KEEP_ALIVE
 from .sidecars import NOTHING, Position
 from .transfer import LeadershipTransfer
-from .tuning import compaction_due, snapshot_wait_s
+from .tuning import SnapshotTurn, compaction_due
 
 if TYPE_CHECKING:
     from .replica import BucketReplica
@@ -174,8 +174,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         """When the current tick's final poll times out (see `_onTick`)."""
         self._late_ticks = LateTickWatch(owner.bucket, conf.raftMinTimeout / 2, self._counters)
         self._tick_s = float(conf.autoTickPeriod)
-        self._snapshot_due_s: float | None = None
-        """When a snapshot was first found due and not yet started (`_snapshot_turn`)."""
+        self._snapshot_turn = SnapshotTurn()
         super().__init__(self_addr, partners, conf, transportClass=LoopTransport)
 
     @property
@@ -709,26 +708,18 @@ class RaftNode(SyncObj):  # type: ignore[misc]
                 since_last_s=_monotonic() - self._SyncObj__lastSerializedTime,
             )
             if not (due or self._SyncObj__forceLogCompaction):
-                self._snapshot_due_s = None
+                self._snapshot_turn.reset()
                 return
             if not self._owner._compaction_allowed():
                 return
-            if not (self._SyncObj__forceLogCompaction or self._snapshot_turn()):
+            turn = self._snapshot_turn.come(
+                self._owner._tuning, self.member_addresses(), str(self.selfNode.id), _monotonic()
+            )
+            if not (self._SyncObj__forceLogCompaction or turn):
                 return
         SyncObj._SyncObj__tryLogCompaction(self)
         if serializer._Serializer__pid != 0:  # one started (or finished): the next is due anew
-            self._snapshot_due_s = None
-
-    def _snapshot_turn(self) -> bool:
-        """Whether this replica's wait since its snapshot became due is over
-        (`snapshot_wait_s`: its rank among the members times `snapshot_stagger_s`), so
-        that the group's replicas, which find it due at the same log index, write
-        their snapshots one after another rather than all at once."""
-        now = _monotonic()
-        if self._snapshot_due_s is None:
-            self._snapshot_due_s = now
-        wait = snapshot_wait_s(self._owner._tuning, self.member_addresses(), str(self.selfNode.id))
-        return now - self._snapshot_due_s >= wait
+            self._snapshot_turn.reset()
 
     def _SyncObj__deleteEntriesTo(self, toIDx: int) -> None:
         """Compaction (syncobj.py:1427), once a snapshot is written. The snapshot was

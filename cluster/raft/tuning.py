@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from sevendb.outbox import limits
 
-__all__ = ["RaftTuning", "compaction_due", "snapshot_wait_s"]
+__all__ = ["RaftTuning", "SnapshotTurn", "compaction_due", "snapshot_wait_s"]
 
 
 @dataclass(frozen=True)
@@ -152,3 +152,25 @@ def snapshot_wait_s(tuning: RaftTuning, members: Sequence[str], me: str) -> floa
     or when `me` is not among them)."""
     ranked = sorted(members)
     return tuning.snapshot_stagger_s * (ranked.index(me) if me in ranked else 0)
+
+
+class SnapshotTurn:
+    """A replica's turn to start a snapshot that is due: once its wait since the
+    snapshot became due (`snapshot_wait_s`) is over, so that the group's replicas,
+    which find it due at the same log index, write their snapshots one after
+    another rather than all at once."""
+
+    __slots__ = ("due_s",)
+
+    def __init__(self) -> None:
+        self.due_s: float | None = None
+        """When a snapshot was first found due and not yet started."""
+
+    def come(self, tuning: RaftTuning, members: Sequence[str], me: str, now: float) -> bool:
+        if self.due_s is None:
+            self.due_s = now
+        return now - self.due_s >= snapshot_wait_s(tuning, members, me)
+
+    def reset(self) -> None:
+        """None is due (any more), or one started."""
+        self.due_s = None
