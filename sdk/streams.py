@@ -266,6 +266,12 @@ class BucketStreams:
         """The node a bucket's acks go to: its stream's."""
         return self.streams[bucket].target or self._first_target(bucket)
 
+    def _left(self, stream: BucketStream) -> None:
+        """The stream's node did not serve it (refused it, or is down): no longer the
+        bucket's first choice."""
+        if stream.target is not None and self._engine.holders.get(stream.bucket) == stream.target:
+            del self._engine.holders[stream.bucket]
+
     def _first_target(self, bucket: int) -> str:
         """Where a bucket's stream goes first: the node its last stream was established
         on (likely still the lease holder), else any (a redirect says where to go)."""
@@ -334,6 +340,7 @@ class BucketStreams:
                 await self._stream_once(stream)
                 backoff = opts.backoff_initial_s
             except _Redirect as redirect:
+                self._left(stream)
                 stream.target = redirect.address
                 if redirect.address is None:
                     await asyncio.sleep(backoff * (0.5 + random.random()))
@@ -348,6 +355,7 @@ class BucketStreams:
                     )
                     return
                 hint = leader_hint(exc)
+                self._left(stream)
                 stream.target = hint
                 stream.reconnects += 1
                 after = retry_after_s(trailer(exc, RETRY_AFTER_KEY))
