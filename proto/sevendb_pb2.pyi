@@ -849,12 +849,14 @@ class MetaRecord(_message.Message):
     def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ..., version: _Optional[int] = ...) -> None: ...
 
 class MetaReadRequest(_message.Message):
-    __slots__ = ("after_version", "wait_ms")
+    __slots__ = ("after_version", "wait_ms", "linearizable")
     AFTER_VERSION_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    LINEARIZABLE_FIELD_NUMBER: _ClassVar[int]
     after_version: int
     wait_ms: int
-    def __init__(self, after_version: _Optional[int] = ..., wait_ms: _Optional[int] = ...) -> None: ...
+    linearizable: bool
+    def __init__(self, after_version: _Optional[int] = ..., wait_ms: _Optional[int] = ..., linearizable: _Optional[bool] = ...) -> None: ...
 
 class MetaReadResponse(_message.Message):
     __slots__ = ("version", "records", "genesis")

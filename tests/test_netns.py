@@ -380,6 +380,48 @@ def test_data_buckets_serve_while_the_metadata_group_has_no_majority(d: Deployme
     d.wait_converged("replicas to converge")
 
 
+def test_a_voter_cut_off_from_the_metadata_group_is_not_what_a_change_is_based_on(
+    d: Deployment,
+) -> None:
+    """n1's metadata port is blocked: it still answers clients, from a view that no
+    longer moves. A change made meanwhile through the others is in the admin's next
+    read even with n1 asked first (the read is a round through the group, which n1
+    refuses), so a compare-and-set based on it is not refused as a conflict. (The
+    CI's failure: a migration resumed after a voter's partition read the voter's
+    stale view and was refused with MetadataConflict.)"""
+    from sevendb.cluster.common.acl import Grant, Permission
+
+    n1 = d.node_hosts["n1"]
+    grant = Grant("stale-reader", Permission.READ, "stale/")
+    d.lab.block_port(n1, 7000)
+    try:
+
+        def n1_knows_no_leader() -> bool:
+            status = d.status("n1")
+            return status is not None and not status.meta.leader
+
+        wait_for(n1_knows_no_leader, 60, "n1 to know no metadata leader")
+        with d.admin() as others, d.admin() as admin:
+            others.endpoints[:] = [e for e in others.endpoints if not e.startswith(n1.address)]
+            admin.endpoints.sort(key=lambda e: not e.startswith(n1.address))
+            assert others.grant(grant, wait=False)
+            fresh = admin.read()
+            assert grant in admin.acl().grants
+            assert admin.read(linearizable=False).version < fresh.version  # n1's view
+            assert admin.revoke_grant(grant, wait=False)  # read, then compare-and-set
+            assert grant not in admin.acl().grants
+    finally:
+        d.lab.heal(n1)
+    with d.admin() as admin:
+        admin.endpoints.sort(key=lambda e: not e.startswith(n1.address))
+        version = admin.read().version
+        wait_for(
+            lambda: admin.read(linearizable=False).version >= version,
+            60,
+            "n1's view to catch up",
+        )
+
+
 def test_a_fourth_host_joins_and_a_migration_survives_a_partitioned_metadata_voter(
     d: Deployment,
 ) -> None:

@@ -4,7 +4,7 @@ and waits for the nodes to converge on a change.
 
     admin = ClusterAdmin(["10.0.0.1:7001"], token, tls=TLS.from_files(ca="ca.pem"))
     admin = ClusterAdmin.from_config(ClientConfig.load(Path("bundles/client.toml")))
-    meta = admin.read()                                  # spec + records + version
+    meta = admin.read()                                  # spec + records + version, current
     admin.save(meta, meta.spec.with_node(node))          # refused if it changed meanwhile
 
 Two operators changing the cluster at once cannot both win: each write names the
@@ -145,11 +145,15 @@ class ClusterAdmin:
 
     # ---- metadata ------------------------------------------------------------------
 
-    def read(self) -> ClusterMeta:
-        response: pb.MetaReadResponse = self.any_node(
-            lambda s: s.MetaRead(
-                pb.MetaReadRequest(), metadata=self.metadata, timeout=self.timeout_s
-            )
+    def read(self, *, linearizable: bool = True) -> ClusterMeta:
+        """The cluster's metadata, with every change committed before the call (a
+        round through the metadata group: a node just back from a partition answers
+        with what it missed, so a compare-and-set based on it is not refused for a
+        stale version). `linearizable=False`: the answering node's view, which may lag,
+        and is there while the group has no quorum (for showing, not for changing)."""
+        request = pb.MetaReadRequest(linearizable=linearizable)
+        response: pb.MetaReadResponse = self._while_leaderless(
+            lambda s: s.MetaRead(request, metadata=self.metadata, timeout=self.timeout_s)
         )
         genesis = ClusterSpec.from_json(response.genesis, "the cluster's genesis")
         records = {r.key: (r.value, r.version) for r in response.records}
@@ -189,25 +193,37 @@ class ClusterAdmin:
         """MetaWrite, retried while the metadata group has no leader (a refusal that
         changed nothing) for up to `WRITE_RETRY_S`. After an outcome left unknown, the
         metadata is read again: a write that landed is taken as done."""
-        deadline = time.monotonic() + WRITE_RETRY_S
         request = pb.MetaWriteRequest(ops=ops)
+        try:
+            answer: pb.MetaWriteResponse = self._while_leaderless(
+                lambda s: s.MetaWrite(request, metadata=self.metadata, timeout=self.timeout_s)
+            )
+            return answer
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                return self._conflict_or_done(new)
+            raise
+        except Unreachable as exc:
+            if "outcome is unknown" in str(exc):
+                landed = self.read()
+                if landed.spec == new:
+                    return pb.MetaWriteResponse(version=landed.version)
+            raise  # not (yet) made: say so, with each node's answer
+
+    def _while_leaderless(self, call: Callable[[pb_grpc.SevenDBStub], T]) -> T:
+        """`any_node(call)`, retried while the metadata group has no leader (a refusal
+        that changed nothing) for up to `WRITE_RETRY_S`."""
+        deadline = time.monotonic() + WRITE_RETRY_S
         while True:
             try:
-                answer: pb.MetaWriteResponse = self.any_node(
-                    lambda s: s.MetaWrite(request, metadata=self.metadata, timeout=self.timeout_s)
-                )
-                return answer
-            except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                    return self._conflict_or_done(new)
-                raise
+                return self.any_node(call)
             except Unreachable as exc:
-                if "outcome is unknown" in str(exc):
-                    landed = self.read()
-                    if landed.spec == new:
-                        return pb.MetaWriteResponse(version=landed.version)
-                    raise  # not (yet) made: say so, with each node's answer
-                if "nothing was changed" not in str(exc) or time.monotonic() > deadline:
+                said = str(exc)
+                if (
+                    "nothing was changed" not in said
+                    or "outcome is unknown" in said
+                    or time.monotonic() > deadline
+                ):
                     raise
                 self.progress("  the metadata group has no leader yet; retrying")
                 time.sleep(0.5)

@@ -272,7 +272,7 @@ def _all_nodes(args: argparse.Namespace) -> list[str]:
     endpoints = _endpoints(args)
     try:
         with _admin(args) as admin:
-            return [n.grpc_address for n in admin.read().spec.nodes]
+            return [n.grpc_address for n in admin.read(linearizable=False).spec.nodes]
     except ConfigError:
         return endpoints
 
@@ -352,7 +352,7 @@ def _migrations(args: argparse.Namespace) -> list[MigrationSpec]:
 
     try:
         with _admin(args) as admin:
-            return list(admin.read().spec.migrations)
+            return list(admin.read(linearizable=False).spec.migrations)
     except ConfigError:
         return []  # no node answers: the buckets' lines say so
 

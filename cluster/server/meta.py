@@ -32,8 +32,17 @@ from sevendb.cluster.common.files import fsync_dir, write_synced
 from sevendb.cluster.common.meta import overlay
 from sevendb.cluster.common.topology import ClusterSpec, ConfigError
 from sevendb.cluster.raft.replica import BucketReplica, RaftLoop, RaftTuning
-from sevendb.outbox.entries import Expected, ExpectKind, Op, OpKind, Write, encode_entry
-from sevendb.outbox.model import WriteResult
+from sevendb.outbox.entries import (
+    Entry,
+    Expected,
+    ExpectKind,
+    Op,
+    OpKind,
+    OutboxPurge,
+    Write,
+    encode_entry,
+)
+from sevendb.outbox.model import Applied, WriteResult
 from sevendb.outbox.replica import ReplicaUnavailable
 from sevendb.outbox.state import BucketStateMachine
 from sevendb.proto import sevendb_pb2 as pb
@@ -214,19 +223,29 @@ class MetaMember:
         nothing, when this member knows no leader or reaches no majority (pysyncobj
         would queue the proposal until a leader appears, so a change refused for want
         of a quorum would commit once the group heals)."""
+        applied, index = self._commit(Write(tuple(ops), now_ms=now_ms))
+        result = applied.result
+        assert isinstance(result, WriteResult)
+        return result, index
+
+    def barrier(self, now_ms: int) -> int:
+        """Commit an empty entry through the group (blocking): once this returns,
+        this member has applied every write committed before the call. The entry's
+        index; ReplicaUnavailable as for `write`."""
+        lease_index = self.replica.read(lambda sm: sm.lease_index)
+        return self._commit(OutboxPurge(lease_index, now_ms=now_ms))[1]
+
+    def _commit(self, entry: Entry) -> tuple[Applied, int]:
         connectivity = self.replica.connectivity()
         if not connectivity.quorum or not connectivity.leader:
             raise ReplicaUnavailable(
                 "the metadata group has no leader this voter reaches; nothing was changed",
                 reason="no_quorum",
             )
-        outcome = self.replica.propose(encode_entry(Write(tuple(ops), now_ms=now_ms)))
-        applied = outcome.applied
-        if outcome.error is not None or applied is None:
+        outcome = self.replica.propose(encode_entry(entry))
+        if outcome.error is not None or outcome.applied is None:
             raise ConfigError(f"metadata write refused: {outcome.error}")
-        result = applied.result
-        assert isinstance(result, WriteResult)
-        return result, outcome.commit_index
+        return outcome.applied, outcome.commit_index
 
     def close(self) -> None:
         self.replica.close()

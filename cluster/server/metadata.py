@@ -7,9 +7,10 @@ and `MintToken` (admin: a token minted with the keys in force)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Final
+from typing import Final, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 from grpc import aio
 
 from sevendb.cluster.common.acl import ACL_PREFIX, AclError, check_record
@@ -30,6 +31,8 @@ from sevendb.proto import sevendb_pb2 as pb
 
 WAIT_MS_MAX: Final = 30_000
 
+Res = TypeVar("Res", bound=Message)
+
 
 class Metadata:
     """The metadata handlers of one node."""
@@ -40,7 +43,21 @@ class Metadata:
     async def meta_read(self, request: pb.MetaReadRequest, call: Call) -> pb.MetaReadResponse:
         view = self._edge.node.view
         wait_s = min(request.wait_ms, WAIT_MS_MAX) / 1000
-        state = view.state
+        if request.linearizable:
+            member: MetaMember | None = self._edge.node.meta
+            if member is None:
+                return await self._forward(call, request, pb.MetaReadResponse)
+            try:
+                index = await asyncio.to_thread(member.barrier, now_ms())
+            except ReplicaUnavailable as exc:
+                raise Failure(
+                    grpc.StatusCode.UNAVAILABLE, f"the metadata group cannot commit now: {exc}"
+                ) from None
+            state = view.state
+            if state.version < index:  # applied here, the view not offered it yet
+                state = await asyncio.to_thread(view.wait_newer, index - 1, WAIT_MS_MAX / 1000)
+        else:
+            state = view.state
         if request.after_version and state.version <= request.after_version and wait_s > 0:
             state = await asyncio.to_thread(view.wait_newer, request.after_version, wait_s)
         everything = call.principal in PRIVILEGED or call.admin
@@ -58,7 +75,7 @@ class Metadata:
         require_admin(call)
         member: MetaMember | None = self._edge.node.meta
         if member is None:
-            return await self._forward(call, request)
+            return await self._forward(call, request, pb.MetaWriteResponse)
         try:
             for op in request.ops:
                 if op.key.startswith(ACL_PREFIX):
@@ -87,7 +104,10 @@ class Metadata:
             raise Failure.rejected(result.error)
         return pb.MetaWriteResponse(version=index)
 
-    async def _forward(self, call: Call, request: pb.MetaWriteRequest) -> pb.MetaWriteResponse:
+    async def _forward(self, call: Call, request: Message, reply: type[Res]) -> Res:
+        """The request (MetaWrite, or a linearizable MetaRead) on the first voter that
+        can serve it."""
+        method = reply.__name__.removesuffix("Response")
         edge = self._edge
         if any(k == FORWARD_KEY for k, _ in call.metadata):
             raise Failure(grpc.StatusCode.UNAVAILABLE, "forwarded to a node that is no voter")
@@ -95,9 +115,10 @@ class Metadata:
         for voter in edge.spec.meta_voters:
             forwarded = ((FORWARD_KEY, edge.node_id), *edge.auth_of(call))
             try:
-                answer: pb.MetaWriteResponse = await edge.stub(voter.grpc_address).MetaWrite(
+                answer = await getattr(edge.stub(voter.grpc_address), method)(
                     request, timeout=FORWARD_TIMEOUT_S, metadata=forwarded
                 )
+                assert isinstance(answer, reply)
                 return answer
             except aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
@@ -105,7 +126,7 @@ class Metadata:
                 errors.append(f"{voter.node_id}: {exc.details()}")
         raise Failure(
             grpc.StatusCode.UNAVAILABLE,
-            "no metadata voter could commit the write: " + "; ".join(errors),
+            f"no metadata voter could serve {method}: " + "; ".join(errors),
         )
 
     async def join_bundle(self, request: pb.JoinBundleRequest, call: Call) -> pb.JoinBundleResponse:
