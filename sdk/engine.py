@@ -78,7 +78,25 @@ class Engine:
     def _run(self) -> None:
         name_os_thread()  # `sevendb-sdk` in top -H and ps -L, too
         asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
+        try:
+            self.loop.run_forever()
+        finally:
+            self._finish()
+
+    def _finish(self) -> None:
+        """As `asyncio.run` ends: the tasks still pending are cancelled and run to
+        their end, then the loop is closed. (Left in the stopped loop's queue, they
+        kept their calls, and a call keeps its channel's connection open, on the
+        node too: each closed client left one per node until the garbage collector
+        found the cycle.)"""
+        loop = self.loop
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
 
     @property
     def threaded(self) -> bool:

@@ -134,8 +134,10 @@ class _Session:
         self._ids = itertools.count(1)
         self._requests: asyncio.Queue[pb.SessionRequest] = asyncio.Queue()
         loop = engine.loop
-        self._reader = loop.create_task(self._read())
-        self._writer = loop.create_task(self._write())
+        self._reader: asyncio.Task[None] | None = loop.create_task(self._read())
+        self._writer: asyncio.Task[None] | None = loop.create_task(self._write())
+        self._reader.add_done_callback(self._release)
+        self._writer.add_done_callback(self._release)
 
     def open(self, request: pb.SessionRequest) -> SessionStream:
         stream = SessionStream(next(self._ids), self.close_stream)
@@ -170,7 +172,7 @@ class _Session:
                     else:
                         stream._put(item.message)
         except aio.AioRpcError as exc:
-            error = exc
+            error = _copy(exc)  # not `exc`: its traceback holds this frame, and the call
         except asyncio.CancelledError:
             error = aio.AioRpcError(
                 grpc.StatusCode.CANCELLED, aio.Metadata(), aio.Metadata(), "session closed"
@@ -178,6 +180,7 @@ class _Session:
             raise
         finally:
             self.closed = True
+            assert self._writer is not None
             self._writer.cancel()
             self._call.cancel()
             streams, self._streams = self._streams, {}
@@ -185,6 +188,16 @@ class _Session:
                 # An error of its own each: one raised in thousands of tasks would
                 # collect all their tracebacks.
                 stream._put(aio.EOF if error is None else _copy(error))
+
+    def _release(self, _: object) -> None:
+        """Once both tasks are over: let go of the call and of the tasks (whose
+        exceptions' tracebacks hold the call too). A call keeps its channel's
+        connection open, on the node too, for as long as it exists: a closed client
+        held one per node until the garbage collector found the cycles."""
+        reader, writer = self._reader, self._writer
+        if reader is not None and writer is not None and reader.done() and writer.done():
+            self._reader = self._writer = None
+            del self._call
 
 
 class Sessions:

@@ -598,6 +598,9 @@ class WritePipeline(Generic[T]):
             )
             raise
         finally:
+            # Not held by the stream: the task's exception's traceback holds this frame,
+            # and the call with it (a call keeps its connection open on both ends).
+            stream.reader = None
             if self._streams.get(target) is stream:
                 del self._streams[target]
             for answer in stream.waiting.values():
