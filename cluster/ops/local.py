@@ -370,12 +370,14 @@ def node_status(
 
 
 def local_spec(data_dir: Path, timeout_s: float = 10.0) -> ClusterSpec:
-    """The local cluster's current spec, read from any of its nodes (waits for one)."""
+    """The local cluster's current spec, read from any of its nodes (waits for one):
+    that node's view, which answers while the metadata group has no majority (what
+    finds the nodes, never what a change is based on)."""
     deadline = time.monotonic() + timeout_s
     with local_admin(data_dir) as admin:
         while True:
             try:
-                return admin.read().spec
+                return admin.read(linearizable=False).spec
             except (Unreachable, grpc.RpcError):
                 if time.monotonic() > deadline:
                     raise
