@@ -488,6 +488,7 @@ class Node:
                 ("grpc.max_send_message_length", GRPC_MESSAGE_BYTES_MAX),
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_concurrent_streams", 100_000),
+                *self.config.server.grpc_options(),
             ]
         )
         self.service.serve_on(server)

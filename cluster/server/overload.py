@@ -48,6 +48,15 @@ class ServerLimits:
     refused OVERLOADED."""
     overloaded_retry_after_ms: int = 100
     """The retry-after a full batcher advises."""
+    keepalive_ms: int = 60_000
+    """A client connection with a call open is pinged after this long without
+    traffic (gRPC keepalive): a client that vanished without closing (its host off,
+    the network cut) is found, and its connection closed, its streams ended."""
+    keepalive_timeout_ms: int = 20_000
+    """How long a ping may go unanswered before the connection is closed."""
+    connection_idle_ms: int = 600_000
+    """A client connection with no call open this long is closed (GOAWAY; a client
+    connects again on its next call)."""
 
     def __post_init__(self) -> None:
         if min(self.principal_writes_per_s, self.principal_write_bytes_per_s) < 0:
@@ -62,6 +71,18 @@ class ServerLimits:
             raise ValueError("batcher_writes_max and batcher_bytes_max must be >= 1")
         if self.overloaded_retry_after_ms < 1:
             raise ValueError("overloaded_retry_after_ms must be >= 1")
+        if min(self.keepalive_ms, self.keepalive_timeout_ms, self.connection_idle_ms) < 1000:
+            raise ValueError(
+                "keepalive_ms, keepalive_timeout_ms and connection_idle_ms must be >= 1000"
+            )
+
+    def grpc_options(self) -> list[tuple[str, int]]:
+        """The gRPC server's connection settings for these limits."""
+        return [
+            ("grpc.keepalive_time_ms", self.keepalive_ms),
+            ("grpc.keepalive_timeout_ms", self.keepalive_timeout_ms),
+            ("grpc.max_connection_idle_ms", self.connection_idle_ms),
+        ]
 
 
 class _Allowance:
