@@ -81,7 +81,12 @@ class ServerLimits:
         return [
             ("grpc.keepalive_time_ms", self.keepalive_ms),
             ("grpc.keepalive_timeout_ms", self.keepalive_timeout_ms),
+            # gRPC closes the connection on a ping's own timeout, not keepalive's.
+            ("grpc.http2.ping_timeout_ms", self.keepalive_timeout_ms),
             ("grpc.max_connection_idle_ms", self.connection_idle_ms),
+            # Ping an idle stream's connection for as long as it lasts (gRPC's default
+            # stops after 2 pings without data).
+            ("grpc.http2.max_pings_without_data", 0),
         ]
 
 
