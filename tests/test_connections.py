@@ -51,8 +51,13 @@ def _connections_to(ports: set[int], pid: int | str = "self") -> int:
     return count
 
 
+def _ports(cluster: LocalCluster) -> set[int]:
+    """The cluster's client ports."""
+    return {int(n.grpc_address.rsplit(":", 1)[1]) for n in cluster.spec.nodes}
+
+
 def test_a_closed_client_leaves_no_connection_open(shared_cluster: LocalCluster) -> None:
-    ports = {int(n.grpc_address.rsplit(":", 1)[1]) for n in shared_cluster.spec.nodes}
+    ports = _ports(shared_cluster)
     before = _connections_to(ports)
     gc.disable()  # what is freed must be freed by closing, not by a collection
     try:
@@ -76,7 +81,7 @@ def test_a_closed_client_leaves_no_connection_open(shared_cluster: LocalCluster)
 
 def test_a_closed_async_client_leaves_no_connection_open(shared_cluster: LocalCluster) -> None:
     """The same for an `AsyncClient`, whose loop is the application's and goes on."""
-    ports = {int(n.grpc_address.rsplit(":", 1)[1]) for n in shared_cluster.spec.nodes}
+    ports = _ports(shared_cluster)
     endpoints = [n.grpc_address for n in shared_cluster.spec.nodes]
     before = _connections_to(ports)
 
@@ -125,7 +130,7 @@ def test_a_hung_subscribers_connection_is_closed_by_the_node(strict: LocalCluste
     """A subscriber process stopped (SIGSTOP: its kernel still answers TCP, it does
     not answer gRPC's pings) has its connection closed by the node, within about
     keepalive_ms + keepalive_timeout_ms; before, it stayed open for good."""
-    ports = {int(n.grpc_address.rsplit(":", 1)[1]) for n in strict.spec.nodes}
+    ports = _ports(strict)
     subscriber = subprocess.Popen(
         [
             sys.executable,
@@ -160,7 +165,7 @@ def test_an_idle_connection_is_closed_and_the_next_call_connects_again(
     strict: LocalCluster,
 ) -> None:
     address = strict.spec.nodes[0].grpc_address
-    ports = {int(address.rsplit(":", 1)[1])}
+    ports = _ports(strict)  # its one node
     with strict.admin() as admin:
         assert admin.status(address) is not None
         assert _connections_to(ports) >= 1
