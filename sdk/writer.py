@@ -1,9 +1,10 @@
 """Client-side write batching: concurrent writes share `WriteMany` requests.
 
-A gRPC call costs a node more CPU than replicating a write, so every write waiting
-while a request is in flight to a node goes out in the next request to it (up to
-`batch_writes_max`); a second request leaves meanwhile only with
-`pipeline_min_writes` waiting, since the answer in flight usually brings more.
+A write leaves at once while fewer than `eager_calls` requests are in flight to its
+node: under light load nothing waits. Beyond that, since a gRPC call costs a node
+more CPU than replicating a write, every write waiting goes out in the next request
+(up to `batch_writes_max`) once an answer comes back; another request leaves
+meanwhile only with `pipeline_min_writes` waiting.
 Requests travel on one long-lived `WriteStream` per node and are answered by id; one
 unanswered after `call_timeout_s`, or on a stream that breaks, fails like a call
 (its writes are retried). The figures behind these choices: docs/performance.md
@@ -77,8 +78,11 @@ BATCH_WRITES_MAX: Final = 512
 BATCH_BYTES_MAX: Final = 3 * 1024 * 1024
 """Below the node's 4 MiB message limit."""
 CALLS_IN_FLIGHT: Final = 4
+EAGER_CALLS: Final = 2
+"""Requests in flight to a node below which a write leaves at once."""
 PIPELINE_MIN_WRITES: Final = 64
-"""A request leaves while another is in flight to the node only with this many writes."""
+"""A request leaves while `EAGER_CALLS` are in flight to the node only with this many
+writes."""
 QUEUE_WRITES_MAX: Final = 20_000
 QUEUE_BYTES_MAX: Final = 64 * 1024 * 1024
 QUEUE_WAIT_S: Final = 10.0
@@ -182,6 +186,7 @@ class WritePipeline(Generic[T]):
         backoff_max_s: float,
         batch_writes_max: int = BATCH_WRITES_MAX,
         calls_in_flight: int = CALLS_IN_FLIGHT,
+        eager_calls: int = EAGER_CALLS,
         pipeline_min_writes: int = PIPELINE_MIN_WRITES,
         max_writes: int = QUEUE_WRITES_MAX,
         max_bytes: int = QUEUE_BYTES_MAX,
@@ -197,6 +202,7 @@ class WritePipeline(Generic[T]):
         self._backoff_max_s = backoff_max_s
         self._batch_max = batch_writes_max
         self._calls_max = calls_in_flight
+        self._eager_calls = eager_calls
         self._pipeline_min = pipeline_min_writes
         self._wait_s = wait_s
         self._window = sequences_in_flight
@@ -540,8 +546,8 @@ class WritePipeline(Generic[T]):
     def _kick(self, target: str) -> None:
         queue = self._queues.get(target)
         while queue and (calls := self._calls.get(target, 0)) < self._calls_max:
-            if calls and len(queue) < self._pipeline_min:
-                break  # wait for the answer in flight: it brings more writes to join these
+            if calls >= self._eager_calls and len(queue) < self._pipeline_min:
+                break  # wait for an answer in flight: it brings more writes to join these
             batch: list[_Pending] = []
             size = 0
             while queue and len(batch) < self._batch_max:

@@ -13,7 +13,7 @@ from cluster_harness import LocalCluster, wait_for
 from sevendb.outbox import limits
 from sevendb.outbox.errors import InvalidArgument, PreconditionFailed
 from sevendb.sdk import Client, WriteResult, set_op
-from sevendb.sdk.writer import _Stream
+from sevendb.sdk.writer import EAGER_CALLS, _Stream
 
 pytestmark = pytest.mark.slow
 
@@ -313,28 +313,33 @@ def test_writes_on_a_stream_cancelled_under_them_are_retried(cluster: LocalClust
         assert [client.get(key).value for key in keys[1:]] == [b"v"] * len(results)
 
 
-def test_writes_wait_for_the_request_in_flight_and_then_leave_together(
+def test_writes_leave_at_once_below_eager_calls_and_then_wait_and_leave_together(
     cluster: LocalCluster,
 ) -> None:
-    """While a request to a node is in flight, writes that come in loop turns of
-    their own (fewer than `PIPELINE_MIN_WRITES`) wait for its answer and then leave
-    as one request: with several buckets, a request per turn made Raft entries of a
-    few writes each."""
+    """A write leaves at once while fewer than `EAGER_CALLS` requests are in flight to
+    its node (under light load nothing waits for an answer); beyond that, writes that
+    come in loop turns of their own (fewer than `PIPELINE_MIN_WRITES`) wait for an
+    answer and then leave as one request: with several buckets, a request per turn
+    made Raft entries of a few writes each."""
+    assert EAGER_CALLS == 2
     with cluster.client() as client:
         layout = client.layout()
         keys = [k for k in (f"wait/{i}" for i in range(400)) if layout.bucket_of(k) == 0][:10]
         client.put(keys[0], b"warm")  # the SDK learns bucket 0's leader
         pipeline = client._pipeline()
         calls = pipeline.calls
-        with cluster.paused([cluster.leader_node(0)]):  # the first request stays in flight
+        with cluster.paused([cluster.leader_node(0)]):  # requests stay in flight
             first = client.write_async([set_op(keys[1], b"v")])
             wait_for(lambda: pipeline.calls == calls + 1, 10, "the first request to leave")
+            second = client.write_async([set_op(keys[2], b"v")])
+            wait_for(lambda: pipeline.calls == calls + 2, 10, "the second request to leave")
             later = []
-            for key in keys[2:]:
+            for key in keys[3:]:
                 later.append(client.write_async([set_op(key, b"v")]))
                 wait_for(lambda: not pipeline._inbox, 10, "the loop to take the write")
-            assert pipeline.calls == calls + 1  # the later writes wait
+            assert pipeline.calls == calls + 2  # the later writes wait
         first.result(timeout=10)
+        second.result(timeout=10)
         results = [f.result(timeout=10) for f in later]
-        assert pipeline.calls == calls + 2
+        assert pipeline.calls == calls + 3
         assert len({r.committed.commit_index for r in results}) == 1
