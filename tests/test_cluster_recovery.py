@@ -11,6 +11,7 @@ from cluster_harness import LocalCluster, wait_for
 
 from sevendb.cluster.common.layout import node_dir
 from sevendb.cluster.ops.local import log_file
+from sevendb.cluster.raft.records import read_log
 from sevendb.proto import sevendb_pb2 as pb
 
 pytestmark = pytest.mark.slow
@@ -49,11 +50,12 @@ def test_torn_tail_and_flipped_byte_are_truncated_logged_and_repaired(
         victim = follower_of(cluster, 0)
         cluster.kill9(victim)
         torn = journal(cluster, victim, 0)
-        with open(torn, "ab") as f:
+        with open(torn, "r+b") as f:  # after the last record (zeros may follow it)
+            f.seek(read_log(torn.read_bytes(), torn).end)
             f.write(b"\x00\x00\x01\x00partial-record")  # a write cut short by the crash
         flipped = journal(cluster, victim, 1)
         data = bytearray(flipped.read_bytes())
-        data[-6] ^= 0xFF  # inside the last record: its CRC no longer matches
+        data[read_log(bytes(data), flipped).end - 6] ^= 0xFF  # in the last record: bad CRC
         flipped.write_bytes(bytes(data))
         cluster.restart()
         cluster.wait_converged()

@@ -15,6 +15,7 @@ from cluster_harness import LocalCluster
 from test_emission import Collector
 
 from sevendb.cluster.common.layout import node_dir
+from sevendb.cluster.raft.records import read_log
 from sevendb.sdk.subscription import SubscribeOptions
 
 pytestmark = pytest.mark.slow
@@ -75,4 +76,4 @@ def _sample(cluster: LocalCluster, journals: list[Path]) -> tuple[int, int, int]
         for r in status.replicas:
             commit = max(commit, r.commit_index)
             longest = max(longest, r.log_len)
-    return commit, longest, max(p.stat().st_size for p in journals)
+    return commit, longest, max(read_log(p.read_bytes(), p).end for p in journals)

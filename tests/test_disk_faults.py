@@ -184,9 +184,11 @@ def damage(path: Path, file: str, kind: str) -> bool:
     header."""
     data = path.read_bytes()
     start = 1536 if file == "journal" else 0
-    middle, third = (start + len(data)) // 2, (len(data) - start) // 3
+    # A journal's records end before the zeros preallocated after them.
+    end = _records_end(data) if file == "journal" else len(data)
+    middle, third = (start + end) // 2, (end - start) // 3
     if kind == "torn tail":
-        path.write_bytes(data[: -min(7, len(data) // 2)])
+        path.write_bytes(data[: end - min(7, end // 2)])
     elif kind == "flipped byte":
         flip_byte(path, middle)
     elif kind == "zeroed range":
@@ -211,11 +213,20 @@ def records_of(data: bytes) -> list[tuple[int, bytes]]:
     out = []
     while pos + 4 <= len(data):
         (length,) = _LEN.unpack_from(data, pos)
-        if pos + 8 + length > len(data):
-            break
+        if length == 0 or pos + 8 + length > len(data):
+            break  # zeros: space preallocated past the last record
         out.append((pos, data[pos + 4 : pos + 4 + length]))
         pos += 8 + length
     return out
+
+
+def _records_end(data: bytes) -> int:
+    """Where a journal file's records end."""
+    found = records_of(data)
+    if not found:
+        return 1536
+    offset, body = found[-1]
+    return offset + 8 + len(body)
 
 
 def _outcome(c: LocalCluster, bucket: int, damaged: list[str]) -> str:

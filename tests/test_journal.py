@@ -780,3 +780,101 @@ def test_any_flipped_record_byte_keeps_the_prefix_and_claims_the_rest(
         assert entries_of(j) == entries[:hit]
         assert j.need == (entries[-1][2], entries[-1][1])
         j.close()
+
+
+# ----------------------------------------------------------------- preallocation
+
+CHUNK = 4096
+
+
+def test_a_preallocating_journal_appends_over_zeros_without_growing_the_file(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The file grows a chunk of zeros at a time, not with each append (so an
+    fdatasync of a batch commits no new file size); reopened, the zeros past the
+    last record are unused space: no torn tail, no damage, the space is kept."""
+    entries = make_entries(20)
+    j = DurableJournal(path, preallocate_bytes=CHUNK)
+    j.add(*entries[0])
+    j.sync()
+    size = path.stat().st_size
+    assert size >= record_offsets(entries)[1] + CHUNK
+    for entry in entries[1:]:
+        j.add(*entry)
+        j.sync()
+        assert path.stat().st_size == size
+    os.close(j._fd)  # a crash: the header claims what was durable before the last sync
+    with caplog.at_level(logging.WARNING, logger="sevendb.cluster.raft.journal"):
+        k = DurableJournal(path, preallocate_bytes=CHUNK)
+    assert entries_of(k) == entries
+    assert (k.problems, k.need, caplog.records) == ([], None, [])
+    assert path.stat().st_size == size
+    k.add(b"next", 21, 1)
+    k.close()
+    assert path.stat().st_size == size
+    assert entries_of(DurableJournal(path)) == [*entries, (b"next", 21, 1)]
+
+
+def test_a_preallocating_journal_grows_by_a_chunk_past_a_large_record(path: Path) -> None:
+    j = DurableJournal(path, preallocate_bytes=CHUNK)
+    j.add(b"x" * (3 * CHUNK), 1, 1)
+    j.sync()
+    assert path.stat().st_size == HEADER_SIZE + RECORD_OVERHEAD + 3 * CHUNK + CHUNK
+    j.close()
+    assert entries_of(DurableJournal(path)) == [(b"x" * (3 * CHUNK), 1, 1)]
+
+
+def test_a_torn_record_in_preallocated_space_is_a_torn_tail(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    entries = make_entries(5)
+    j = DurableJournal(path, preallocate_bytes=CHUNK)
+    for entry in entries:
+        j.add(*entry)
+    j.sync()
+    os.close(j._fd)
+    last = record_offsets(entries)[-1]
+    with open(path, "r+b") as f:  # the last record half on disk, zeros after it
+        f.seek(last + RECORD_OVERHEAD // 2)
+        f.write(bytes(RECORD_OVERHEAD))
+    with caplog.at_level(logging.WARNING, logger="sevendb.cluster.raft.journal"):
+        k = DurableJournal(path, preallocate_bytes=CHUNK)
+    assert entries_of(k) == entries[:4]
+    assert (k.problems, k.need) == ([], None)
+    assert "torn tail" in caplog.text
+    assert path.stat().st_size == last  # cut there; the next append preallocates again
+    k.add(*entries[4])
+    k.close()
+    assert entries_of(DurableJournal(path)) == entries
+
+
+def test_damage_before_preallocated_space_is_still_damage(path: Path) -> None:
+    """Zeros after the records never hide what was acknowledged: a flipped byte
+    below the claim is reported, as without preallocation."""
+    entries = make_entries(5)
+    j = DurableJournal(path, preallocate_bytes=CHUNK)
+    for entry in entries:
+        j.add(*entry)
+    j.close()  # all five acknowledged
+    flip(path, record_offsets(entries)[2] + RECORD_OVERHEAD)
+    k = DurableJournal(path, preallocate_bytes=CHUNK)
+    assert entries_of(k) == entries[:2]
+    assert k.need == (1, 5)
+    assert len(k.problems) == 1 and "lost acknowledged entries" in k.problems[0]
+
+
+def test_zeros_over_acknowledged_records_are_a_loss_not_preallocated_space(path: Path) -> None:
+    entries = make_entries(5)
+    fill(path, entries)
+    with open(path, "r+b") as f:  # the last two records' blocks lost as zeros
+        f.seek(record_offsets(entries)[3])
+        f.write(bytes(4 * CHUNK))
+    k = DurableJournal(path)
+    assert entries_of(k) == entries[:3]
+    assert k.need == (1, 5)
+    assert len(k.problems) == 1 and "lost acknowledged entries" in k.problems[0]
+
+
+def test_preallocate_bytes_must_not_be_negative(path: Path) -> None:
+    with pytest.raises(ValueError, match="preallocate_bytes"):
+        DurableJournal(path, preallocate_bytes=-1)

@@ -191,12 +191,19 @@ class DurableJournal:
 
     :param path: the log file. The term/vote record is ``<path>.state``, the
         commit-index hint ``<path>.commit``.
+    :param preallocate_bytes: when appends reach the end of the file, extend it by
+        this many zero bytes at once (0: the file grows with each append). An
+        ``fdatasync`` of records written over zeros already on disk writes the data
+        only, not the file's size and block map as well (docs/raft.md, "Files").
     """
 
     _disk_class: type[_Disk] = _Disk
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, preallocate_bytes: int = 0) -> None:
+        if preallocate_bytes < 0:
+            raise ValueError(f"preallocate_bytes must be >= 0, not {preallocate_bytes}")
         self.path = Path(path)
+        self._preallocate = preallocate_bytes
         self._disk = self._disk_class()
         self.disk_stats = self._disk.stats
         """Its fsync durations and bytes written (`DiskStats`)."""
@@ -206,6 +213,8 @@ class DurableJournal:
         # truncate without re-reading the file.
         self._offsets: array[int] = array("Q")
         self._end = HEADER_V2
+        self._allocated = HEADER_V2
+        """The file's size: zeros from `_end` on (preallocated)."""
         self.durable_len = 0
         """How many of the entries (counted from position 0) are known to be on disk."""
         self.pending = False
@@ -270,7 +279,7 @@ class DurableJournal:
         self._disk.fsync(self._fd)
         del self._entries[keep:]
         del self._offsets[keep:]
-        self._end = offset
+        self._end = self._allocated = offset
         self.durable_len = len(self._entries)
         self.pending = False
 
@@ -295,17 +304,27 @@ class DurableJournal:
             )
         record = encode_record(data, idx, term)
         try:
+            if self._end + len(record) > self._allocated and self._preallocate:
+                self._extend(self._end + len(record) + self._preallocate)
             pwrite_all(self._fd, record, self._end)
         except OSError:
             # Do not leave a partial record for the next append to land behind.
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, self._end)
+            self._allocated = max(self._end, HEADER_V2)
             raise
         self._entries.append((data, idx, term))
         self._offsets.append(self._end)
         self._end += len(record)
         self.disk_stats.bytes_written += len(record)
         self.pending = True
+
+    def _extend(self, size: int) -> None:
+        """Zero-fill the file up to `size` (made durable by the next `sync`)."""
+        zeros = bytes(size - self._allocated)
+        pwrite_all(self._fd, zeros, self._allocated)
+        self.disk_stats.bytes_written += len(zeros)
+        self._allocated = size
 
     def clear(self) -> None:
         """Drop every entry (pysyncobj does this before installing a snapshot)."""
@@ -358,7 +377,7 @@ class DurableJournal:
         self._slot = slot
         self._entries = kept
         self._offsets = offsets
-        self._end = pos
+        self._end = self._allocated = pos
         self.durable_len = len(kept)
         self.pending = False
 
@@ -546,6 +565,7 @@ def _open_log(journal: DurableJournal) -> None:
     journal.durable_len = len(image.entries)
     if image.version == FORMAT_VERSION and image.slot is not None and len(data) >= HEADER_V2:
         journal._slot, journal._end = image.slot, image.end
+        journal._allocated = len(data) if image.stop is None else image.end
         # What the page cache held from before a crash is on disk before the header
         # claims it.
         journal._disk.fsync(journal._fd)

@@ -174,6 +174,8 @@ def read_log(data: bytes, path: object) -> LogImage:
         valid = [s for s in slots if s is not None]
         image = LogImage(2, max(valid, key=lambda s: s.seq) if valid else None)
     image.end, image.stop = _scan(data, image.end, image.entries, image.offsets)
+    if image.stop is not None and data.count(0, image.end) == len(data) - image.end:
+        image.stop = None  # zeros past the last record: space preallocated, not damage
     if image.stop is not None:
         image.valid_after = _last_valid_after(data, image.end, image.last)
     return image

@@ -662,7 +662,9 @@ class BucketReplica:
         """Open the journal and judge, with the snapshot, what damage the files show
         (docs/raft.md, "Disk faults"): a snapshot the journal needs but cannot be read
         costs the whole log, which the leader then sends again."""
-        journal = FailStopJournal(self._data_dir / JOURNAL_FILE)
+        journal = FailStopJournal(
+            self._data_dir / JOURNAL_FILE, preallocate_bytes=self._tuning.journal_preallocate_bytes
+        )
         problems, need = list(journal.problems), journal.need
         first = journal[0][1] if len(journal) else None
         last = (journal[-1][2], journal[-1][1]) if len(journal) else NOTHING

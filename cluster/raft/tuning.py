@@ -87,6 +87,10 @@ class RaftTuning:
     at a time, a majority of the group is never slowed by its own snapshot. 0: all
     at once, as pysyncobj does."""
     snapshot_chunk_bytes: int = 64 * 1024
+    journal_preallocate_bytes: int = 1024 * 1024
+    """The journal grows by this many zero bytes at a time instead of with each
+    append, so that the fdatasync of a batch writes its records only, not the file's
+    new size too (docs/raft.md, "Files"). 0: it grows with each append."""
     commands_queue_size: int = 100_000
     stall_window_ms: int = limits.STALL_WINDOW_MS_DEFAULT
     """Passed to ``safety_point``: subscribers silent longer no longer hold compaction."""
@@ -127,6 +131,8 @@ class RaftTuning:
             raise ValueError("follower flow-control bounds must be positive")
         if self.append_batch_bytes <= 0 or self.snapshot_chunk_bytes <= 0:
             raise ValueError("batch sizes must be positive")
+        if self.journal_preallocate_bytes < 0:
+            raise ValueError("journal_preallocate_bytes must be >= 0")
         if self.bind_retries < 1 or self.bind_retry_s <= 0:
             raise ValueError("bind_retries >= 1 and bind_retry_s > 0")
 

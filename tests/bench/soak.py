@@ -38,6 +38,7 @@ gap or duplicate. Exit status 0 only if all of that holds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -64,6 +65,7 @@ from sevendb.cluster.ops.local import (
     start_node,
     stop_nodes,
 )
+from sevendb.cluster.raft.records import HEADER_V2, read_log
 from sevendb.sdk import TLS, Client, Event, SevenDBError, SubscribeOptions
 from sevendb.sdk.subscription import AckMode
 
@@ -223,9 +225,16 @@ def _rss_mb(pid: int) -> float:
 
 
 def _disk_kb(node_home: Path) -> float:
+    """A node's Raft files: snapshots, the journals' side files, and what its journals
+    hold up to their last record (not the zeros preallocated after it: at most
+    `RaftTuning.journal_preallocate_bytes` per journal, a fixed amount)."""
     total = 0
-    for pattern in ("*/raft.journal*", "*/snapshot.bin"):
+    for pattern in ("*/raft.journal?*", "*/snapshot.bin"):
         total += sum(p.stat().st_size for p in node_home.glob(pattern) if p.is_file())
+    for journal in node_home.glob("*/raft.journal"):
+        with contextlib.suppress(OSError):  # gone: replaced by a compaction
+            data = journal.read_bytes()
+            total += read_log(data, journal).end if len(data) >= HEADER_V2 else len(data)
     return total / 1024
 
 
