@@ -202,6 +202,7 @@ def test_write_stream_answers_each_request_by_id_and_survives_a_bad_one(
     from sevendb.proto import sevendb_pb2 as pb
     from sevendb.proto import sevendb_pb2_grpc as pb_grpc
 
+    cluster.wait_settled()  # a fresh cluster hands leadership over ~2 s after start
     channel = cluster.channel(cluster.spec.nodes[0].grpc_address)
     stub = pb_grpc.SevenDBStub(channel)  # type: ignore[no-untyped-call]
     with cluster.client() as client:

@@ -380,6 +380,9 @@ def test_rec02_a_stalled_subscriber_gets_stale_sequence_after_compaction(
 def test_a_killed_client_process_resumes_from_its_cursor(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
+    # Not while a fresh cluster hands leadership and leases over (~2 s after start):
+    # in CI a run that overlapped it missed the first two writes, not yet explained.
+    cluster.wait_settled()
     cursor, out1, out2 = tmp_path / "c.cursor", tmp_path / "run1.jsonl", tmp_path / "run2.jsonl"
     cmd = [
         sys.executable,
