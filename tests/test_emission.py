@@ -380,9 +380,7 @@ def test_rec02_a_stalled_subscriber_gets_stale_sequence_after_compaction(
 def test_a_killed_client_process_resumes_from_its_cursor(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    # Not while a fresh cluster hands leadership and leases over (~2 s after start):
-    # in CI a run that overlapped it missed the first two writes, not yet explained.
-    cluster.wait_settled()
+    cluster.wait_settled()  # a fresh cluster hands leadership over ~2 s after start
     cursor, out1, out2 = tmp_path / "c.cursor", tmp_path / "run1.jsonl", tmp_path / "run2.jsonl"
     cmd = [
         sys.executable,
@@ -399,7 +397,18 @@ def test_a_killed_client_process_resumes_from_its_cursor(
         writer = Writer(client, "k/")
         with open(out1, "w") as f:
             first = subprocess.Popen(cmd, stdout=f, stderr=subprocess.DEVNULL)
-        wait_for(lambda: cursor.exists(), 30, "the subscriber to save its cursor")
+        buckets = client.layout().buckets
+
+        def subscribed() -> bool:
+            """The cursor file names each bucket's subscription before the server
+            hears of it, and its start once subscribed: writes before that are not
+            the subscription's (a run in CI wrote two of them in between)."""
+            if not cursor.exists():
+                return False
+            cursors = json.loads(cursor.read_text())["cursors"]
+            return len(cursors) == buckets and all(c["position"] for c in cursors)
+
+        wait_for(subscribed, 30, "the subscriber to be subscribed in every bucket")
         writer.write(50, pause_s=0.002)
         wait_for(lambda: out1.read_text().count("\n") >= 20, 30, "some events printed")
         os.kill(first.pid, signal.SIGKILL)  # mid-stream
