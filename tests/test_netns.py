@@ -225,7 +225,10 @@ def acked(d: Deployment, name: str) -> list[str]:
 
 
 def events(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    """The events the subscriber has printed so far: whole lines only (it may be in
+    the middle of writing the last one)."""
+    lines = out.read_text().split("\n")[:-1] if out.exists() else []
+    return [json.loads(line) for line in lines if line]
 
 
 def check_delivery(d: Deployment, out: Path, name: str) -> None:
