@@ -311,7 +311,7 @@ class DurableJournal:
             # Do not leave a partial record for the next append to land behind.
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, self._end)
-            self._allocated = max(self._end, HEADER_V2)
+            self._allocated = self._end
             raise
         self._entries.append((data, idx, term))
         self._offsets.append(self._end)
@@ -565,7 +565,7 @@ def _open_log(journal: DurableJournal) -> None:
     journal.durable_len = len(image.entries)
     if image.version == FORMAT_VERSION and image.slot is not None and len(data) >= HEADER_V2:
         journal._slot, journal._end = image.slot, image.end
-        journal._allocated = len(data) if image.stop is None else image.end
+        journal._allocated = len(data)  # a torn tail's cut below lowers it
         # What the page cache held from before a crash is on disk before the header
         # claims it.
         journal._disk.fsync(journal._fd)
