@@ -77,6 +77,9 @@ def own_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     """A cluster of the test's own (it retires the key the harness mints with)."""
     cluster = LocalCluster.start(tmp_path / "data", buckets=1)
     try:
+        # A Get during the fresh cluster's hand-over is UNAVAILABLE (the SDK retries it;
+        # the raw stubs here do not): in CI one landed in it.
+        cluster.wait_settled()
         yield cluster
     finally:
         cluster.stop()
