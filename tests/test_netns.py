@@ -100,6 +100,7 @@ class Deployment:
         """Every replica of every bucket applied the same log to the same digest (what
         is not yet is kept in `self.not_converged`, for the failure message)."""
         per_bucket: dict[int, dict[str, tuple[int, str]]] = {}
+        raft: dict[int, dict[str, str]] = {}
         problems = []
         with self.admin() as admin:
             spec = admin.read().spec
@@ -115,10 +116,16 @@ class Deployment:
                         r.applied_index,
                         r.digest[:8],
                     )
+                    raft.setdefault(r.bucket, {})[node.node_id] = (
+                        f"term {r.term} leader {r.leader or '-'} commit {r.commit_index} "
+                        f"log {r.log_len} connected {sorted(r.connected)}"
+                    )
         for bucket, seen in sorted(per_bucket.items()):
             placed = set(spec.buckets[bucket].nodes)
             if len(set(seen.values())) != 1 or set(seen) != placed:
-                problems.append(f"bucket {bucket} (placed on {sorted(placed)}): {seen}")
+                problems.append(
+                    f"bucket {bucket} (placed on {sorted(placed)}): {seen} (Raft: {raft[bucket]})"
+                )
         self.not_converged = "; ".join(problems)
         return not problems and len(per_bucket) == BUCKETS
 
@@ -126,7 +133,20 @@ class Deployment:
         try:
             wait_for(self.converged, timeout_s, what, 0.5)
         except AssertionError as exc:
-            raise AssertionError(f"{exc}: {self.not_converged}") from None
+            raise AssertionError(f"{exc}: {self.not_converged}{self.warnings()}") from None
+
+    def warnings(self, last: int = 6) -> str:
+        """The last WARNING-or-worse lines of each node's log (a failure's context: CI
+        shows the assertion, not the logs)."""
+        found = []
+        for log in sorted(self.root.glob("n*.log")):
+            lines = [
+                line
+                for line in log.read_text(errors="replace").splitlines()
+                if any(f'"level": "{level}"' in line for level in ("WARNING", "ERROR", "CRITICAL"))
+            ]
+            found += [f"{log.stem}: {_message(line)}" for line in lines[-last:]]
+        return "".join(f"\n  {line}" for line in found)
 
     def leader_of(self, bucket: int) -> str:
         def find() -> str | None:
@@ -139,6 +159,13 @@ class Deployment:
         found = wait_for(find, 60, f"a leader of bucket {bucket}", 0.2)
         assert found is not None
         return found
+
+
+def _message(line: str) -> str:
+    try:
+        return str(json.loads(line)["message"])
+    except (ValueError, KeyError):
+        return line  # a line still being written
 
 
 @pytest.fixture(scope="module")

@@ -17,11 +17,14 @@ keep-alives, and flow control of what a leader sends each follower.
   all of them. A follower with more than `follower_entries_in_flight_max` entries
   sent and not acknowledged, or more than `follower_bytes_buffered_max` bytes waiting
   in the leader's send buffer, gets only a heartbeat until it acknowledges more; the
-  others are served as usual.
+  others are served as usual. A follower that lacks entries and has acknowledged
+  nothing for `follower_stalled_warn_s` is named in a WARNING with what the leader
+  knows of it (its match and next index, the link, the snapshot being sent to it).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -30,6 +33,8 @@ from pysyncobj.monotonic import monotonic as _monotonic
 from .recovery import Recovery
 
 __all__ = ["FollowerFlow", "KeepAlives"]
+
+logger = logging.getLogger(__name__)
 
 
 class KeepAlives:
@@ -55,10 +60,14 @@ class FollowerFlow:
     with flow control (see the module docstring). Counts, per follower, the sends
     it held back (`held`)."""
 
-    def __init__(self, entries_max: int, bytes_max: int) -> None:
+    def __init__(self, entries_max: int, bytes_max: int, bucket: int, stalled_s: float) -> None:
         self.entries_max = entries_max
         self.bytes_max = bytes_max
         self.held: dict[str, int] = {}
+        self._bucket = bucket
+        self._stalled_s = stalled_s
+        self._progress: dict[str, tuple[int, float, float]] = {}
+        """Per follower: (match index, since when, when it may be warned of next)."""
 
     def send_all(self, raft: Any, original: Callable[[Any], None]) -> None:
         """One round of sends from leader `raft` (a `RaftNode`); `original` is
@@ -68,6 +77,7 @@ class FollowerFlow:
         start = _monotonic()
         transport = raft._SyncObj__transport
         for node in list(raft._SyncObj__otherNodes | raft._SyncObj__readonlyNodes):
+            self._watch(raft, node, start)
             if node not in raft._SyncObj__connectedNodes:
                 raft._SyncObj__serializer.cancelTransmisstion(node)
                 continue
@@ -113,6 +123,39 @@ class FollowerFlow:
                 return True
             if _monotonic() - start > raft._SyncObj__conf.appendEntriesPeriod:
                 return True
+
+    def _watch(self, raft: Any, node: Any, now: float) -> None:
+        """Warn when `node` lacks entries and its match index has not moved for
+        `stalled_s` (then at most every `stalled_s`)."""
+        key = str(getattr(node, "id", node))
+        match = int(raft._SyncObj__raftMatchIndex.get(node, 0))
+        log = raft._SyncObj__raftLog
+        seen = self._progress.get(key)
+        if seen is None or seen[0] != match or match >= log[-1][1]:
+            self._progress[key] = (match, now, now + self._stalled_s)
+            return
+        if now < seen[2]:
+            return
+        self._progress[key] = (match, seen[1], now + self._stalled_s)
+        heard = raft._SyncObj__lastResponseTime.get(node)
+        sending = raft._SyncObj__serializer._Serializer__transmissions.get(node)
+        logger.warning(
+            "bucket %d: follower %s has acknowledged nothing for %.0f s (match %d, next %d; "
+            "the leader's log %d..%d; %s; last heard %s; held back %d times; %s)",
+            self._bucket,
+            key,
+            now - seen[1],
+            match,
+            int(raft._SyncObj__raftNextIndex.get(node, 0)),
+            log[0][1],
+            log[-1][1],
+            "connected" if node in raft._SyncObj__connectedNodes else "not connected",
+            "never" if heard is None else f"{now - heard:.1f} s ago",
+            self.held.get(key, 0),
+            "no snapshot being sent"
+            if sending is None
+            else f"snapshot sent up to byte {sending.get('transmitted', 0)}",
+        )
 
     @staticmethod
     def positions(raft: Any, now_ms: int, leader_state: int) -> list[tuple[int, int]]:

@@ -163,7 +163,10 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self._keep_alives = KeepAlives(conf.connectionTimeout / 4)
         tuning = owner._tuning
         self.flow = FollowerFlow(
-            tuning.follower_entries_in_flight_max, tuning.follower_bytes_buffered_max
+            tuning.follower_entries_in_flight_max,
+            tuning.follower_bytes_buffered_max,
+            owner.bucket,
+            tuning.follower_stalled_warn_s,
         )
         self._next_judge_s = 0.0
         self._leader_contact_s = 0.0

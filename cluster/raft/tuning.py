@@ -61,6 +61,10 @@ class RaftTuning:
     memory and sending time from the others; docs/raft.md)."""
     follower_bytes_buffered_max: int = 16 * 1024 * 1024
     """... or while this many bytes for it wait in the leader's send buffer."""
+    follower_stalled_warn_s: float = 10.0
+    """A leader logs a WARNING (at most this often per follower) when a follower that
+    lacks entries has acknowledged nothing for this long, with what the leader knows
+    of it (docs/raft.md, "Flow control")."""
     cold_replica_window_ms: int = 60_000
     """A follower heard from within this long keeps the leader's log from being
     compacted past what it holds (the cold replica checkpoint of docs/contract.md
@@ -129,6 +133,8 @@ class RaftTuning:
             raise ValueError("cold_replica_window_ms must be >= 0")
         if self.follower_entries_in_flight_max < 1 or self.follower_bytes_buffered_max < 1:
             raise ValueError("follower flow-control bounds must be positive")
+        if not self.follower_stalled_warn_s > 0:
+            raise ValueError("follower_stalled_warn_s must be positive")
         if self.append_batch_bytes <= 0 or self.snapshot_chunk_bytes <= 0:
             raise ValueError("batch sizes must be positive")
         if self.journal_preallocate_bytes < 0:
