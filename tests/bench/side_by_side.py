@@ -64,6 +64,7 @@ from peers.clusters import (
 from peers.common import (
     CACHE_DIR,
     CLIENT_CPU_S,
+    SEVENDB_CLIENT_ENV,
     JsonDict,
     WorkerError,
     host_cpu,
@@ -82,6 +83,10 @@ from peers.install import (
 from peers.workloads import INFLIGHTS, LATENCY_RATE, W4_INFLIGHT, WORKLOADS, Context, Options
 
 REPO = Path(__file__).resolve().parents[2]
+SEVENDB_CLIENTS = {
+    "async": "sevendb through its SDK's AsyncClient on the worker's loop",
+    "thread": "sevendb through its SDK's Client (its loop in a thread of its own)",
+}
 DOC = REPO / "docs" / "benchmarks.md"
 CHART = REPO / "docs" / "benchmarks.png"
 
@@ -111,7 +116,10 @@ METHOD = f"""## Method
 * **Clients.** All Python, each in its own process, so client CPU is visible:
   - **etcd:** `grpc.aio` stubs generated at run time from etcd's own .proto files.
   - **NATS:** `nats-py`.
-  - **sevendb:** its SDK, `Client.write_async` and `Client.subscribe`.
+  - **sevendb:** its SDK's `AsyncClient` (`write`, `subscribe`) on the worker's asyncio
+    loop, as the etcd and NATS workers run theirs; `--sevendb-client thread` uses
+    `Client.write_async` and `Client.subscribe` instead, whose loop runs in a thread of
+    its own (every call and every event crosses threads). The Machine table says which.
 
   Writers run N concurrent writes as closed loops, or open loops at a fixed rate. They
   connect to the etcd leader, to the NATS stream leader, or through the SDK, which
@@ -240,7 +248,8 @@ def versions(systems: list[str]) -> JsonDict:
         "etcd": etcd,
         "nats": nats,
         "sevendb": f"{pkg('sevendb')} at {commit or 'unknown commit'}",
-        "clients": f"grpcio {pkg('grpcio')}, protobuf {pkg('protobuf')}, nats-py {pkg('nats-py')}",
+        "clients": f"grpcio {pkg('grpcio')}, protobuf {pkg('protobuf')}, nats-py {pkg('nats-py')}; "
+        + SEVENDB_CLIENTS[os.environ.get(SEVENDB_CLIENT_ENV, "async")],
     }
 
 
@@ -328,6 +337,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--subs", type=int, default=10_000, help="subscriptions in workload 4")
     p.add_argument("--fanout-subs", type=int, default=100, help="subscribers in workload 3")
     p.add_argument("--sevendb-buckets", type=int, default=1)
+    p.add_argument(
+        "--sevendb-client",
+        choices=("async", "thread"),
+        default="async",
+        help="the SDK client of the sevendb workers: AsyncClient on the worker's asyncio loop "
+        "(as the etcd and NATS workers run theirs), or Client (its loop in a thread of its own)",
+    )
     p.add_argument("--etcd-watches-per-stream", type=int, default=1)
     p.add_argument("--no-doc", action="store_true", help="print only; leave docs/ alone")
     p.add_argument(
@@ -360,6 +376,7 @@ def write_outputs(results: JsonDict, no_doc: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    os.environ[SEVENDB_CLIENT_ENV] = args.sevendb_client  # read by the workers it starts
     if args.groups:  # sevendb's consumer groups (etcd has none; NATS's are not driven here)
         from bench_groups import bench
 

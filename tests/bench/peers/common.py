@@ -23,6 +23,9 @@ CACHE_DIR: Final = Path(
     os.environ.get("SEVENDB_BENCH_CACHE", Path.home() / ".cache" / "sevendb-bench")
 )
 VALUE_BYTES: Final = 100
+SEVENDB_CLIENT_ENV: Final = "SEVENDB_BENCH_CLIENT"
+"""Which SDK client the sevendb workers use: "async" (`AsyncClient` on the worker's
+loop, the default) or "thread" (`Client`, its loop in a thread of its own)."""
 SEQ_DIGITS: Final = 12
 CLK_TCK: Final = os.sysconf("SC_CLK_TCK")
 PAGE_KB: Final = os.sysconf("SC_PAGE_SIZE") // 1024

@@ -1,6 +1,6 @@
 """A client process of the side-by-side harness: one writer, or a set of subscriptions,
 of one system (etcd over grpc.aio with stubs generated at run time, NATS JetStream over
-nats-py, sevendb over its SDK).
+nats-py, sevendb over its SDK: `AsyncClient` on the worker's loop, or `Client`).
 
     python -m peers.worker --system etcd|nats|sevendb --role writer|subscriber --conf JSON
 
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
-from peers.common import JsonDict, key_of, pct, rss_kb, seq_of, value_of
+from peers.common import SEVENDB_CLIENT_ENV, JsonDict, key_of, pct, rss_kb, seq_of, value_of
 
 Done = Callable[[bool], None]
 OnEvent = Callable[[int, int, int], None]
@@ -177,29 +177,53 @@ class NatsWriter:
             await self.nc.close()
 
 
+def sevendb_threaded() -> bool:
+    """Whether the sevendb workers use the SDK's `Client` (its loop in a thread of its
+    own: every call and every event crosses threads) rather than `AsyncClient` on
+    the worker's loop, as etcd's grpc.aio and nats-py run (side_by_side.py
+    `--sevendb-client`)."""
+    return os.environ.get(SEVENDB_CLIENT_ENV, "async") == "thread"
+
+
 class SevendbWriter:
-    """`Client.write_async` through the SDK (it coalesces concurrent writes)."""
+    """Writes through the SDK (it coalesces concurrent writes): `AsyncClient.write` on
+    the worker's loop, or `Client.write_async` (`sevendb_threaded`)."""
 
     def __init__(self, conf: JsonDict) -> None:
         self.conf = conf
         self.client: Any = None
+        self.threaded = sevendb_threaded()
 
     async def open(self) -> JsonDict:
-        from sevendb.sdk import Client
+        from sevendb.sdk import AsyncClient, Client
 
-        self.client = Client(self.conf["endpoints"], token=self.conf["token"], tls=None)
-        layout = await asyncio.to_thread(self.client.layout)
+        endpoints, token = self.conf["endpoints"], self.conf["token"]
+        if self.threaded:
+            self.client = Client(endpoints, token=token, tls=None)
+            layout = await asyncio.to_thread(self.client.layout)
+        else:
+            self.client = AsyncClient(endpoints, token=token, tls=None)
+            layout = await self.client.layout()
         return {"buckets": layout.buckets}
 
     def send(self, prefix: str, seq: int, cycle: int, done: Done) -> None:
         from sevendb.sdk import set_op
 
-        future = self.client.write_async([set_op(key_of(prefix, seq, cycle), value_of(seq))])
-        future.add_done_callback(lambda f: done(f.exception() is None))
+        ops = [set_op(key_of(prefix, seq, cycle), value_of(seq))]
+        if self.threaded:
+            future = self.client.write_async(ops)
+            future.add_done_callback(lambda f: done(f.exception() is None))
+        else:
+            task = asyncio.get_running_loop().create_task(self.client.write(ops))
+            task.add_done_callback(_task_done(done))
 
     async def close(self) -> None:
-        if self.client is not None:
+        if self.client is None:
+            return
+        if self.threaded:
             await asyncio.to_thread(self.client.close)
+        else:
+            await self.client.close()
 
 
 class Load:
@@ -500,8 +524,9 @@ class NatsSubscriber:
 
 
 class SevendbSubscriber:
-    """SDK subscriptions of one `Client` (all its streams on the SDK's loop), each
-    iterated with ``async for`` (processed events are acknowledged by the SDK)."""
+    """SDK subscriptions of one `AsyncClient` on the worker's loop, or of one `Client`
+    (`sevendb_threaded`: its streams on the SDK's loop thread), each iterated with
+    ``async for`` (processed events are acknowledged by the SDK)."""
 
     def __init__(self, conf: JsonDict) -> None:
         self.conf = conf
@@ -509,31 +534,60 @@ class SevendbSubscriber:
         self.subs: list[Any] = []
         self.tasks: list[asyncio.Task[None]] = []
         self.retries = 0
+        self.threaded = sevendb_threaded()
 
     async def open(self, spec: JsonDict, on_event: OnEvent) -> JsonDict:
-        from sevendb.sdk import Client
+        from sevendb.sdk import AsyncClient, Client
 
-        self.client = Client(self.conf["endpoints"], token=self.conf["token"], tls=None)
+        endpoints, token = self.conf["endpoints"], self.conf["token"]
         prefix: str = spec["prefix"]
         tag: str = spec.get("tag", "s")
         queries = [
             f"prefix:{prefix}/" if k is None else f"key:{prefix}/{k}" for k in subscriptions(spec)
         ]
         loop = asyncio.get_running_loop()
-        # Client.subscribe blocks until its streams are up: make many at once.
-        threads = int(spec.get("setup_threads", SETUP_CONCURRENCY))
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            self.subs = list(
-                await asyncio.gather(
-                    *(
-                        loop.run_in_executor(pool, self._subscribe, q, f"{tag}-{i}")
-                        for i, q in enumerate(queries)
+        # A subscribe returns once its streams are up: make many at once.
+        concurrency = int(spec.get("setup_threads", SETUP_CONCURRENCY))
+        if self.threaded:
+            self.client = Client(endpoints, token=token, tls=None)
+            with ThreadPoolExecutor(max_workers=concurrency) as pool:
+                self.subs = list(
+                    await asyncio.gather(
+                        *(
+                            loop.run_in_executor(pool, self._subscribe, q, f"{tag}-{i}")
+                            for i, q in enumerate(queries)
+                        )
                     )
                 )
+            layout = self.client.layout()
+        else:
+            self.client = AsyncClient(endpoints, token=token, tls=None)
+            gate = asyncio.Semaphore(concurrency)
+
+            async def make(query: str, name: str) -> Any:
+                async with gate:
+                    return await self._asubscribe(query, name)
+
+            self.subs = list(
+                await asyncio.gather(*(make(q, f"{tag}-{i}") for i, q in enumerate(queries)))
             )
+            layout = await self.client.layout()
         for i, sub in enumerate(self.subs):
             self.tasks.append(loop.create_task(self._consume(i, sub, on_event)))
-        return {"buckets": self.client.layout().buckets, "retries": self.retries}
+        return {"buckets": layout.buckets, "retries": self.retries}
+
+    async def _asubscribe(self, query: str, name: str) -> Any:
+        """`AsyncClient.subscribe`, retried as `_subscribe` is."""
+        from sevendb.sdk import SubscriptionBroken
+
+        for attempt in range(SUBSCRIBE_ATTEMPTS):
+            try:
+                return await self.client.subscribe(query, name=name)
+            except SubscriptionBroken:
+                if attempt + 1 == SUBSCRIBE_ATTEMPTS:
+                    raise
+                self.retries += 1
+        raise AssertionError("unreachable")
 
     def _subscribe(self, query: str, name: str) -> Any:
         """`Client.subscribe`, retried (and counted) when a stream is not up within the
@@ -561,6 +615,15 @@ class SevendbSubscriber:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         if self.client is None:
+            return
+        if not self.threaded:
+
+            async def end(sub: Any) -> None:
+                with contextlib.suppress(Exception):
+                    await (sub.aunsubscribe() if unsubscribe else sub.aclose())
+
+            await asyncio.gather(*(end(s) for s in self.subs))
+            await self.client.close()
             return
 
         def finish(sub: Any) -> None:
