@@ -66,8 +66,9 @@ class FollowerFlow:
         self.held: dict[str, int] = {}
         self._bucket = bucket
         self._stalled_s = stalled_s
-        self._progress: dict[str, tuple[int, float, float]] = {}
-        """Per follower: (match index, since when, when it may be warned of next)."""
+        self._progress: dict[str, tuple[tuple[int, int], float, float]] = {}
+        """Per follower: ((term, match index), since when, when it may be warned of
+        next). A new term (this replica leads again) starts the count afresh."""
 
     def send_all(self, raft: Any, original: Callable[[Any], None]) -> None:
         """One round of sends from leader `raft` (a `RaftNode`); `original` is
@@ -129,14 +130,15 @@ class FollowerFlow:
         `stalled_s` (then at most every `stalled_s`)."""
         key = str(getattr(node, "id", node))
         match = int(raft._SyncObj__raftMatchIndex.get(node, 0))
+        position = (int(raft._SyncObj__raftCurrentTerm), match)
         log = raft._SyncObj__raftLog
         seen = self._progress.get(key)
-        if seen is None or seen[0] != match or match >= log[-1][1]:
-            self._progress[key] = (match, now, now + self._stalled_s)
+        if seen is None or seen[0] != position or match >= log[-1][1]:
+            self._progress[key] = (position, now, now + self._stalled_s)
             return
         if now < seen[2]:
             return
-        self._progress[key] = (match, seen[1], now + self._stalled_s)
+        self._progress[key] = (position, seen[1], now + self._stalled_s)
         heard = raft._SyncObj__lastResponseTime.get(node)
         sending = raft._SyncObj__serializer._Serializer__transmissions.get(node)
         logger.warning(
