@@ -98,13 +98,14 @@ def run_raw(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True
         )
         procs.append((proc, err))
-    ops_per_s = errors = 0.0
+    ops_per_s = errors = cpu_s = 0.0
     latencies: list[float] = []
     for proc, _ in procs:
         assert proc.stdout is not None
         line = json.loads(proc.stdout.readline() or "{}")
         ops_per_s += line.get("ops_per_s", 0.0)
         errors += line.get("errors", 0)
+        cpu_s += line.get("cpu_s", 0.0)
         latencies += line.get("latencies_ms", [])
     latencies.sort()
     result = {
@@ -112,6 +113,8 @@ def run_raw(
         "errors": errors,
         "p50_ms": pct(latencies, 50),
         "p99_ms": pct(latencies, 99),
+        # the 3 processes' CPU per increment while the writes ran
+        "cpu_us_per_op": 1e6 * cpu_s / len(latencies) if latencies else float("nan"),
     }
     truncations = 0
     for proc, err in procs:

@@ -7,6 +7,8 @@ isolates durability and sevendb's layers). The process runs stock pysyncobj unle
 import-time patches, which change what every message costs (a newer pickle
 protocol, frames no longer deflated). Before stop 25 the tuned runs got them
 unasked, from importing `RaftTuning`.
+Every process also reports the CPU it used while the writes ran (`cpu_s`: all its
+threads, the ticks included), driving or not.
 With several groups (one counter each, as sevendb has one Raft group per bucket)
 the in-flight writes are split evenly between them. Each process drives the
 groups it leads with a closed loop of its own and prints one JSON line.
@@ -77,12 +79,16 @@ def drive_all(groups: list[Counter], inflight: int, seconds: float) -> dict[str,
                     target=lambda g=group, n=share: results.append(drive(g, n, seconds))
                 )
             )
+    cpu0 = time.process_time()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    if not threads:
+        time.sleep(seconds)  # replicating the others' writes, for the CPU figure
     latencies = [x for r in results for x in r[2]]
     return {
+        "cpu_s": time.process_time() - cpu0,
         "groups_driven": len(threads),
         "ops": len(latencies),
         "ops_per_s": sum(len(r[2]) / r[1] for r in results),

@@ -1,0 +1,301 @@
+"""Benchmark: the floor under one durable write on this host, part by part, beside
+etcd's and sevendb's one-write-at-a-time latency in the same run.
+
+    .venv/bin/python tests/bench/bench_floor.py [--seconds 5] [--runs 3] [--dir DIR]
+
+A write acknowledged by a 3-replica group needs at least: the client's request and
+its answer (one gRPC round trip from Python), one Raft round (leader to a follower
+and back), and one fdatasync on the follower (the leader's runs beside it). Each is
+measured here with the stack alone, nothing of sevendb in it:
+
+* **gRPC round trip:** a grpc.aio client and an echo server in another process, one
+  message in flight: a unary call (what etcd's Python client makes) and a message
+  and its answer on an open bidirectional stream (what the SDK's write stream does).
+* **Raft round:** stock pysyncobj, 3 processes, one replicated increment in flight,
+  called in the leader's process (`raw_pysyncobj_node.py` with sevendb's send
+  settings; its journal is in memory, nothing fsynced).
+* **fdatasync:** a 200-byte record appended to a preallocated file plus a header
+  write, as the journal does, alone and 3 at once in 3 threads on 3 files of one
+  disk (on this host the 3 nodes' journals share a disk).
+
+Then etcd and sevendb, each a fresh 3-node cluster, with side_by_side.py's writer
+process: one write at a time, then 500 writes/s open loop (issue 30's light load).
+Prints, per run and as medians over runs, p50 / p99 in ms and the CPU used per
+operation (servers, client). The floor is the sum of the three parts' p50s. Not a
+test: nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from statistics import median
+
+from bench_writes import machine, run_raw
+from peers.clusters import EtcdCluster, SevendbCluster
+from peers.common import Worker, cpu_seconds, free_ports, pct
+from peers.install import ensure_binaries, ensure_etcd_stubs
+
+RECORD = b"r" * 200
+PREALLOCATE = 4 << 20
+NAN = float("nan")
+OPEN_LOOP_RATE = 500
+
+Row = tuple[float, float, float, float]
+"""p50 ms, p99 ms, the servers' CPU µs per operation, the client's."""
+
+
+def _row(latencies_ms: list[float], servers_us: float = NAN, client_us: float = NAN) -> Row:
+    ordered = sorted(latencies_ms)
+    return pct(ordered, 50), pct(ordered, 99), servers_us, client_us
+
+
+# ---- gRPC ------------------------------------------------------------------------------
+
+
+async def _echo_server(port: int) -> None:
+    import grpc
+    from grpc import aio
+
+    async def unary(request: bytes, _context: object) -> bytes:
+        return request
+
+    async def stream(requests: object, _context: object) -> object:
+        async for request in requests:  # type: ignore[attr-defined]
+            yield request
+
+    handler = grpc.method_handlers_generic_handler(
+        "floor",
+        {
+            "Unary": grpc.unary_unary_rpc_method_handler(unary),
+            "Stream": grpc.stream_stream_rpc_method_handler(stream),
+        },
+    )
+    server = aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    print("ready", flush=True)
+    await server.wait_for_termination()
+
+
+async def _round_trips(
+    port: int, server_pid: int, seconds: float
+) -> dict[str, tuple[list[float], float, float]]:
+    """Per kind: the round trips' latencies (ms), and the server's and this client's
+    CPU µs per round trip."""
+    from grpc import aio
+
+    out: dict[str, tuple[list[float], float, float]] = {}
+    async with aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        unary = channel.unary_unary("/floor/Unary")
+        call = channel.stream_stream("/floor/Stream")()
+        payload = b"x" * 100
+        for kind in ("unary", "stream"):
+            latencies: list[float] = []
+            warm_until = time.monotonic() + 0.5
+            end = warm_until + seconds
+            cpu: tuple[float, float] | None = None
+            while (now := time.monotonic()) < end:
+                if cpu is None and now >= warm_until:
+                    cpu = (cpu_seconds(server_pid), time.process_time())
+                started = time.perf_counter()
+                if kind == "unary":
+                    await unary(payload)
+                else:
+                    await call.write(payload)
+                    await call.read()
+                if cpu is not None:
+                    latencies.append(1000 * (time.perf_counter() - started))
+            assert cpu is not None
+            server_us = 1e6 * (cpu_seconds(server_pid) - cpu[0]) / len(latencies)
+            client_us = 1e6 * (time.process_time() - cpu[1]) / len(latencies)
+            out[kind] = (latencies, server_us, client_us)
+        await call.done_writing()
+    return out
+
+
+def grpc_round_trips(seconds: float) -> dict[str, tuple[list[float], float, float]]:
+    port = free_ports(1)[0]
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve-echo", str(port)], stdout=subprocess.PIPE
+    )
+    try:
+        assert server.stdout is not None
+        if server.stdout.readline().strip() != b"ready":
+            raise RuntimeError("the echo server did not start")
+        return asyncio.run(_round_trips(port, server.pid, seconds))
+    finally:
+        server.kill()
+        server.wait()
+
+
+# ---- fdatasync -------------------------------------------------------------------------
+
+
+def fdatasyncs(directory: Path, files: int, ops: int) -> list[float]:
+    """Latency of `ops` rounds in which each of `files` threads appends a record to its
+    own preallocated file, rewrites its header and fdatasyncs, all at once."""
+    fds = []
+    for i in range(files):
+        fd = os.open(directory / f"floor-{i}.bin", os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+        os.pwrite(fd, bytes(PREALLOCATE), 0)
+        os.fdatasync(fd)
+        fds.append(fd)
+    start = threading.Barrier(files)
+    latencies: list[float] = []
+    lock = threading.Lock()
+
+    def run(fd: int) -> None:
+        offset = 4096
+        for i in range(ops):
+            start.wait()
+            began = time.perf_counter()
+            os.pwrite(fd, RECORD, offset)
+            os.pwrite(fd, i.to_bytes(8, "little"), 0)
+            os.fdatasync(fd)
+            with lock:
+                latencies.append(1000 * (time.perf_counter() - began))
+            offset += len(RECORD)
+
+    threads = [threading.Thread(target=run, args=(fd,)) for fd in fds]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for i, fd in enumerate(fds):
+            os.close(fd)
+            (directory / f"floor-{i}.bin").unlink()
+    return latencies
+
+
+# ---- the systems -----------------------------------------------------------------------
+
+
+def writes(system: str, seconds: float) -> tuple[Row, Row]:
+    """side_by_side.py's writer on a fresh 3-node cluster of `system`: one write at a
+    time, then 500 writes/s open loop. Per load: p50 / p99 ms from send to
+    acknowledgement, the servers' and the writer's CPU µs per write."""
+    root = Path(tempfile.mkdtemp(prefix=f"bench-floor-{system}-"))
+    cluster = EtcdCluster(root) if system == "etcd" else SevendbCluster(root, buckets=1)
+    try:
+        cluster.start()
+        writer = Worker(system, "writer", cluster.conf(), root / "writer.log")
+        time.sleep(3)  # a fresh sevendb cluster hands leadership over in its first seconds
+        writer.call({"op": "load", "prefix": "warm", "inflight": 1, "seconds": 1}, 60)
+        rows: list[Row] = []
+        for load in ({"inflight": 1}, {"rate": OPEN_LOOP_RATE}):
+            cpu0 = sum(cpu_seconds(pid) for pid in cluster.pids())
+            command = {"op": "load", "prefix": f"f{len(rows)}", "seconds": seconds, **load}
+            answer = writer.call(command, seconds + 120)
+            servers_s = sum(cpu_seconds(pid) for pid in cluster.pids()) - cpu0
+            n = int(answer["writes"])
+            rows.append(
+                (
+                    float(answer["p50_ms"]),
+                    float(answer["p99_ms"]),
+                    1e6 * servers_s / n,
+                    1e6 * float(answer["cpu_s"]) / n,
+                )
+            )
+        writer.close({"op": "quit"}, 30)
+        return rows[0], rows[1]
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# ---- main ------------------------------------------------------------------------------
+
+ROWS: tuple[str, ...] = (
+    "gRPC unary round trip",
+    "gRPC stream round trip",
+    "Raft round, stock pysyncobj",
+    "fdatasync, alone",
+    "fdatasync, 3 at once",
+    "floor: stream + Raft round + 3 fdatasyncs at once",
+    "etcd, 1 write in flight",
+    "sevendb, 1 write in flight",
+    f"etcd, {OPEN_LOOP_RATE} writes/s open loop",
+    f"sevendb, {OPEN_LOOP_RATE} writes/s open loop",
+)
+
+
+def one_run(seconds: float, directory: Path) -> dict[str, Row]:
+    rows: dict[str, Row] = {}
+    trips = grpc_round_trips(seconds)
+    rows[ROWS[0]] = _row(*trips["unary"])
+    rows[ROWS[1]] = _row(*trips["stream"])
+    raw = run_raw(1, seconds, tuned=True)
+    rows[ROWS[2]] = (raw["p50_ms"], raw["p99_ms"], raw["cpu_us_per_op"], NAN)
+    rows[ROWS[3]] = _row(fdatasyncs(directory, 1, 1000))
+    rows[ROWS[4]] = _row(fdatasyncs(directory, 3, 1000))
+    parts = (rows[ROWS[1]], rows[ROWS[2]], rows[ROWS[4]])
+    floor_cpu = rows[ROWS[1]][2] + rows[ROWS[2]][2]
+    rows[ROWS[5]] = (sum(r[0] for r in parts), NAN, floor_cpu, rows[ROWS[1]][3])
+    rows[ROWS[6]], rows[ROWS[8]] = writes("etcd", seconds)
+    rows[ROWS[7]], rows[ROWS[9]] = writes("sevendb", seconds)
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=5.0, help="per measurement")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--dir", type=Path, default=Path.home(), help="where the fdatasyncs write")
+    p.add_argument("--serve-echo", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.serve_echo:
+        asyncio.run(_echo_server(args.serve_echo))
+        return 0
+    ensure_binaries(["etcd"])
+    ensure_etcd_stubs()
+    print(f"# {machine()}; {args.seconds:g} s per measurement, {args.runs} run(s)", flush=True)
+    runs = []
+    for run in range(args.runs):
+        rows = one_run(args.seconds, args.dir)
+        runs.append(rows)
+        print(f"\n## run {run + 1}, {time.strftime('%H:%M:%S UTC', time.gmtime())}")
+        for name, (p50, p99, servers, client) in rows.items():
+            print(
+                f"{name:50s} p50 {p50:6.3f} ms  p99 {p99:6.3f} ms  "
+                f"CPU µs: servers {servers:5.0f}, client {client:5.0f}",
+                flush=True,
+            )
+    print(f"\n## medians over {args.runs} run(s) (range)")
+    print("| part | p50 ms | p99 ms | servers' CPU µs per write | client's |")
+    print("|---|---|---|---|---|")
+    for name in ROWS:
+        cells = []
+        for field in range(4):
+            values = [r[name][field] for r in runs]
+            if all(math.isnan(v) for v in values):
+                cells.append("")
+            elif field == 0:
+                cells.append(f"{median(values):.2f} ({min(values):.2f}-{max(values):.2f})")
+            else:
+                cells.append(f"{median(values):.2f}" if field == 1 else f"{median(values):.0f}")
+        print(f"| {name} | {' | '.join(cells)} |")
+    floor = median([r[ROWS[5]][0] for r in runs])
+    etcd = median([r[ROWS[6]][0] for r in runs])
+    seven = median([r[ROWS[7]][0] for r in runs])
+    print(
+        f"\nsevendb / etcd {seven / etcd:.2f}x; floor / etcd {floor / etcd:.2f}x; "
+        f"sevendb above the floor {seven - floor:.2f} ms"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
