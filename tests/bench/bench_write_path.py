@@ -4,7 +4,8 @@
 
 A fresh 3-node, 1-bucket cluster (side_by_side.py's `SevendbCluster`: plaintext,
 fsync on); this process writes one write at a time through `AsyncClient` for
-`--seconds`. The stage probe (`stage_probe/sitecustomize.py`, loaded into the node
+`--seconds` (with `--subscriber`, while side_by_side.py's subscriber process holds a
+subscription of every write). The stage probe (`stage_probe/sitecustomize.py`, loaded into the node
 processes through PYTHONPATH and into this one directly) records each call of the
 functions below with one host-wide clock. For each process (the client, the leader,
 each follower) and each call made while a write was in flight (the n-th call of a
@@ -31,6 +32,8 @@ from pathlib import Path
 
 from bench_writes import machine
 from peers.clusters import SevendbCluster
+from peers.common import Worker, value_of
+from peers.workloads import close_all
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "stage_probe"))
@@ -72,13 +75,13 @@ async def _write_one_at_a_time(conf: dict[str, object], seconds: float) -> list[
     try:
         await client.layout()
         for i in range(200):  # warm-up: connections, the producer, caches
-            await client.write([set_op(f"warm/{i}", b"x" * 100)])
+            await client.write([set_op(f"warm/{i}", value_of(i))])
         windows = []
         end = time.monotonic() + seconds
         i = 0
         while time.monotonic() < end:
             sent = time.monotonic_ns()
-            await client.write([set_op(f"w/{i}", b"x" * 100)])
+            await client.write([set_op(f"w/{i}", value_of(i))])
             windows.append((sent, time.monotonic_ns()))
             i += 1
         return windows
@@ -126,6 +129,11 @@ def main() -> int:
     p.add_argument(
         "--functions", default="", help="more node functions to probe (module:Class.method,...)"
     )
+    p.add_argument(
+        "--subscriber",
+        action="store_true",
+        help="one subscription of every write, in side_by_side.py's subscriber process",
+    )
     args = p.parse_args()
     node_functions = [*NODE_FUNCTIONS, *filter(None, args.functions.split(","))]
     root = Path(tempfile.mkdtemp(prefix="bench-write-path-"))
@@ -136,11 +144,17 @@ def main() -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(HERE / "stage_probe"), os.environ.get("PYTHONPATH")])
     )
-    print(f"# {machine()}; one write at a time for {args.seconds:g} s", flush=True)
+    with_sub = ", one subscriber" if args.subscriber else ""
+    print(f"# {machine()}; one write at a time for {args.seconds:g} s{with_sub}", flush=True)
     cluster = SevendbCluster(root, buckets=1)
+    subscribers: list[Worker] = []
     try:
         cluster.start()
         time.sleep(3)  # a fresh cluster hands leadership over in its first seconds
+        if args.subscriber:
+            spec = {"kind": "prefix", "prefix": "w", "count": 1, "tag": "w"}
+            conf = {**cluster.conf(), "spec": spec}
+            subscribers.append(Worker("sevendb", "subscriber", conf, root / "subscriber.log"))
         import sevendb.sdk.writer  # noqa: F401 - loaded, so that the probe can wrap it
 
         stage_probe.start(str(probe_dir), list(CLIENT_FUNCTIONS))
@@ -149,6 +163,7 @@ def main() -> int:
         stage_probe._flush(str(probe_dir))
         by_pid = _read(probe_dir)
     finally:
+        close_all(subscribers)
         cluster.stop()
     latencies = sorted((acked - sent) / 1e6 for sent, acked in windows)
     print(
