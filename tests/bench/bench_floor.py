@@ -274,7 +274,7 @@ def main() -> int:
                 flush=True,
             )
     print(f"\n## medians over {args.runs} run(s) (range)")
-    print("| part | p50 ms | p99 ms | servers' CPU µs per write | client's |")
+    print("| part | p50 ms | p99 ms | servers' CPU µs per operation | client's |")
     print("|---|---|---|---|---|")
     for name in ROWS:
         cells = []

@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import bisect
 import collections
+import importlib.util
 import os
 import shutil
 import statistics
@@ -36,8 +37,12 @@ from peers.common import Worker, value_of
 from peers.workloads import close_all
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE / "stage_probe"))
-import sitecustomize as stage_probe  # noqa: E402 - the probe, from its own directory
+PROBE_FILE = HERE / "stage_probe" / "sitecustomize.py"
+# By its path: `import sitecustomize` may give the interpreter's own.
+_spec = importlib.util.spec_from_file_location("stage_probe", PROBE_FILE)
+assert _spec is not None and _spec.loader is not None
+stage_probe = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(stage_probe)
 
 NODE_FUNCTIONS = (
     "sevendb.cluster.server.writes:Writes._parse",
@@ -142,7 +147,7 @@ def main() -> int:
     os.environ[stage_probe.DIR_ENV] = str(probe_dir)
     os.environ[stage_probe.FUNCTIONS_ENV] = ",".join(node_functions)
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(HERE / "stage_probe"), os.environ.get("PYTHONPATH")])
+        filter(None, [str(PROBE_FILE.parent), os.environ.get("PYTHONPATH")])
     )
     with_sub = ", one subscriber" if args.subscriber else ""
     print(f"# {machine()}; one write at a time for {args.seconds:g} s{with_sub}", flush=True)
