@@ -14,9 +14,10 @@ measured here with the stack alone, nothing of sevendb in it:
 * **Raft round:** stock pysyncobj, 3 processes, one replicated increment in flight,
   called in the leader's process (`raw_pysyncobj_node.py` with sevendb's send
   settings; its journal is in memory, nothing fsynced).
-* **fdatasync:** a 200-byte record appended to a preallocated file plus a header
-  write, as the journal does, alone and 3 at once in 3 threads on 3 files of one
-  disk (on this host the 3 nodes' journals share a disk).
+* **fdatasync:** a 200-byte record appended to a preallocated file, as the journal
+  does, alone and 3 at once (the round until all 3 are synced, one thread per file)
+  on one disk: on this host the 3 nodes' journals share a disk (`bench_fsync.py`'s
+  cases).
 
 Then etcd and sevendb, each a fresh 3-node cluster, with side_by_side.py's writer
 process: one write at a time, then 500 writes/s open loop (issue 30's light load).
@@ -30,23 +31,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from statistics import median
 
+from bench_fsync import many_files, one_file
 from bench_writes import machine, run_raw
 from peers.clusters import EtcdCluster, SevendbCluster
 from peers.common import Worker, cpu_seconds, free_ports, pct
 from peers.install import ensure_binaries, ensure_etcd_stubs
 
 RECORD = b"r" * 200
-PREALLOCATE = 4 << 20
 NAN = float("nan")
 OPEN_LOOP_RATE = 500
 
@@ -143,41 +142,14 @@ def grpc_round_trips(seconds: float) -> dict[str, tuple[list[float], float, floa
 
 
 def fdatasyncs(directory: Path, files: int, ops: int) -> list[float]:
-    """Latency of `ops` rounds in which each of `files` threads appends a record to its
-    own preallocated file, rewrites its header and fdatasyncs, all at once."""
-    fds = []
-    for i in range(files):
-        fd = os.open(directory / f"floor-{i}.bin", os.O_RDWR | os.O_CREAT | os.O_TRUNC)
-        os.pwrite(fd, bytes(PREALLOCATE), 0)
-        os.fdatasync(fd)
-        fds.append(fd)
-    start = threading.Barrier(files)
-    latencies: list[float] = []
-    lock = threading.Lock()
-
-    def run(fd: int) -> None:
-        offset = 4096
-        for i in range(ops):
-            start.wait()
-            began = time.perf_counter()
-            os.pwrite(fd, RECORD, offset)
-            os.pwrite(fd, i.to_bytes(8, "little"), 0)
-            os.fdatasync(fd)
-            with lock:
-                latencies.append(1000 * (time.perf_counter() - began))
-            offset += len(RECORD)
-
-    threads = [threading.Thread(target=run, args=(fd,)) for fd in fds]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        for i, fd in enumerate(fds):
-            os.close(fd)
-            (directory / f"floor-{i}.bin").unlink()
-    return latencies
+    """ms per fdatasync of a 200-byte record in a preallocated file (`bench_fsync.py`'s
+    cases): alone, or the round of `files` files synced at once, a thread each."""
+    with tempfile.TemporaryDirectory(dir=directory) as where:
+        if files == 1:
+            us = one_file(Path(where), ops, RECORD, preallocate=True)
+        else:
+            us, _ = many_files(Path(where), ops, RECORD, files, parallel=True, preallocate=True)
+    return [u / 1000 for u in us]
 
 
 # ---- the systems -----------------------------------------------------------------------

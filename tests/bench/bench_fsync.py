@@ -32,13 +32,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench_writes import machine
+from peers.common import pct
 
 PREALLOCATE_CHUNK = 1 << 20
-
-
-def _pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))]
 
 
 def _open(path: Path, preallocate: int) -> int:
@@ -67,10 +63,11 @@ def one_file(where: Path, ops: int, record: bytes, preallocate: bool) -> list[fl
 
 
 def many_files(
-    where: Path, ops: int, record: bytes, files: int, parallel: bool
+    where: Path, ops: int, record: bytes, files: int, parallel: bool, preallocate: bool = False
 ) -> tuple[list[float], float]:
     """Microseconds per round (one record synced in each file), and rounds per second."""
-    fds = [_open(where / f"journal-{n}", 0) for n in range(files)]
+    size = ops * len(record) if preallocate else 0
+    fds = [_open(where / f"journal-{n}", size) for n in range(files)]
     rounds: list[float] = []
     try:
         if parallel:
@@ -113,7 +110,8 @@ def many_files(
 def case(label: str, run: Callable[[Path], list[float]], base: Path) -> None:
     with tempfile.TemporaryDirectory(dir=base) as where:
         values = run(Path(where))
-    print(f"{label:52} p50 {statistics.median(values):7.0f} us   p99 {_pct(values, 99):7.0f} us")
+    p50, p99 = statistics.median(values), pct(sorted(values), 99)
+    print(f"{label:52} p50 {p50:7.0f} us   p99 {p99:7.0f} us")
 
 
 def main() -> None:
@@ -139,7 +137,7 @@ def main() -> None:
         how = "at once, a thread each" if parallel else "one after another"
         print(
             f"{args.files} files, one record each, synced {how:23}"
-            f" p50 {statistics.median(rounds):7.0f} us   p99 {_pct(rounds, 99):7.0f} us"
+            f" p50 {statistics.median(rounds):7.0f} us   p99 {pct(sorted(rounds), 99):7.0f} us"
             f"   {rate:,.0f} rounds/s"
         )
 

@@ -25,16 +25,11 @@ from pathlib import Path
 
 from bench_writes import machine
 from peers.clusters import SevendbCluster
-from peers.common import Worker, cpu_seconds
+from peers.common import Worker, cpu_seconds, pct
 from peers.workloads import close_all
 
 Row = tuple[float, float, float, float]
 """ack p50, p90, p99 (ms) and the nodes' CPU cores."""
-
-
-def _pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))]
 
 
 def _run(rates: list[float], seconds: float, run: int) -> list[tuple[str, float, Row]]:
@@ -60,8 +55,8 @@ def _run(rates: list[float], seconds: float, run: int) -> list[tuple[str, float,
                 cpu = (sum(cpu_seconds(p) for p in cluster.pids()) - cpu0) / seconds
                 seq = int(answer["seq_end"])
                 close_all(subs)
-                acks = [(acked - sent) / 1e6 for _, sent, acked in answer["trace"]]
-                row = (_pct(acks, 50), _pct(acks, 90), _pct(acks, 99), cpu)
+                acks = sorted((acked - sent) / 1e6 for _, sent, acked in answer["trace"])
+                row = (pct(acks, 50), pct(acks, 90), pct(acks, 99), cpu)
                 out.append(("1 subscriber" if subscribed else "none", rate, row))
         writer.close({"op": "quit"}, 30)
     finally:
