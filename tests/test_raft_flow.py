@@ -2,7 +2,8 @@
 a follower catching up gets at most a bounded number of entries in flight, not the
 leader's whole backlog at once, while the other follower keeps committing; and a
 follower heard from recently keeps the leader from compacting past what it holds
-(the cold replica checkpoint), so it catches up from the log, not a snapshot."""
+(the cold replica checkpoint), so it catches up from the log, not a snapshot; and a
+follower whose log ends in an older term's entries is probed until it matches."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_replica import Cluster, fast, wait_until, write
+from test_replica import Cluster, fast, num, wait_until, write
 
 ENTRIES_MAX = 50
 BATCH_BYTES = 2048
@@ -124,5 +125,76 @@ def test_a_leader_names_a_follower_that_acknowledges_nothing(
         (message, *_) = warned(gone.self_addr)
         assert "not connected" in message and "no snapshot being sent" in message, message
         assert not warned(other.self_addr)
+    finally:
+        cluster.close()
+
+
+def test_a_follower_ending_in_an_old_terms_entries_catches_up_when_answers_lag_a_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """BEFORE: a follower whose log ended in entries of an older term, rejoining a
+    leader whose next index for it was past its log, never caught up while its
+    answers took longer than one of the leader's rounds (netns CI: a replica sat
+    22,000 entries behind for minutes, match 0): every send moved the next index to
+    the log's end, so the next round's heartbeat was refused from there, and that
+    refusal, trusted like the others, set the next index back to the follower's log
+    end each time. AFTER: the leader probes such a follower one step at a time and
+    ignores refusals of anything but the probe in flight; the follower's refusal
+    skips its whole run of the older term.
+
+    The follower's answers reach the leader one round late: the leader handles what
+    arrived since its last round only after sending the next one, as over a link
+    slower than a round (the real replicas, pysyncobj and TCP are unchanged)."""
+    from sevendb.cluster.raft.node import RaftNode
+
+    cluster = Cluster(tmp_path).start_all()
+    late: dict[int, list[tuple[Any, dict[str, Any]]]] = {}
+    slow: set[str] = set()
+    answer, send_all = RaftNode._on_next_node_idx, RaftNode._SyncObj__sendAppendEntries
+
+    def arrives(self: RaftNode, node: Any, message: dict[str, Any]) -> None:
+        if str(node.id) in slow:
+            late.setdefault(id(self), []).append((node, message))
+        else:
+            answer(self, node, message)
+
+    def round_then_answers(self: RaftNode) -> None:
+        arrived = late.pop(id(self), [])
+        send_all(self)
+        for node, message in arrived:
+            answer(self, node, message)
+
+    monkeypatch.setattr(RaftNode, "_on_next_node_idx", arrives)
+    monkeypatch.setattr(RaftNode, "_SyncObj__sendAppendEntries", round_then_answers)
+    try:
+        old = cluster.leader()
+        old_index = cluster.index_of(old)
+        old.propose(write("before"))
+        cluster.converge()
+        others = [i for i in range(3) if i != old_index]
+        for i in others:
+            cluster.stop(i)
+        end = old._journal[-1][1]
+        for i in range(40):  # appended by the old leader alone: never committed
+            old.submit(write(f"lost-{i}"))
+        wait_until(lambda: old._journal[-1][1] == end + 40, what="the old leader's tail")
+        cluster.stop(old_index)
+        for i in others:
+            cluster.start(i)
+        leader = cluster.leader()
+        for future in [leader.submit(write(f"k{n}", b"x" * 100)) for n in range(2000)]:
+            future.result(timeout=60)
+        # A new leader whose next index for the old one is its own log end.
+        restarted = cluster.index_of(leader)
+        cluster.stop(restarted)
+        cluster.start(restarted)
+        leader = cluster.leader()
+        slow.add(cluster.addrs[old_index])
+        rejoined = cluster.start(old_index)
+        cluster.converge(timeout_s=20)
+        assert rejoined.read(lambda sm: sm.applied_index) == leader.read(
+            lambda sm: sm.applied_index
+        )
+        assert num(leader, "stale_refusals") > 0  # the late answers did arrive stale
     finally:
         cluster.close()

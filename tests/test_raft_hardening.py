@@ -43,6 +43,7 @@ from test_replica import (
 
 from sevendb.cluster.raft import journal as journal_module
 from sevendb.cluster.raft.journal import DurableJournal
+from sevendb.cluster.raft.links import FollowerFlow
 from sevendb.cluster.raft.node import RaftCounters, RaftNode
 from sevendb.cluster.raft.patches import StoredZlib
 from sevendb.cluster.raft.recovery import Recovery
@@ -550,6 +551,8 @@ def _leader_stub(cls: type[Any]) -> tuple[Any, TCPNode]:
     obj._SyncObj__lastResponseTime = {follower: 0.0}
     obj._counters = RaftCounters()
     obj._recovery = Recovery(0, "127.0.0.1:2", Path("/nonexistent"), 1.0)
+    obj.flow = FollowerFlow(100, 1 << 20, 0, 10.0, 1.0)
+    obj._poll_until = 0.0
     return obj, follower
 
 
@@ -598,6 +601,43 @@ def test_leader_next_index_never_moves_backwards() -> None:
         59,
         60,
     )
+
+
+def test_a_refusal_that_answers_an_earlier_send_is_ignored() -> None:
+    """BEFORE: every refusal set nextIndex to what the follower said, so a refusal
+    of an earlier send, arriving after the leader had sent from elsewhere, undid
+    the probe in flight (a follower could be held at its log end for ever:
+    `test_raft_flow.py`). AFTER: a follower not matched in this term is probed from
+    nextIndex, and only a refusal of that probe's previous entry moves it; once
+    matched, a refusal of an entry below matchIndex is stale. A current refusal below
+    matchIndex is still trusted (the follower lost acknowledged entries)."""
+    ours, follower = _leader_stub(RaftNode)  # matched to 10, next 50: not yet in this term
+    ours._SyncObj__onMessageReceived(
+        follower, _ack(11, success=False, reset=True, term=3, refused=100)
+    )
+    assert ours._SyncObj__raftNextIndex[follower] == 50
+    ours._SyncObj__onMessageReceived(
+        follower, _ack(30, success=False, reset=True, term=3, refused=49)
+    )
+    assert ours._SyncObj__raftNextIndex[follower] == 30  # the probe's own refusal
+    ours._SyncObj__onMessageReceived(follower, _ack(40, term=3))
+    assert (ours._SyncObj__raftMatchIndex[follower], ours._SyncObj__raftNextIndex[follower]) == (
+        39,
+        40,
+    )
+    ours._SyncObj__onMessageReceived(
+        follower, _ack(20, success=False, reset=True, term=3, refused=35)
+    )
+    assert ours._SyncObj__raftNextIndex[follower] == 40  # below matchIndex: stale
+    assert ours.flow.stale_refusals == 2
+    ours._SyncObj__onMessageReceived(
+        follower, _ack(38, success=False, reset=True, term=3, refused=45)
+    )
+    assert (ours._SyncObj__raftMatchIndex[follower], ours._SyncObj__raftNextIndex[follower]) == (
+        37,
+        38,
+    )
+    assert ours._counters.follower_regressions == 1
 
 
 def _append(
@@ -670,6 +710,34 @@ def test_after_follower_only_truncates_from_the_first_conflict(
         wait_until(lambda: replica.status()["applied_index"] == 6, what="apply to 6")
         assert replica.quarantined is None
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    finally:
+        replica.close()
+
+
+def test_a_follower_refuses_an_older_terms_run_at_its_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """BEFORE: a follower whose entry at prevLogIdx was of another term asked for
+    prevLogIdx itself, so a tail of N entries left by an old leader took N probes.
+    AFTER: it asks for the first entry of that term's run above its commit index,
+    and says which entry it refused (the leader ignores stale refusals by it)."""
+    fake = addr()
+    replica = single(tmp_path, partners=[fake])
+    node, leader = replica._node, TCPNode(fake)
+    answers: list[dict[str, Any]] = []
+    monkeypatch.setattr(node._SyncObj__transport, "send", lambda _n, m: answers.append(m))
+    try:
+
+        def deliver(message: dict[str, Any]) -> dict[str, Any]:
+            in_tick(node, lambda: node._SyncObj__onMessageReceived(leader, message))
+            return [m for m in answers if m.get("type") == "next_node_idx"][-1]
+
+        deliver(_append(1, (1, 0), _noops(2, 5, 1), 3))
+        deliver(_append(2, (5, 1), _noops(6, 9, 2), 3))  # a term-2 tail, never committed
+        refusal = deliver(_append(3, (9, 3), [], 3))  # the term-3 leader's entry 9
+        assert (refusal["reset"], refusal["refused"], refusal["next_node_idx"]) == (True, 9, 6)
+        refusal = deliver(_append(3, (12, 3), [], 3))  # past its log end
+        assert (refusal["refused"], refusal["next_node_idx"]) == (12, 10)
     finally:
         replica.close()
 

@@ -20,6 +20,17 @@ keep-alives, and flow control of what a leader sends each follower.
   others are served as usual. A follower that lacks entries and has acknowledged
   nothing for `follower_stalled_warn_s` is named in a WARNING with what the leader
   knows of it (its match and next index, the link, the snapshot being sent to it).
+* **Probing.** Until a follower has acknowledged an AppendEntries in this leader's
+  term, or after it refused one, the leader does not know where their logs agree. It
+  then sends that follower one probe at a time from its next index, and does not
+  move the next index on until an answer says where to go (Raft's probe state, as in
+  etcd's `Progress`). A refusal says which entry it refused, and one that does not
+  refer to the probe in flight is stale and ignored. pysyncobj moved the next index
+  to the log's end with every send and trusted every refusal: when a refusal took
+  longer than a round to come back, the answer to the next round's heartbeat (sent
+  from the log's end) set the next index back where it had been, every time, and a
+  follower whose log ended in entries of an older term never caught up (netns CI:
+  a replica sat 22,000 entries behind for minutes, match 0).
 """
 
 from __future__ import annotations
@@ -60,12 +71,23 @@ class FollowerFlow:
     with flow control (see the module docstring). Counts, per follower, the sends
     it held back (`held`)."""
 
-    def __init__(self, entries_max: int, bytes_max: int, bucket: int, stalled_s: float) -> None:
+    def __init__(
+        self, entries_max: int, bytes_max: int, bucket: int, stalled_s: float, probe_resend_s: float
+    ) -> None:
         self.entries_max = entries_max
         self.bytes_max = bytes_max
         self.held: dict[str, int] = {}
+        self.stale_refusals = 0
+        """Refusals ignored because they answered an earlier probe or heartbeat."""
         self._bucket = bucket
         self._stalled_s = stalled_s
+        self._probe_resend_s = probe_resend_s
+        self._term = -1
+        self._matched: set[Any] = set()
+        """Followers that acknowledged an AppendEntries in `_term` since their last
+        refusal (replicating); the others are probed."""
+        self._probe_sent: dict[Any, float] = {}
+        """Probing followers with a probe carrying entries in flight: since when."""
         self._progress: dict[str, tuple[tuple[int, int], float, float]] = {}
         """Per follower: ((term, match index), since when, when it may be warned of
         next). A new term (this replica leads again) starts the count afresh."""
@@ -77,13 +99,73 @@ class FollowerFlow:
         raft._SyncObj__newAppendEntriesTime = _monotonic() + raft._SyncObj__conf.appendEntriesPeriod
         start = _monotonic()
         transport = raft._SyncObj__transport
+        self._follow_term(raft)
         for node in list(raft._SyncObj__otherNodes | raft._SyncObj__readonlyNodes):
             self._watch(raft, node, start)
             if node not in raft._SyncObj__connectedNodes:
                 raft._SyncObj__serializer.cancelTransmisstion(node)
+                self._probe_sent.pop(node, None)
                 continue
-            if not self._send(raft, node, transport.send, start):
+            if node in self._matched:
+                sent = self._send(raft, node, transport.send, start)
+            else:
+                sent = self._probe(raft, node, transport.send, start)
+            if not sent:
                 _only(raft, node, original)
+
+    def matched(self, raft: Any, node: Any) -> None:
+        """`node` acknowledged an AppendEntries in this term: it is replicated to."""
+        self._follow_term(raft)
+        self._matched.add(node)
+        self._probe_sent.pop(node, None)
+
+    def refusal_is_current(self, raft: Any, node: Any, refused: int | None) -> bool:
+        """Whether `node`'s refusal of the AppendEntries whose previous entry was
+        `refused` says something about its log now (then it is probed from where the
+        refusal says); False for a stale one (see the module docstring). A refusal that
+        does not say (None) is trusted, as pysyncobj did."""
+        self._follow_term(raft)
+        if refused is not None:
+            if node in self._matched:
+                current = refused >= raft._SyncObj__raftMatchIndex.get(node, 0)
+            else:
+                current = refused == raft._SyncObj__raftNextIndex.get(node, 0) - 1
+            if not current:
+                self.stale_refusals += 1
+                return False
+        self._matched.discard(node)
+        self._probe_sent.pop(node, None)
+        return True
+
+    def _follow_term(self, raft: Any) -> None:
+        """A new term (this replica leads again): every follower is probed afresh."""
+        term = raft._SyncObj__raftCurrentTerm
+        if term != self._term:
+            self._term = term
+            self._matched.clear()
+            self._probe_sent.clear()
+
+    def _probe(self, raft: Any, node: Any, send: Callable[[Any, Any], object], now: float) -> bool:
+        """One AppendEntries to a follower being probed, from its next index, which it
+        does not move: with the entries that follow (a batch) when no such probe is in
+        flight, as a heartbeat otherwise. False if pysyncobj's own send must do it (a
+        snapshot install)."""
+        log = raft._SyncObj__raftLog
+        index = raft._SyncObj__raftNextIndex[node]
+        if index <= log[0][1]:
+            return False
+        prev_index, prev_term = raft._SyncObj__getPrevLogIndexTerm(index)
+        entries: list[Any] = []
+        sent = self._probe_sent.get(node)
+        if index <= log[-1][1] and (sent is None or now - sent > self._probe_resend_s):
+            batch_bytes = raft._SyncObj__conf.appendEntriesBatchSizeBytes
+            entries = raft._SyncObj__getEntries(index, None, batch_bytes)
+            if len(entries) == 1 and len(entries[0][0]) >= batch_bytes:
+                entries = []  # its chunked send waits until the follower is matched
+            else:
+                self._probe_sent[node] = now
+        send(node, _append_entries(raft, prev_index, prev_term, entries))
+        return True
 
     def _send(self, raft: Any, node: Any, send: Callable[[Any, Any], object], start: float) -> bool:
         """Entries for `node` until it has them all, or it is held back, or the round's
@@ -108,17 +190,7 @@ class FollowerFlow:
                 if len(entries) == 1 and len(entries[0][0]) >= batch_bytes:
                     return False  # the chunked path of a single large entry
                 next_index[node] = entries[-1][1] + 1
-            send(
-                node,
-                {
-                    "type": "append_entries",
-                    "term": raft._SyncObj__raftCurrentTerm,
-                    "commit_index": raft._SyncObj__raftCommitIndex,
-                    "entries": entries,
-                    "prevLogIdx": prev_index,
-                    "prevLogTerm": prev_term,
-                },
-            )
+            send(node, _append_entries(raft, prev_index, prev_term, entries))
             first = False
             if node not in raft._SyncObj__connectedNodes:
                 return True
@@ -143,12 +215,13 @@ class FollowerFlow:
         sending = raft._SyncObj__serializer._Serializer__transmissions.get(node)
         logger.warning(
             "bucket %d: follower %s has acknowledged nothing for %.0f s (match %d, next %d; "
-            "the leader's log %d..%d; %s; last heard %s; held back %d times; %s)",
+            "%s; the leader's log %d..%d; %s; last heard %s; held back %d times; %s)",
             self._bucket,
             key,
             now - seen[1],
             match,
             int(raft._SyncObj__raftNextIndex.get(node, 0)),
+            "replicating" if node in self._matched else "probing",
             log[0][1],
             log[-1][1],
             "connected" if node in raft._SyncObj__connectedNodes else "not connected",
@@ -182,6 +255,17 @@ class FollowerFlow:
         key = str(getattr(node, "id", node))
         self.held[key] = self.held.get(key, 0) + 1
         return True
+
+
+def _append_entries(raft: Any, prev_index: Any, prev_term: Any, entries: list[Any]) -> Any:
+    return {
+        "type": "append_entries",
+        "term": raft._SyncObj__raftCurrentTerm,
+        "commit_index": raft._SyncObj__raftCommitIndex,
+        "entries": entries,
+        "prevLogIdx": prev_index,
+        "prevLogTerm": prev_term,
+    }
 
 
 def _only(raft: Any, node: Any, original: Callable[[Any], None]) -> None:

@@ -167,6 +167,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             tuning.follower_bytes_buffered_max,
             owner.bucket,
             tuning.follower_stalled_warn_s,
+            probe_resend_s=float(conf.raftMinTimeout),
         )
         self._next_judge_s = 0.0
         self._leader_contact_s = 0.0
@@ -468,24 +469,27 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         reset: bool = False,
         nextNodeIdx: int | None = None,
         success: bool = False,
+        refused: int | None = None,
     ) -> None:
         """syncobj.py:1098 plus: fsync before any positive ack (the follower acks only
-        entries it made durable), and the follower's term, so the leader can drop
-        acks from another term (the original message carries none: 1101-1106)."""
+        entries it made durable), the follower's term, so the leader can drop acks
+        from another term (the original message carries none: 1101-1106), and on a
+        refusal the previous entry of the AppendEntries refused, so the leader can
+        tell a stale refusal (`FollowerFlow.refusal_is_current`)."""
         if success:
             self._journal.sync()
         if nextNodeIdx is None:
             nextNodeIdx = self._journal[-1][1] + 1
-        self._SyncObj__transport.send(
-            node,
-            {
-                "type": "next_node_idx",
-                "next_node_idx": nextNodeIdx,
-                "reset": reset,
-                "success": success,
-                "term": self._SyncObj__raftCurrentTerm,
-            },
-        )
+        message = {
+            "type": "next_node_idx",
+            "next_node_idx": nextNodeIdx,
+            "reset": reset,
+            "success": success,
+            "term": self._SyncObj__raftCurrentTerm,
+        }
+        if refused is not None:
+            message["refused"] = refused
+        self._SyncObj__transport.send(node, message)
 
     # -- message handling ------------------------------------------------------------
 
@@ -531,9 +535,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     def _on_next_node_idx(self, node: Any, message: dict[str, Any]) -> None:
         """Leader side of syncobj.py:1070-1083, fixed: nextIndex/matchIndex only move
         forward on success (a late ack used to rewind a pipelined nextIndex, making
-        the follower truncate matching entries) and responses from another term are
-        ignored (Raft §5.1). A reset in this term is the follower's log end: trusted,
-        even below matchIndex (the follower lost entries it had acked)."""
+        the follower truncate matching entries), responses from another term are
+        ignored (Raft §5.1), and so is a stale refusal (one that answers an earlier
+        probe: `FollowerFlow`). A current refusal in this term says where the
+        follower's log can agree: trusted, even below matchIndex (the follower lost
+        entries it had acked)."""
         if self._SyncObj__raftState != _LEADER:
             return
         term = message.get("term")
@@ -545,6 +551,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         if node not in match_index or node not in next_index:
             return  # not (or no longer) a member
         next_idx = int(message["next_node_idx"])
+        self._SyncObj__lastResponseTime[node] = _monotonic()
         if message["success"]:
             if next_idx - 1 > match_index[node]:
                 match_index[node] = next_idx - 1
@@ -552,7 +559,10 @@ class RaftNode(SyncObj):  # type: ignore[misc]
                     self._counters.rewinds_prevented += 1
             if next_idx > next_index[node]:
                 next_index[node] = next_idx
+            self.flow.matched(self, node)
         elif message["reset"]:
+            if not self.flow.refusal_is_current(self, node, message.get("refused")):
+                return
             if next_idx <= match_index[node]:
                 # In this term the follower acked through matchIndex, so a reset below it
                 # means its log really is shorter now: it lost acknowledged entries (a
@@ -568,7 +578,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
                 )
                 match_index[node] = next_idx - 1
             next_index[node] = next_idx
-        self._SyncObj__lastResponseTime[node] = _monotonic()
+            # Probe from there at the next tick, not after the idle heartbeat.
+            self._SyncObj__newAppendEntriesTime = self._poll_until = _monotonic()
 
     def _on_append_entries(self, node: Any, message: dict[str, Any]) -> None:
         """Follower side of AppendEntries, re-implementing syncobj.py:945-1035 (the
@@ -608,10 +619,13 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         prev_idx, prev_term = message["prevLogIdx"], message["prevLogTerm"]
         first_idx, last_idx = log[0][1], log[-1][1]
         if prev_idx is None or not first_idx <= prev_idx <= last_idx:
-            self._SyncObj__sendNextNodeIdx(node, success=False, reset=True)
+            self._SyncObj__sendNextNodeIdx(node, success=False, reset=True, refused=prev_idx)
             return
         if log[prev_idx - first_idx][2] != prev_term:
-            self._SyncObj__sendNextNodeIdx(node, nextNodeIdx=prev_idx, success=False, reset=True)
+            hint = _conflict_start(log, prev_idx, int(self._SyncObj__raftCommitIndex))
+            self._SyncObj__sendNextNodeIdx(
+                node, nextNodeIdx=hint, success=False, reset=True, refused=prev_idx
+            )
             return
 
         self._append_entries(new_entries, last_idx, first_idx)
@@ -766,6 +780,20 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             self._SyncObj__onSetCodeVersion(0)
         except Exception:
             logger.exception("bucket %d: failed to load the snapshot", self._owner.bucket)
+
+
+def _conflict_start(log: FailStopJournal, idx: int, commit: int) -> int:
+    """Where a follower whose entry `idx` is of another term than its leader's asks
+    to be probed from: the first entry of that term's run in its log, above its
+    commit index and its log's first entry (those never conflict) - so a tail left
+    by an old leader costs one probe, not one per entry. Entries it skips that do
+    match are kept when they arrive again (`_append_entries`)."""
+    first_idx = log[0][1]
+    term = log[idx - first_idx][2]
+    low = max(commit, first_idx) + 1
+    while idx > low and log[idx - 1 - first_idx][2] == term:
+        idx -= 1
+    return idx
 
 
 def _entries_of(self: RaftNode, node: Any, message: dict[str, Any]) -> list[Any] | None:

@@ -436,6 +436,7 @@ class BucketReplica:
             "transfer_pauses": node.transfer.pauses,
             "late_leader_ticks": counters.late_leader_ticks,
             "followers_held": dict(node.flow.held),
+            "stale_refusals": node.flow.stale_refusals,
             "has_leader": has_leader,
             "leader_commit_index": leader_commit,
             "leader_changes": counters.leader_changes,
