@@ -185,6 +185,10 @@ class AttachStatus(StrEnum):
     later or elsewhere; never judge from stale state."""
     REFUSED = "REFUSED"
     """`decision` says why (STALE_SEQUENCE, INVALID_SEQUENCE, SUBSCRIPTION_NOT_FOUND)."""
+    ACK_PENDING = "ACK_PENDING"
+    """A durable subscription resumed by name while a transaction holds an ack of it
+    until its marker (`message` names it): its acknowledged position may still move.
+    Retry once the transaction has ended (Kafka's unstable offset)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -389,7 +389,10 @@ class BucketNotifier:
         """`attach` after the subscription's acknowledged position as this replica has
         applied it (a durable subscription resumed by name: the client kept nothing).
         Read and attached in one step, so a purge applied meanwhile cannot make the
-        position stale. Returns the attach, the head and the position attached after."""
+        position stale. Returns the attach, the head and the position attached after.
+        ACK_PENDING while a transaction holds an ack of the subscription (its position
+        is not settled: a COMMIT marker still to come would move it past events the
+        resumed stream would otherwise deliver again)."""
         return self._attach(sub_id, principal, None, sink)
 
     def _attach(
@@ -405,6 +408,15 @@ class BucketNotifier:
             def attach(sm: BucketStateMachine) -> tuple[Attach, EmitSeq, EmitSeq]:
                 assert core is not None
                 sub = sm.subs.get(sub_id)
+                holding = sm.txns.acks_pending_for(sub_id) if after is None else []
+                if holding:
+                    txn_id, number = holding[0]
+                    pending = Attach(
+                        AttachStatus.ACK_PENDING,
+                        message=f"transaction {number} of {txn_id!r} holds an ack of "
+                        f"subscription {sub_id} until its marker: resume once it has ended",
+                    )
+                    return pending, _NOWHERE, _NOWHERE
                 at = after if after is not None else sub.acked if sub else sm.emit_seq(0)
                 result = core.attach(sm, sub_id, principal, at, now)
                 return result, at if sub is None else max(at, sub.head), at

@@ -588,6 +588,11 @@ class TxnState:
             return result, (), ()
         return result, tuple(pending.ops), tuple(pending.acks[k] for k in sorted(pending.acks))
 
+    def acks_pending_for(self, sub_id: str) -> list[tuple[str, int]]:
+        """The transactions (id, number) holding an ack of subscription `sub_id` until
+        their marker: its acknowledged position may still move when they end."""
+        return [key for key, pending in sorted(self.pending.items()) if sub_id in pending.acks]
+
     def pending_ops(self) -> int:
         return sum(len(p.ops) for p in self.pending.values())
 

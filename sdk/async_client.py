@@ -509,6 +509,15 @@ class AsyncClient:
         (0: 60 s) aborts a transaction left open longer."""
         return AsyncTransaction(self, transactional_id, timeout_ms)
 
+    async def init_transactions(self, transactional_id: str, *, timeout_ms: int = 0) -> None:
+        """Register `transactional_id` now, fencing its earlier instances (their open
+        transaction is aborted), as its first transaction would (Kafka's
+        `initTransactions`). A consume-transform-produce process calls it before it
+        resumes its durable subscription: an open transaction of a killed predecessor
+        holding an ack of the subscription would otherwise hold the resume until its
+        timeout (docs/transactions.md)."""
+        await self._txn_session(transactional_id, timeout_ms)
+
     async def _txn_session(self, transactional_id: str, timeout_ms: int = 0) -> TxnSession:
         """This client's registration of `transactional_id` (made on first use)."""
         session = self._txn_sessions.get(transactional_id)

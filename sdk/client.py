@@ -297,6 +297,11 @@ class Client:
         block, aborts if it raises."""
         return Transaction(self, self._core.transaction(transactional_id, timeout_ms=timeout_ms))
 
+    def init_transactions(self, transactional_id: str, *, timeout_ms: int = 0) -> None:
+        """`AsyncClient.init_transactions`: register `transactional_id` now, fencing its
+        earlier instances."""
+        self._run(self._core.init_transactions(transactional_id, timeout_ms=timeout_ms))
+
     def producer(self, bucket_count: int | None = None) -> IdempotentProducer:
         """A producer of its own (another id, its own sequences): every `Client` write
         is idempotent already, through the client's producer. `bucket_count` is

@@ -18,7 +18,13 @@ from sevendb.cluster.common.layout import node_dir
 from sevendb.cluster.server.faults import KILL_AFTER_TXN_DECISION, fault_file
 from sevendb.outbox.keys import bucket_of
 from sevendb.proto import sevendb_pb2 as pb
-from sevendb.sdk import InvalidTxnState, ProducerFenced, SubscribeOptions, TransactionTimedOut
+from sevendb.sdk import (
+    AckMode,
+    InvalidTxnState,
+    ProducerFenced,
+    SubscribeOptions,
+    TransactionTimedOut,
+)
 from sevendb.sdk.streams import Event
 from sevendb.sdk.subscription import Subscription
 
@@ -298,3 +304,45 @@ def test_a_decided_commit_is_finished_after_the_deciding_node_is_killed(
             return not [t for t in listed.transactions if t.transactional_id == "t8-app"]
 
         wait_for(complete, 60, "the transaction to complete")
+
+
+def test_a_durable_subscription_resumes_after_the_commit_that_acks_its_input(
+    faulty: LocalCluster,
+) -> None:
+    """A COMMIT carries the ack of a durable subscription's input, and the node that
+    took it - the coordinator bucket's leader - dies after the decision, before any
+    marker. BEFORE: a successor resuming the subscription by name meanwhile started
+    before that input and got it again (a transformer then wrote its output twice:
+    CI's `out/in/014 written 2 times`). AFTER: the resume waits (UNAVAILABLE, retried
+    by the SDK) while a transaction holds an ack of the subscription, and starts after
+    the input once the survivors' driver has written the markers."""
+    coordinator = bucket_of("t9-app", 2)
+    victim = faulty.leader_node(coordinator)
+    key = next(f"t9/{i}" for i in range(100) if bucket_of(f"t9/{i}", 2) != coordinator)
+    assert faulty.leader_node(bucket_of(key, 2)) != victim  # its stream stays up
+    options = SubscribeOptions(ack=AckMode.EXPLICIT)
+    with faulty.client() as first:
+        sub = first.subscribe(f"key:{key}", durable="t9-xform", options=options)
+        first.put(key, b"1")
+        (event,) = _take(sub, 1)
+        txn = first.transaction("t9-app")
+        txn.put(key + "-out", b"T(1)")
+        txn.ack(event)
+        sub.detach()  # kept on the server, nothing acknowledged outside the transaction
+        epoch = first._core._txn_sessions["t9-app"].epoch
+        node = next(n for n in faulty.spec.nodes if n.node_id == victim)
+        fault_file(node_dir(faulty.data_dir, victim), KILL_AFTER_TXN_DECISION).touch()
+        commit = pb.TxnRequest(
+            action=pb.TxnRequest.COMMIT, transactional_id="t9-app", epoch=epoch, number=txn.number
+        )
+        with pytest.raises(grpc.RpcError):  # the node dies inside the call
+            faulty.stub(node.grpc_address).Txn(
+                commit, metadata=auth_metadata(faulty.token()), timeout=10
+            )
+    with faulty.client() as successor:
+        resumed = successor.subscribe(f"key:{key}", durable="t9-xform", options=options)
+        successor.put(key, b"2")
+        (first_event,) = _take(resumed, 1)
+        assert [c.value for c in first_event.changes] == [b"2"]  # not the input again
+        record = successor.get(key + "-out")
+        assert record is not None and record.version == 1

@@ -29,6 +29,7 @@ def run(data: Path, jitter_s: float) -> None:
     endpoints = [n.grpc_address for n in spec.nodes]
     with Client(endpoints, token=local_token(data, "default"), tls=local_tls(data)) as client:
         options = SubscribeOptions(ack=AckMode.EXPLICIT)
+        client.init_transactions("xform-app")  # aborts a killed predecessor's transaction
         while True:
             try:
                 sub = client.subscribe("prefix:in/", durable="xform", options=options)

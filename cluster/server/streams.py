@@ -223,6 +223,8 @@ class Streams:
         else:
             after = result.start
             attach, _ = notifier.attach(sub_id, principal, after, sink)
+        if attach.status is AttachStatus.ACK_PENDING:
+            raise Failure(grpc.StatusCode.UNAVAILABLE, f"bucket {bucket}: {attach.message}")
         if attach.status is not AttachStatus.ATTACHED:
             # The lease moved between the proposal and now: the client reconnects.
             raise Failure(
