@@ -25,6 +25,7 @@ from sevendb.sdk import (
     SubscribeOptions,
     TransactionTimedOut,
 )
+from sevendb.sdk.client import Client, Transaction
 from sevendb.sdk.streams import Event
 from sevendb.sdk.subscription import Subscription
 
@@ -264,6 +265,22 @@ def faulty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalClu
         c.stop()
 
 
+def _commit_killing(faulty: LocalCluster, client: Client, txn: Transaction, victim: str) -> None:
+    """COMMIT `txn` through node `victim`, armed to die once the decision is committed
+    and before any marker (fault point `kill-after-txn-decision`)."""
+    epoch = client._core._txn_sessions[txn.transactional_id].epoch
+    address = next(n.grpc_address for n in faulty.spec.nodes if n.node_id == victim)
+    fault_file(node_dir(faulty.data_dir, victim), KILL_AFTER_TXN_DECISION).touch()
+    commit = pb.TxnRequest(
+        action=pb.TxnRequest.COMMIT,
+        transactional_id=txn.transactional_id,
+        epoch=epoch,
+        number=txn.number,
+    )
+    with pytest.raises(grpc.RpcError):  # the node dies inside the call
+        faulty.stub(address).Txn(commit, metadata=auth_metadata(faulty.token()), timeout=10)
+
+
 def test_a_decided_commit_is_finished_after_the_deciding_node_is_killed(
     faulty: LocalCluster,
 ) -> None:
@@ -276,18 +293,7 @@ def test_a_decided_commit_is_finished_after_the_deciding_node_is_killed(
         txn = client.transaction("t8-app")
         txn.put(a, b"1")
         txn.put(b, b"2")
-        session = client._core._txn_sessions["t8-app"]
-        fault_file(node_dir(faulty.data_dir, victim.node_id), KILL_AFTER_TXN_DECISION).touch()
-        commit = pb.TxnRequest(
-            action=pb.TxnRequest.COMMIT,
-            transactional_id="t8-app",
-            epoch=session.epoch,
-            number=txn.number,
-        )
-        with pytest.raises(grpc.RpcError):  # the node dies inside the call
-            faulty.stub(victim.grpc_address).Txn(
-                commit, metadata=auth_metadata(faulty.token()), timeout=10
-            )
+        _commit_killing(faulty, client, txn, victim.node_id)
         wait_for(lambda: faulty.status(victim.node_id) is None, 30, "the victim to die")
 
         def both() -> bool:
@@ -329,16 +335,7 @@ def test_a_durable_subscription_resumes_after_the_commit_that_acks_its_input(
         txn.put(key + "-out", b"T(1)")
         txn.ack(event)
         sub.detach()  # kept on the server, nothing acknowledged outside the transaction
-        epoch = first._core._txn_sessions["t9-app"].epoch
-        node = next(n for n in faulty.spec.nodes if n.node_id == victim)
-        fault_file(node_dir(faulty.data_dir, victim), KILL_AFTER_TXN_DECISION).touch()
-        commit = pb.TxnRequest(
-            action=pb.TxnRequest.COMMIT, transactional_id="t9-app", epoch=epoch, number=txn.number
-        )
-        with pytest.raises(grpc.RpcError):  # the node dies inside the call
-            faulty.stub(node.grpc_address).Txn(
-                commit, metadata=auth_metadata(faulty.token()), timeout=10
-            )
+        _commit_killing(faulty, first, txn, victim)
     with faulty.client() as successor:
         resumed = successor.subscribe(f"key:{key}", durable="t9-xform", options=options)
         successor.put(key, b"2")
