@@ -1,16 +1,20 @@
 """Names a node's threads for the operating system, so `top -H`, `ps -L` and
 `/proc/<pid>/task/*/comm` tell the Raft tick, notifier and archive threads apart
 (Python names its threads for itself only; Linux, elsewhere a no-op), and makes a
-thread's long CPU-bound work hand the GIL over promptly (`prompt_handover`)."""
+long CPU-bound piece of work run in a child process with a GIL of its own
+(`run_forked`)."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import ctypes.util
+import os
+import signal
 import sys
 import threading
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable
 from typing import Final
 
 _PR_SET_NAME: Final = 15
@@ -30,42 +34,52 @@ def name_os_thread(name: str | None = None) -> None:
     _libc.prctl(_PR_SET_NAME, ctypes.c_char_p(raw[:_NAME_BYTES_MAX]), 0, 0, 0)
 
 
-HANDOVER_SWITCH_INTERVAL_S: Final = 0.0005
-"""The interpreter's switch interval while some thread runs `prompt_handover` work
-(CPython's default: 0.005 s)."""
-
-_handover_lock = threading.Lock()
-_handover_depth = 0
-_handover_saved = 0.0
+_PR_SET_PDEATHSIG: Final = 1
+_CHILD_FAILED: Final = 70
+"""A `run_forked` child's exit status when its function raised (EX_SOFTWARE)."""
 
 
-@contextlib.contextmanager
-def prompt_handover() -> Iterator[None]:
-    """Run the block with the process's GIL switch interval at
-    `HANDOVER_SWITCH_INTERVAL_S`, then put back what it was (nested and concurrent
-    uses, in any threads, restore it when the last one ends).
+def run_forked(fn: Callable[[], None], name: str) -> None:
+    """Run `fn` in a forked child process and wait for it to end; the calling thread
+    waits without the GIL (Linux; raises ChildProcessError if `fn` raised or the
+    child was killed).
 
-    A thread that spends hundreds of milliseconds of CPU in Python (a snapshot being
-    packed) keeps the GIL until another thread has waited the switch interval for
-    it. The Raft loop thread gives the GIL up at every poll, socket call and fsync,
-    and waits up to that interval to get it back each time: at CPython's 5 ms, a
-    tick that makes ten such calls took ~50 ms longer on each node, for as long as
-    the snapshot ran (docs/performance.md, "Writes stalled behind snapshots"). A
-    shorter interval for the whole process costs throughput when nothing of the
-    kind runs (docs/performance.md, stop 20), so it is shortened only meanwhile."""
-    global _handover_depth, _handover_saved
-    with _handover_lock:
-        if _handover_depth == 0:
-            _handover_saved = sys.getswitchinterval()
-            sys.setswitchinterval(min(_handover_saved, HANDOVER_SWITCH_INTERVAL_S))
-        _handover_depth += 1
-    try:
-        yield
-    finally:
-        with _handover_lock:
-            _handover_depth -= 1
-            if _handover_depth == 0:
-                sys.setswitchinterval(_handover_saved)
+    A thread of the node that spends hundreds of milliseconds of CPU in Python (a
+    snapshot being packed) shares the process's one GIL with the Raft loop and the
+    gRPC loop: each waits for it at every poll, send and fsync, and writes slow to
+    tens of milliseconds for as long as it runs (docs/performance.md, "Snapshots
+    packed in a child process"). The child has a GIL of its own.
+
+    The child sees the process's memory as it was at the fork (copy-on-write), but
+    only the calling thread: `fn` must not wait for locks other threads may hold
+    (logging, gRPC, the replica's apply lock) and must not use gRPC. The child ends
+    with `os._exit` (no atexit, no buffered output of the parent's flushed twice),
+    prints a traceback to stderr when `fn` raises, and is killed (SIGKILL) if the
+    calling thread ends first, so a node killed meanwhile leaves no child writing
+    into its data directory."""
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child; measured by its exit status
+        code = _CHILD_FAILED
+        try:
+            if _libc is not None:
+                _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() == parent:  # else the parent ended before the prctl
+                name_os_thread(name)
+                fn()
+                code = 0
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                traceback.print_exc()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise ChildProcessError(
+            f"{name}: child process {pid} "
+            + (f"was killed by signal {-code}" if code < 0 else f"failed (exit status {code})")
+        )
 
 
-__all__ = ["HANDOVER_SWITCH_INTERVAL_S", "name_os_thread", "prompt_handover"]
+__all__ = ["name_os_thread", "run_forked"]

@@ -176,29 +176,58 @@ def in_tick(node: Any, fn: Callable[[], Any], timeout_s: float = 5.0) -> Any:
     return box[0]
 
 
+class FsyncLog:
+    """The files fsynced since the fixture started (or `clear`), by this process and
+    by the children it forks (a snapshot is packed and written by one): a file
+    rather than a list, which a child's calls would not reach."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.clear()
+
+    def clear(self) -> None:
+        self.path.write_text("")
+
+    def names(self) -> list[str]:
+        return self.path.read_text().splitlines()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, list) and self.names() == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 @pytest.fixture
-def fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+def fsyncs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FsyncLog:
     """Every fsync/fdatasync from now on, as the path of the synced file."""
-    calls: list[str] = []
+    log = FsyncLog(tmp_path / "fsyncs.log")
     real_fsync, real_fdatasync = os.fsync, os.fdatasync
 
-    def name(fd: int) -> str:
+    def record(fd: int) -> None:
         try:
-            return os.readlink(f"/proc/self/fd/{fd}")
+            name = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
-            return f"fd:{fd}"
+            name = f"fd:{fd}"
+        with open(log.path, "a") as f:
+            f.write(name + "\n")
 
     def fsync(fd: int) -> None:
-        calls.append(name(fd))
+        record(fd)
         real_fsync(fd)
 
     def fdatasync(fd: int) -> None:
-        calls.append(name(fd))
+        record(fd)
         real_fdatasync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "fdatasync", fdatasync)
-    return calls
+    return log
 
 
 def watch_commits(journal: DurableJournal, violations: list[str], who: str) -> None:
@@ -298,7 +327,7 @@ def raw_pickle_frame(obj: object) -> bytes:
 
 
 def test_before_stock_journal_never_fsyncs_and_commits_unsynced_entries(
-    tmp_path: Path, stock: Callable[..., StockCounter], fsyncs: list[str]
+    tmp_path: Path, stock: Callable[..., StockCounter], fsyncs: FsyncLog
 ) -> None:
     """BEFORE: FileJournal writes into an mmap and nothing ever flushes or fsyncs it
     (docs/raft.md, hazard 1); term/vote go to a meta file with no fsync either. Measured again
@@ -800,7 +829,7 @@ def test_a_held_up_leader_warns_that_its_heartbeats_are_late(
 
 
 def test_before_stock_snapshot_is_an_unsynced_pickle(
-    tmp_path: Path, stock: Callable[..., StockCounter], fsyncs: list[str]
+    tmp_path: Path, stock: Callable[..., StockCounter], fsyncs: FsyncLog
 ) -> None:
     """BEFORE: the default snapshot is gzip(pickle) of the object's __dict__, written
     (in a forked child by default) with plain open/write/rename and no fsync
@@ -819,7 +848,7 @@ def test_before_stock_snapshot_is_an_unsynced_pickle(
 
 
 def test_after_snapshot_is_one_fsynced_file_of_the_core_snapshot(
-    tmp_path: Path, fsyncs: list[str]
+    tmp_path: Path, fsyncs: FsyncLog
 ) -> None:
     """BEFORE: pickled, unsynced snapshot (previous test).
     AFTER: one file - magic, msgpack [version, bucket_uuid, core snapshot, last entry,

@@ -1,13 +1,19 @@
 """proto/threads.py: a node's threads, and a client's loop thread, carry their names to
-the operating system; long CPU-bound work shortens the GIL switch interval meanwhile."""
+the operating system; long CPU-bound work runs in a child process that dies with
+its parent."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
 
-from sevendb.proto.threads import HANDOVER_SWITCH_INTERVAL_S, name_os_thread, prompt_handover
+import pytest
+
+from sevendb.proto.threads import name_os_thread, run_forked
+from tests.cluster_harness import wait_for
 
 
 def _os_name(native_id: int) -> str:
@@ -48,29 +54,60 @@ async def _native_id() -> int:
     return threading.get_native_id()
 
 
-def test_prompt_handover_shortens_the_switch_interval_until_the_last_user_ends() -> None:
-    before = sys.getswitchinterval()
-    assert before > HANDOVER_SWITCH_INTERVAL_S  # CPython's 5 ms
-    inside = threading.Event()
-    leave = threading.Event()
+def test_run_forked_runs_the_function_in_a_child_process(tmp_path: Path) -> None:
+    out = tmp_path / "pid"
 
-    def other() -> None:
-        with prompt_handover():
-            inside.set()
-            leave.wait(10)
+    def note_pid() -> None:
+        out.write_text(str(os.getpid()))
 
-    t = threading.Thread(target=other)
-    with prompt_handover():
-        assert sys.getswitchinterval() == HANDOVER_SWITCH_INTERVAL_S
-        t.start()
-        assert inside.wait(10)
-    assert sys.getswitchinterval() == HANDOVER_SWITCH_INTERVAL_S  # the other one still runs
-    leave.set()
-    t.join()
-    assert sys.getswitchinterval() == before
+    run_forked(note_pid, "test-child")
+    assert int(out.read_text()) != os.getpid()
+
+
+def test_run_forked_says_when_the_function_raised(tmp_path: Path) -> None:
+    def fail() -> None:
+        raise ValueError("packing failed")
+
+    with pytest.raises(
+        ChildProcessError, match=r"test-child: child process \d+ failed \(exit status 70\)"
+    ):
+        run_forked(fail, "test-child")
+
+
+_PARENT = """
+import os, sys, time
+from pathlib import Path
+from sevendb.proto.threads import run_forked
+
+def child() -> None:
+    Path(sys.argv[1]).write_text(str(os.getpid()))
+    time.sleep(60)
+
+run_forked(child, "test-child")
+"""
+
+
+def test_a_forked_child_dies_with_its_parent(tmp_path: Path) -> None:
+    """A node killed while its snapshot is being written leaves no child writing
+    into its data directory: the child gets SIGKILL when its parent's thread ends."""
+    pid_file = tmp_path / "child"
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, str(pid_file)])
     try:
-        with prompt_handover():
-            raise ValueError("boom")
-    except ValueError:
-        pass
-    assert sys.getswitchinterval() == before
+        wait_for(lambda: pid_file.exists() and pid_file.read_text() != "", 10, "the child")
+        child = int(pid_file.read_text())
+        os.kill(child, 0)  # alive
+        parent.kill()
+        parent.wait(10)
+        wait_for(lambda: not _alive(child), 10, "the child to end with its parent")
+    finally:
+        parent.kill()
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, which the kernel keeps for a parent that is gone
+    until init reaps it, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"

@@ -2,9 +2,10 @@
 
 A snapshot is one file: the core's deterministic snapshot plus pysyncobj's
 ``(lastEntry, prevEntry, cluster)``, encoded with msgpack (no pickle) and
-checksummed (docs/raft.md, hazard 4). It is written in a thread of its own
-(`BackgroundSerializer`, installed by `patches`), fsynced, renamed into place, and
-verified when read back (`SnapshotFiles`).
+checksummed (docs/raft.md, hazard 4). It is packed and written by a child process
+that a thread of its own waits for (`BackgroundSerializer`, installed by `patches`;
+`SnapshotFiles.writer`), fsynced, renamed into place, and verified when read back
+(`SnapshotFiles`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.serializer import Serializer
 
 from sevendb.cluster.common.files import fsync_dir, write_synced
-from sevendb.proto.threads import prompt_handover
+from sevendb.proto.threads import run_forked
 
 from .journal import DurableJournal
 
@@ -197,8 +198,7 @@ class BackgroundSerializer(Serializer):  # type: ignore[misc]
 
         def run() -> None:
             try:
-                with prompt_handover():  # the Raft loop waits for the GIL meanwhile
-                    write()
+                write()
                 atomic_replace(tmp, self._Serializer__fileName)
                 self._result = -1
             except Exception:
@@ -293,20 +293,25 @@ class SnapshotFiles:
     ) -> Callable[[], None]:
         """The function that writes a snapshot of `make_core()` to `tmp_path` and
         fsyncs it (run by `BackgroundSerializer` in its thread, which then renames
-        it into place)."""
+        it into place). `make_core` and the encoding run in a child process
+        (`run_forked`): packing the state is hundreds of milliseconds of Python,
+        which in this process held the Raft loop's and the gRPC loop's GIL back
+        (docs/performance.md, "Snapshots packed in a child process")."""
+
+        def pack_and_write() -> None:  # the child
+            snap = Snapshot(self.bucket_uuid, make_core(), last, prev, tuple(members))
+            write_synced(tmp_path, *encode_snapshot(snap))
 
         def write() -> None:
             started = time.monotonic()
-            snap = Snapshot(self.bucket_uuid, make_core(), last, prev, tuple(members))
-            data = encode_snapshot(snap)
-            write_synced(tmp_path, *data)
-            self.index = snap.last[1]
-            self.size = sum(map(len, data))
+            run_forked(pack_and_write, f"snapshot-b{self.bucket}")
+            self.index = last[1]
+            self.size = tmp_path.stat().st_size
             self.written += 1
             logger.info(
                 "bucket %d: snapshot at log index %d written (%d bytes in %.2f s)",
                 self.bucket,
-                snap.last[1],
+                last[1],
                 self.size,
                 time.monotonic() - started,
             )
