@@ -94,14 +94,25 @@ class LocalCluster:
 
     @classmethod
     def start(
-        cls, data_dir: Path, *, nodes: int = 3, buckets: int = 2, insecure: bool = False
+        cls,
+        data_dir: Path,
+        *,
+        nodes: int = 3,
+        buckets: int = 2,
+        insecure: bool = False,
+        settled: bool = False,
     ) -> LocalCluster:
         STARTED.append(data_dir.resolve())
         # SEVENDB_TEST_INSECURE=1: every cluster plaintext (to measure what TLS costs
         # the suite; docs/benchmarks.md).
         insecure = insecure or os.environ.get("SEVENDB_TEST_INSECURE") == "1"
         cluster_up(
-            data_dir, nodes=nodes, buckets=buckets, replicas=min(3, nodes), insecure=insecure
+            data_dir,
+            nodes=nodes,
+            buckets=buckets,
+            replicas=min(3, nodes),
+            insecure=insecure,
+            settled=settled,
         )
         return cls(data_dir.resolve())
 

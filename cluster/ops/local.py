@@ -309,10 +309,14 @@ def cluster_up(
     replicas: int = 3,
     timeout_s: float = START_TIMEOUT_S,
     insecure: bool = False,
+    settled: bool = False,
     progress: Callable[[str], None] = lambda _: None,
 ) -> UpResult:
     """Create (or restart) the cluster in `data_dir` (plaintext if made `insecure`);
-    returns once every bucket has a leader on every node's view. At the timeout the
+    returns once every bucket has a leader on every node's view, and with `settled`
+    once each is led, and emitted, by its preferred node (a fresh cluster hands
+    leadership over about a second after its first election: what measures the
+    cluster from its first request on wants that behind it). At the timeout the
     nodes this call started are stopped again (a failed `up` leaves nothing running
     that it started) and TimeoutError says what was missing."""
     data_dir = data_dir.resolve()
@@ -345,7 +349,7 @@ def cluster_up(
             started.append(node_id)
             progress(f"started node {node_id} (pid {pid})")
     try:
-        spec = wait_for_leaders(data_dir, timeout_s, progress)
+        spec = wait_for_leaders(data_dir, timeout_s, progress, settled=settled)
     except TimeoutError:
         stopped = stop_nodes(data_dir, started, progress=progress, drain=False)
         if stopped:
@@ -388,9 +392,12 @@ def wait_for_leaders(
     data_dir: Path,
     timeout_s: float,
     progress: Callable[[str], None] = lambda _: None,
+    *,
+    settled: bool = False,
 ) -> ClusterSpec:
-    """Until every running node answers and every bucket has a leader on each; returns
-    the cluster's spec."""
+    """Until every running node answers and every bucket has a leader on each, and with
+    `settled` until each bucket's preferred node (when it runs) leads it and emits;
+    returns the cluster's spec."""
     deadline = time.monotonic() + timeout_s
     last = ""
     tls = local_tls(data_dir)
@@ -401,6 +408,7 @@ def wait_for_leaders(
         except (Unreachable, grpc.RpcError):
             spec = None
             missing.append("no node answers yet")
+        preferred = spec.preferred_leaders() if settled and spec is not None else {}
         for node in [] if spec is None else spec.nodes:
             if running_pid(data_dir, node.node_id) is None:
                 missing.append(
@@ -414,6 +422,16 @@ def wait_for_leaders(
             leaderless = [r.bucket for r in status.replicas if not r.leader]
             if leaderless:
                 missing.append(f"{node.node_id}: buckets {leaderless} have no leader yet")
+            unsettled = [
+                r.bucket
+                for r in status.replicas
+                if preferred.get(r.bucket) == node.node_id and not (r.is_leader and r.emitting)
+            ]
+            if unsettled:
+                missing.append(
+                    f"{node.node_id}: buckets {unsettled} are not led and emitted from here "
+                    "(their preferred node) yet"
+                )
             if status.meta_voter and not status.meta.leader:
                 missing.append(f"{node.node_id}: the metadata group has no leader yet")
         if spec is not None and not missing:

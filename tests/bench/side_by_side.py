@@ -100,11 +100,13 @@ METHOD = f"""## Method
   - **NATS:** Debian's `nats-server` 2.9 with JetStream, stream `BENCH` (`bench.>`): R3,
     file storage, limits retention. Created once per run. It acknowledges a publish when
     an R3 quorum has stored it, **without fsync**: 2.9 syncs every 60 s.
-  - **sevendb:** `sevendb.cluster.ops.local.cluster_up(data, nodes=3, buckets=B, replicas=3)`,
-    with B = `--sevendb-buckets` (1 by default: one Raft group, like etcd's cluster and
-    the NATS stream; more buckets spread leaders over the processes, but on a 2-core
-    host they add per-entry work without adding cores). A write is acknowledged once
-    it is fsynced on a majority and applied.
+  - **sevendb:** `sevendb.cluster.ops.local.cluster_up(data, nodes=3, buckets=B, replicas=3,
+    settled=True)`, with B = `--sevendb-buckets` (1 by default: one Raft group, like etcd's
+    cluster and the NATS stream; more buckets spread leaders over the processes, but on a
+    2-core host they add per-entry work without adding cores). Measured once each bucket's
+    preferred node leads it (`settled`: a fresh cluster hands leadership over about a
+    second after its first election, and the peers hand none over). A write is
+    acknowledged once it is fsynced on a majority and applied.
   - **sevendb, 3 netns hosts** (`--netns`, root only): the same sevendb, its three
     nodes on three Linux network namespaces of a `tests/netns.py` lab (a veth pair
     each, one bridge, a private /24), made by `sevendb cluster init --insecure

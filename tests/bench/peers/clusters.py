@@ -232,8 +232,11 @@ class SevendbCluster:
         from sevendb.cluster.ops.local import cluster_up, local_token
 
         self._started = True
-        # Plaintext, like the etcd and NATS it is measured against.
-        spec = cluster_up(self.dir, nodes=3, buckets=self.buckets, replicas=3, insecure=True).spec
+        # Plaintext, like the etcd and NATS it is measured against; measured once each
+        # bucket's preferred node leads it (the peers hand no leadership over).
+        spec = cluster_up(
+            self.dir, nodes=3, buckets=self.buckets, replicas=3, insecure=True, settled=True
+        ).spec
         self._conf = {
             "endpoints": [n.grpc_address for n in spec.nodes],
             "token": local_token(self.dir),
