@@ -111,3 +111,34 @@ def _alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state != "Z"
+
+
+_NODE_FORKS = """
+import asyncio
+import sevendb.cluster.server.node  # the node's environment
+from grpc import aio
+from sevendb.proto.threads import run_forked
+
+async def main() -> None:
+    server = aio.server()
+    server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    await asyncio.to_thread(run_forked, lambda: None, "test-child")
+    await server.stop(None)
+
+asyncio.run(main())
+print("forked")
+"""
+
+
+def test_a_node_forks_without_grpcs_fork_handlers() -> None:
+    """A node forks a child per snapshot while it serves gRPC. gRPC's fork handlers
+    would pause its threads around the fork, or log once per snapshot that they skip
+    it: a node turns them off (the child never uses gRPC)."""
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+    out = subprocess.run(
+        [sys.executable, "-c", _NODE_FORKS], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "forked"
+    assert "fork" not in out.stderr, out.stderr
