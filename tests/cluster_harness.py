@@ -27,6 +27,7 @@ from sevendb.cluster.ops.local import (
     local_token,
     node_status,
     running_pid,
+    wait_for_leaders,
 )
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.proto import sevendb_pb2_grpc as pb_grpc
@@ -220,20 +221,7 @@ class LocalCluster:
         """Until each bucket's preferred node leads it and holds its notifier lease: a
         fresh cluster hands leadership over ~2 s after start, and a test that reads
         one node's state right after an action wants no move in between."""
-        preferred = self.spec.preferred_leaders()
-
-        def settled() -> bool:
-            for node in self.spec.nodes:
-                status = self.status(node.node_id)
-                if status is None:
-                    return False
-                for r in status.replicas:
-                    mine = preferred[r.bucket] == node.node_id
-                    if r.is_leader != mine or r.emitting != mine:
-                        return False
-            return True
-
-        wait_for(settled, timeout_s, "each bucket's preferred node to lead and emit", 0.1)
+        wait_for_leaders(self.data_dir, timeout_s, settled=True)
 
     def converged(self) -> bool:
         """Every replica of every bucket applied the same log to the same digest."""

@@ -395,8 +395,8 @@ def wait_for_leaders(
     *,
     settled: bool = False,
 ) -> ClusterSpec:
-    """Until every running node answers and every bucket has a leader on each, and with
-    `settled` until each bucket's preferred node (when it runs) leads it and emits;
+    """Until every node runs and answers and every bucket has a leader on each, and with
+    `settled` until each bucket is led and emitted by its preferred node and no other;
     returns the cluster's spec."""
     deadline = time.monotonic() + timeout_s
     last = ""
@@ -425,12 +425,12 @@ def wait_for_leaders(
             unsettled = [
                 r.bucket
                 for r in status.replicas
-                if preferred.get(r.bucket) == node.node_id and not (r.is_leader and r.emitting)
+                if settled and not _settled(r, preferred[r.bucket] == node.node_id)
             ]
             if unsettled:
                 missing.append(
-                    f"{node.node_id}: buckets {unsettled} are not led and emitted from here "
-                    "(their preferred node) yet"
+                    f"{node.node_id}: buckets {unsettled} are not settled yet (led and emitted "
+                    "from their preferred node only)"
                 )
             if status.meta_voter and not status.meta.leader:
                 missing.append(f"{node.node_id}: the metadata group has no leader yet")
@@ -443,6 +443,11 @@ def wait_for_leaders(
         if time.monotonic() > deadline:
             raise TimeoutError(f"cluster not ready after {timeout_s:.0f}s: {line}")
         time.sleep(0.2)
+
+
+def _settled(replica: pb.ReplicaStatus, preferred: bool) -> bool:
+    """Whether a replica leads and emits exactly when it is its bucket's preferred one."""
+    return replica.is_leader == preferred and replica.emitting == preferred
 
 
 def cluster_down(
