@@ -164,11 +164,15 @@ class ProducerRef:
     producer_id: int
     epoch: int
     sequence: int
+    answered_below: int = 0
+    """Every sequence of this epoch below this one was answered and will not be sent
+    again, so the bucket may forget its result (0: none known; at most `sequence`)."""
 
     def __post_init__(self) -> None:
         _check_int(self.producer_id, "producer_id", lo=1)
         _check_int(self.epoch, "producer_epoch", hi=2**32 - 1)
         _check_int(self.sequence, "producer sequence")
+        _check_int(self.answered_below, "answered_below", hi=self.sequence)
 
 
 @dataclass(frozen=True, slots=True)
@@ -718,10 +722,12 @@ def _write_fields(entry: Write) -> list[object]:
         [int(op.kind), op.key, op.value, int(op.expected.kind), op.expected.version]
         for op in entry.ops
     ]
+    ref = entry.producer
     producer = (
         None
-        if entry.producer is None
-        else [entry.producer.producer_id, entry.producer.epoch, entry.producer.sequence]
+        if ref is None
+        else [ref.producer_id, ref.epoch, ref.sequence]
+        + ([ref.answered_below] if ref.answered_below else [])
     )
     if entry.principal:
         return [ops, producer, entry.now_ms, entry.principal]
@@ -900,9 +906,10 @@ def _decode_write(f: list[object]) -> Write:
     ops = [_decode_op(raw) for raw in _as_list(f[0], "ops", limits.OPS_PER_WRITE_MAX)]
     producer = None
     if f[1] is not None:
-        p = _as_list(f[1], "producer", 3)
-        _arity(p, 3, "producer")
-        producer = ProducerRef(p[0], p[1], p[2])  # type: ignore[arg-type]
+        p = _as_list(f[1], "producer", 4)
+        if len(p) != 4 or not p[3]:  # a fourth (answered_below) only when not 0
+            _arity(p, 3, "producer")
+        producer = ProducerRef(*p)  # type: ignore[arg-type]
     principal = f[3] if len(f) == 4 else ""
     return Write(tuple(ops), producer, f[2], principal)  # type: ignore[arg-type]
 

@@ -27,7 +27,7 @@ SUBSCRIPTIONS_PER_BUCKET_MAX: Final = 65_536
 """Most live subscriptions in one bucket (a prefix query counts in every bucket)."""
 PRODUCERS_PER_BUCKET_MAX: Final = 65_536
 """Most idempotent producers one bucket remembers."""
-PRODUCER_RESULTS_CACHED: Final = 128
+PRODUCER_RESULTS_CACHED: Final = 1024
 """Results remembered per producer, so a retried duplicate gets its original answer."""
 ID_BYTES_MAX: Final = 128
 """Longest sub_id, node id or bucket uuid."""

@@ -46,14 +46,26 @@ class ProducerResults:
         beyond `limits.PRODUCER_RESULTS_CACHED`)."""
         self._data += pack_result(result)
         self._ends.append(len(self._data))
-        kept = limits.PRODUCER_RESULTS_CACHED
-        if len(self) > kept:
-            self._first += 1
-            if self._first * 4 >= kept:
-                cut = self._ends[self._first - 1]
-                del self._data[:cut]
-                self._ends = array("I", [end - cut for end in self._ends[self._first :]])
-                self._first = 0
+        if len(self) > limits.PRODUCER_RESULTS_CACHED:
+            self._evict(1)
+
+    def forget_before(self, sequence: int, last_seq: int) -> None:
+        """Forget the results of the sequences before `sequence`, the last one kept
+        being `last_seq`'s: the producer had their answers and sends them no more
+        (`ProducerRef.answered_below`)."""
+        drop = min(len(self), sequence - (last_seq - len(self) + 1))
+        if drop > 0:
+            self._evict(drop)
+
+    def _evict(self, count: int) -> None:
+        """Drop the oldest `count` results; their bytes go once a quarter of the bound
+        (or everything) is dropped."""
+        self._first += count
+        if self._first * 4 >= limits.PRODUCER_RESULTS_CACHED or not len(self):
+            cut = self._ends[self._first - 1]
+            del self._data[:cut]
+            self._ends = array("I", [end - cut for end in self._ends[self._first :]])
+            self._first = 0
 
     def original(self, back: int, bucket_uuid: str, retry: Write) -> WriteResult | None:
         """The result of the sequence `back` before the last one, as the answer to

@@ -273,6 +273,7 @@ class BucketStateMachine:
         if producer is not None and entry.producer is not None:
             producer.last_seq = entry.producer.sequence
             producer.results.add(result)
+            producer.results.forget_before(entry.producer.answered_below, producer.last_seq)
             producer.last_active_ms = max(producer.last_active_ms, entry.now_ms)
         return result, changes
 

@@ -198,7 +198,7 @@ def op_from_pb(msg: pb.Op) -> Op:
 
 
 def producer_from_pb(msg: pb.ProducerRef) -> ProducerRef:
-    return ProducerRef(msg.producer_id, msg.producer_epoch, msg.sequence)
+    return ProducerRef(msg.producer_id, msg.producer_epoch, msg.sequence, msg.answered_below)
 
 
 def query_to_pb(query: Query) -> pb.Query:

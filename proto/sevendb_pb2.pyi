@@ -357,14 +357,16 @@ class Op(_message.Message):
     def __init__(self, kind: _Optional[_Union[Op.Kind, str]] = ..., key: _Optional[str] = ..., value: _Optional[bytes] = ..., expected: _Optional[_Union[ExpectedVersion, _Mapping]] = ...) -> None: ...
 
 class ProducerRef(_message.Message):
-    __slots__ = ("producer_id", "producer_epoch", "sequence")
+    __slots__ = ("producer_id", "producer_epoch", "sequence", "answered_below")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_BELOW_FIELD_NUMBER: _ClassVar[int]
     producer_id: int
     producer_epoch: int
     sequence: int
-    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., sequence: _Optional[int] = ...) -> None: ...
+    answered_below: int
+    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., sequence: _Optional[int] = ..., answered_below: _Optional[int] = ...) -> None: ...
 
 class WriteRequest(_message.Message):
     __slots__ = ("ops", "producer", "txn", "txn_acks")

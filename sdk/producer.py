@@ -23,13 +23,17 @@ answer about the producer itself (this module decides, the pipeline acts):
 * UNKNOWN_PRODUCER / INVALID_PRODUCER_EPOCH: the bucket forgot the producer (its
   state expired): a new generation, as above.
 
-At most `SEQUENCES_IN_FLIGHT_MAX` sequences of a bucket are unanswered at once (in a
-generation: from the oldest unanswered one, a write may take a sequence fewer than
-that many ahead; later writes wait in the pipeline). A bucket keeps the results of
-that many sequences per producer (`limits.PRODUCER_RESULTS_CACHED`), so every retry
-is answered with its original result: when a sequence is retried, no write more
-than that many sequences after it can have committed. (Kafka bounds an idempotent
-producer to 5 batches in flight per partition, and a broker keeps 5, likewise.)
+At most `SEQUENCES_IN_FLIGHT_MAX` (1,024) sequences of a bucket are unanswered at
+once (in a generation: from the oldest unanswered one, a write may take a sequence
+fewer than that many ahead; later writes wait in the pipeline). A bucket keeps the
+results of that many sequences per producer (`limits.PRODUCER_RESULTS_CACHED`), so
+every retry is answered with its original result: when a sequence is retried, no
+write more than that many sequences after it can have committed. Each write tells
+the bucket its oldest unanswered sequence (`ProducerRef.answered_below`), and the
+bucket forgets the results before it: a producer keeps about as many results as it
+has writes in flight, not the bound. (Kafka bounds an idempotent producer to 5
+batches in flight per partition, and a broker keeps 5, likewise; a sevendb write is
+one record, not a batch.)
 
 Loop only (the SDK's asyncio loop), apart from `new_producer_id`.
 """
@@ -131,6 +135,12 @@ class Producer:
             return True
         oldest = state.unanswered[0] if state.unanswered else state.next_seq
         return state.next_seq - oldest < window
+
+    def answered_below(self, bucket: int) -> int:
+        """The bucket's oldest sequence still unanswered (or the next one): every
+        sequence before it was answered for good, so the node may forget its result."""
+        state = self.buckets[bucket]
+        return state.unanswered[0] if state.unanswered else state.next_seq
 
     def take(self, bucket: int) -> tuple[int, int, int]:
         """(epoch, sequence, generation) for the next write of a ready bucket."""

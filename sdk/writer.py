@@ -88,8 +88,8 @@ QUEUE_BYTES_MAX: Final = 64 * 1024 * 1024
 QUEUE_WAIT_S: Final = 10.0
 """Defaults of `WriteQueue`: unanswered writes (and their bytes) a client holds, and
 how long a write waits for room."""
-_REF_BYTES: Final = 32
-"""What a ProducerRef adds to a write's size, at most."""
+_REF_BYTES: Final = 48
+"""What a ProducerRef adds to a write's size, at most (four varints and its tag)."""
 T = TypeVar("T")
 _Key = tuple[Producer, int]
 """A producer in a bucket."""
@@ -422,10 +422,11 @@ class WritePipeline(Generic[T]):
     def _sequence(self, producer: Producer, pending: _Pending) -> None:
         epoch, pending.seq, pending.generation = producer.take(pending.bucket)
         ref = pending.request.producer
-        ref.producer_id, ref.producer_epoch, ref.sequence = (
+        ref.producer_id, ref.producer_epoch, ref.sequence, ref.answered_below = (
             producer.producer_id,
             epoch,
             pending.seq,
+            producer.answered_below(pending.bucket),
         )
 
     def _release_soon(self, key: _Key) -> None:

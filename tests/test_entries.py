@@ -77,6 +77,7 @@ SAMPLES: list[Entry] = [
     InitProducer(77, 13),
     InitProducer(77, 13, "alice"),
     Write((Op(OpKind.SET, "k"),), ProducerRef(9, 1, 4), 123, "alice"),
+    Write((Op(OpKind.SET, "k"),), ProducerRef(9, 1, 4, 2), 123, "alice"),
     WriteBatch(
         (
             Write((Op(OpKind.SET, "a"),), ProducerRef(1, 0, 0), 5, "alice"),
@@ -195,6 +196,7 @@ def test_oversize_entry_is_refused_before_parsing() -> None:
         (lambda: Expected.exact(0), InvalidArgument),
         (lambda: Subscribe("s", "alice", Query.parse("all"), -1), InvalidArgument),
         (lambda: ProducerRef(0, 0, 0), InvalidArgument),
+        (lambda: ProducerRef(1, 0, 3, 4), InvalidArgument),  # answered beyond itself
         (lambda: OutboxWrite(1, 5, 5, 0, 0), InvalidArgument),
     ],
 )

@@ -79,6 +79,68 @@ def test_the_kept_results_are_the_last_ones_whatever_was_evicted(writes: int) ->
     assert restored.packed() == results.packed()
 
 
+def test_a_bucket_forgets_the_results_its_producer_reports_answered() -> None:
+    """Each write names the producer's oldest unanswered sequence (answered_below):
+    the bucket keeps the results from there on, not the last PRODUCER_RESULTS_CACHED,
+    so a producer costs about its writes in flight. Unanswered ones keep theirs."""
+    d = Driver()
+    d.init_producer(PID)
+    originals = []
+    for seq in range(40):  # answers come back 3 writes behind
+        ref = ProducerRef(PID, 0, seq, max(0, seq - 3))
+        result = d.apply(Write((Op(OpKind.SET, f"k{seq}", b"v"),), ref, d.tick())).result
+        assert isinstance(result, WriteResult)
+        originals.append(result)
+    assert len(d.sm.producers[PID].results) == 4  # sequences 36 to 39
+    for seq in (36, 39):
+        again = write(d, seq, f"k{seq}")
+        assert again == WriteResult(originals[seq].commit, originals[seq].versions, duplicate=True)
+    gone = write(d, 35, "k35")
+    assert gone.error is not None and gone.error.code is ErrorCode.DUPLICATE_SEQUENCE
+    restored = Driver(BucketStateMachine.restore(d.sm.snapshot()))
+    assert restored.sm.digest() == d.sm.digest()
+    assert len(restored.sm.producers[PID].results) == 4
+    # Everything answered: only the write itself is kept.
+    write_all = ProducerRef(PID, 0, 40, 40)
+    d.apply(Write((Op(OpKind.SET, "k40", b"v"),), write_all, d.tick()))
+    assert len(d.sm.producers[PID].results) == 1
+
+
+@pytest.mark.parametrize("answered", [0, 1, 5, K - 1, K, K + 3])
+def test_forgetting_keeps_exactly_the_results_from_the_answered_point(answered: int) -> None:
+    writes = K + 3
+    results = ProducerResults()
+    made = [WriteResult(EmitSeq(BUCKET, 1, 10 + i), (("k", i),)) for i in range(writes)]
+    for result in made:
+        results.add(result)
+    results.forget_before(answered, writes - 1)
+    retry = Write((Op(OpKind.SET, "k"),), None, 0)
+    kept = min(K, writes - answered)
+    restored = ProducerResults.restore(results.packed(), writes - 1)
+    for those in (results, restored):
+        assert len(those) == kept
+        assert [those.original(back, BUCKET, retry) for back in range(kept)] == [
+            WriteResult(r.commit, r.versions, duplicate=True) for r in made[::-1][:kept]
+        ]
+    results.add(made[0])  # still appends behind what is kept
+    assert len(results) == min(K, kept + 1)
+
+
+def test_a_producer_reports_its_oldest_unanswered_sequence() -> None:
+    producer = Producer(PID)
+    producer.bucket(0)
+    assert producer.granted(0, 0)
+    taken = [producer.take(0)[1] for _ in range(4)]
+    assert taken == [0, 1, 2, 3] and producer.answered_below(0) == 0
+    producer.answered(0, 1, 0)  # out of order: 0 is still unanswered
+    assert producer.answered_below(0) == 0
+    producer.answered(0, 0, 0)
+    assert producer.answered_below(0) == 2
+    producer.answered(0, 2, 0)
+    producer.answered(0, 3, 0)
+    assert producer.answered_below(0) == 4  # all answered: the next sequence
+
+
 def test_a_refused_write_is_answered_with_its_refusal_again() -> None:
     d = Driver()
     d.init_producer(PID)

@@ -3,7 +3,7 @@ sequences per bucket (`WritePipeline(sequences_in_flight=...)`, default
 `SEQUENCES_IN_FLIGHT_MAX`).
 
     .venv/bin/python tests/bench/bench_window.py [--seconds 8] [--runs 3]
-        [--windows 0,64,128,256] [--inflight 64,128,256] [--buckets 1]
+        [--windows 0,128,1024] [--inflight 64,128,256] [--buckets 1]
 
 One durable cluster (3 nodes, fsync on); the closed-loop load of bench_writes.py
 (each answer starts the next write) at each in-flight level, under each window (0:
@@ -52,7 +52,7 @@ def main() -> int:
     )
     p.add_argument("--seconds", type=float, default=8)
     p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--windows", default="0,64,128,256")
+    p.add_argument("--windows", default="0,128,1024")
     p.add_argument("--inflight", default="64,128,256")
     p.add_argument("--buckets", type=int, default=1)
     args = p.parse_args()
