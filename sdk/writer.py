@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import functools
 import heapq
 import itertools
 import random
@@ -102,7 +101,9 @@ class _Pending:
     deadline: float
     size: int
     producer: Producer | None = None
-    future: Future[Any] = field(default_factory=Future)
+    future: Future[Any] | asyncio.Future[Any] = field(default_factory=Future)
+    """Where its outcome goes: a thread-safe future for `submit`, or the loop's own
+    for `submit_async` (the writes are settled on the loop)."""
     attempts: int = 0
     backoff_s: float = 0.0
     seq: int = -1
@@ -245,35 +246,55 @@ class WritePipeline(Generic[T]):
         (RESOURCE_EXHAUSTED) for every write in flight on it. With `producer`, the
         write is sequenced (idempotent). Blocks while the queue is full (see the
         module docstring)."""
-        size = _size(request, producer)
-        pending = _Pending(
+        future: Future[T] = Future()
+        pending = self._pending(request, bucket, producer, future, _size(request, producer))
+        self._admit(pending, on_loop=False)
+        return future
+
+    def _pending(
+        self,
+        request: pb.WriteRequest,
+        bucket: int,
+        producer: Producer | None,
+        future: Future[Any] | asyncio.Future[Any],
+        size: int,
+    ) -> _Pending:
+        return _Pending(
             request,
             bucket,
             time.monotonic() + self._deadline_s,
             size,
             producer,
+            future,
             backoff_s=self._backoff_initial_s,
         )
+
+    def _admit(self, pending: _Pending, *, on_loop: bool) -> None:
+        """Take the write's room in the queue (waiting for it off the loop) and have
+        the loop drain the inbox: from the loop itself without waking it through its
+        self-pipe."""
         with self._inbox_lock:
             if self._closed:
                 raise _closing()
-            if not self._quota.fits(size):
-                self._wait_for_room(size)
-            self._quota.take(size)
+            if not self._quota.fits(pending.size):
+                self._wait_for_room(pending.size)
+            self._quota.take(pending.size)
             pending.order = next(self._orders)
             self._inbox.append(pending)
             if self._drain_scheduled:
-                return pending.future
+                return
             self._drain_scheduled = True
+        if on_loop:
+            self._engine.loop.call_soon(self._drain)
+            return
         try:
             self._engine.loop.call_soon_threadsafe(self._drain)
         except RuntimeError:  # the loop is closed: fail this write, not the next ones
             with self._inbox_lock:
                 self._drain_scheduled = False
                 self._inbox.remove(pending)
-                self._quota.give(size)
+                self._quota.give(pending.size)
             raise
-        return pending.future
 
     async def submit_async(
         self, request: pb.WriteRequest, bucket: int, producer: Producer | None = None
@@ -296,10 +317,11 @@ class WritePipeline(Generic[T]):
             self._room_async.append(room)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(room, left)
+        # The pipeline settles writes on this loop: the answer is set right there, in
+        # the loop's own future (a thread-safe one with a callback handing its outcome
+        # over cost ~5 us more per write: docs/performance.md, "tenth session").
         answer: asyncio.Future[T] = loop.create_future()
-        # The pipeline settles writes on this loop: the answer is set right there
-        # (`asyncio.wrap_future` would wake the loop through its self-pipe per write).
-        self.submit(request, bucket, producer).add_done_callback(functools.partial(_answer, answer))
+        self._admit(self._pending(request, bucket, producer, answer, size), on_loop=True)
         return await answer
 
     def _wait_for_room(self, size: int) -> None:
@@ -340,7 +362,8 @@ class WritePipeline(Generic[T]):
             for room in waiting:
                 if not room.done():
                     room.set_result(None)
-        with contextlib.suppress(InvalidStateError):  # the caller cancelled its future
+        # The caller cancelled its future (a coroutine awaiting it was cancelled).
+        with contextlib.suppress(InvalidStateError, asyncio.InvalidStateError):
             if error is not None:
                 pending.future.set_exception(error)
             else:
@@ -839,19 +862,6 @@ class WritePipeline(Generic[T]):
         self._route(pending, targets)
         for target in targets:
             self._kick(target)
-
-
-def _answer(answer: asyncio.Future[T], settled: Future[T]) -> None:
-    """Hand a settled write's outcome to the coroutine awaiting it (on the loop,
-    where writes are settled)."""
-    if answer.done():  # the coroutine was cancelled
-        return
-    if settled.cancelled():
-        answer.cancel()
-    elif (error := settled.exception()) is not None:
-        answer.set_exception(error)
-    else:
-        answer.set_result(settled.result())
 
 
 def _size(request: pb.WriteRequest, producer: Producer | None) -> int:

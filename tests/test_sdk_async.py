@@ -151,6 +151,12 @@ def test_an_async_client_runs_on_the_caller_s_loop_with_no_thread_of_its_own(
     assert "sevendb-sdk" not in threads
 
 
+def queued(cluster: LocalCluster, queue: WriteQueue) -> AsyncClient:
+    return AsyncClient(
+        endpoints(cluster), token=cluster.token(), tls=cluster.tls, write_queue=queue
+    )
+
+
 def test_a_full_write_queue_is_awaited_then_refused_without_blocking_the_loop(
     shared_cluster: LocalCluster,
 ) -> None:
@@ -161,10 +167,7 @@ def test_a_full_write_queue_is_awaited_then_refused_without_blocking_the_loop(
     nodes = [n.node_id for n in cluster.spec.nodes]
 
     async def main() -> None:
-        queue = WriteQueue(max_writes=2, wait_s=0.5)
-        async with AsyncClient(
-            endpoints(cluster), token=cluster.token(), tls=cluster.tls, write_queue=queue
-        ) as client:
+        async with queued(cluster, WriteQueue(max_writes=2, wait_s=0.5)) as client:
             await client.put("queue/warm", b"w")
             with cluster.paused(nodes):
                 held = [asyncio.create_task(client.put(f"queue/{i}", b"v")) for i in range(2)]
@@ -190,5 +193,31 @@ def test_a_full_write_queue_is_awaited_then_refused_without_blocking_the_loop(
             ticker.cancel()
             assert [len(r.versions) for r in results] == [1, 1, 1]
             assert await client.get("queue/refused") is None
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_write_still_applies_once_and_gives_its_room_back(
+    shared_cluster: LocalCluster,
+) -> None:
+    """A coroutine cancelled while its write is in flight: the write is not taken
+    back (it may have reached the log), it applies once, and when it is answered its
+    room in the queue comes back (a queue of one write takes the next write)."""
+    cluster = shared_cluster
+    nodes = [n.node_id for n in cluster.spec.nodes]
+
+    async def main() -> None:
+        async with queued(cluster, WriteQueue(max_writes=1, wait_s=30)) as client:
+            await client.put("cancel/warm", b"w")
+            with cluster.paused(nodes):
+                cancelled = asyncio.create_task(client.put("cancel/a", b"v"))
+                await asyncio.sleep(0.1)
+                cancelled.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await cancelled
+            after = await asyncio.wait_for(client.put("cancel/b", b"v"), 60)
+            assert after.versions == {"cancel/b": 1}
+            record = await client.get("cancel/a")
+            assert record is not None and record.version == 1
 
     asyncio.run(main())
