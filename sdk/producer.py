@@ -102,6 +102,12 @@ class BucketState:
     answered: set[int] = field(default_factory=set)
     """Answered sequences still behind an unanswered one in `unanswered`."""
 
+    @property
+    def answered_below(self) -> int:
+        """The oldest sequence still unanswered (or the next one): every sequence
+        before it was answered for good."""
+        return self.unanswered[0] if self.unanswered else self.next_seq
+
     def forget_sequences(self) -> None:
         self.next_seq = 0
         self.unanswered.clear()
@@ -133,14 +139,7 @@ class Producer:
         state = self.bucket(bucket)
         if state.epoch < 0 or state.initialising:
             return True
-        oldest = state.unanswered[0] if state.unanswered else state.next_seq
-        return state.next_seq - oldest < window
-
-    def answered_below(self, bucket: int) -> int:
-        """The bucket's oldest sequence still unanswered (or the next one): every
-        sequence before it was answered for good, so the node may forget its result."""
-        state = self.buckets[bucket]
-        return state.unanswered[0] if state.unanswered else state.next_seq
+        return state.next_seq - state.answered_below < window
 
     def take(self, bucket: int) -> tuple[int, int, int]:
         """(epoch, sequence, generation) for the next write of a ready bucket."""

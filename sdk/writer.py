@@ -449,7 +449,7 @@ class WritePipeline(Generic[T]):
             producer.producer_id,
             epoch,
             pending.seq,
-            producer.answered_below(pending.bucket),
+            producer.buckets[pending.bucket].answered_below,
         )
 
     def _release_soon(self, key: _Key) -> None:

@@ -131,14 +131,14 @@ def test_a_producer_reports_its_oldest_unanswered_sequence() -> None:
     producer.bucket(0)
     assert producer.granted(0, 0)
     taken = [producer.take(0)[1] for _ in range(4)]
-    assert taken == [0, 1, 2, 3] and producer.answered_below(0) == 0
+    assert taken == [0, 1, 2, 3] and producer.buckets[0].answered_below == 0
     producer.answered(0, 1, 0)  # out of order: 0 is still unanswered
-    assert producer.answered_below(0) == 0
+    assert producer.buckets[0].answered_below == 0
     producer.answered(0, 0, 0)
-    assert producer.answered_below(0) == 2
+    assert producer.buckets[0].answered_below == 2
     producer.answered(0, 2, 0)
     producer.answered(0, 3, 0)
-    assert producer.answered_below(0) == 4  # all answered: the next sequence
+    assert producer.buckets[0].answered_below == 4  # all answered: the next sequence
 
 
 def test_a_refused_write_is_answered_with_its_refusal_again() -> None:
