@@ -187,30 +187,35 @@ class SubscriptionTable:
         joins its subscription's outbox."""
         if not changes or not self._subs:
             return ()
-        keep = None
+        hit_sets = [self._queries.matching(change.key) for change in changes]
         if only is not None and self.uncommitted:
             subs = self._subs
+            hit_sets = [{s for s in hits if subs[s].isolation is only} for hits in hit_sets]
+        first = hit_sets[0]
+        if all(hits == first for hits in hit_sets):
+            # The common case (one change, or every change matching the same
+            # subscriptions): each matching subscription gets one delta of them all.
+            if not first:
+                return ()
+            delta = Delta(changes, now_ms, delta_bytes(changes), txn)
+            subs = self._subs
+            return tuple(subs[sub_id].take_row(commit, delta) for sub_id in sorted(first))
+        return self._rows_split(commit, changes, hit_sets, now_ms, txn)
 
-            def keep(sub_id: str) -> bool:
-                return subs[sub_id].isolation is only
-
-        if len(changes) == 1:  # the common case: every matching sub gets the one delta
-            return self._rows_of_one(commit, changes, now_ms, keep, txn)
-        return self._rows_matched(commit, changes, now_ms, keep, txn)
-
-    def _rows_matched(
+    def _rows_split(
         self,
         commit: EmitSeq,
         changes: tuple[Change, ...],
+        hit_sets: list[set[str]],
         now_ms: int,
-        keep: Callable[[str], bool] | None = None,
-        txn: TxnTag | None = None,
+        txn: TxnTag | None,
     ) -> tuple[OutboxRow, ...]:
+        """`rows_for` when changes match different subscriptions: each gets a delta of
+        the changes it matches (subscriptions matching the same changes share one)."""
         matched: dict[str, list[int]] = {}
-        for i, change in enumerate(changes):
-            for sub_id in self._queries.matching(change.key):
-                if keep is None or keep(sub_id):
-                    matched.setdefault(sub_id, []).append(i)
+        for i, hits in enumerate(hit_sets):
+            for sub_id in hits:
+                matched.setdefault(sub_id, []).append(i)
         deltas: dict[tuple[int, ...], Delta] = {}
         rows = []
         for sub_id in sorted(matched):
@@ -221,24 +226,6 @@ class SubscriptionTable:
                 delta = deltas[picked] = Delta(mine, now_ms, delta_bytes(mine), txn)
             rows.append(self._subs[sub_id].take_row(commit, delta))
         return tuple(rows)
-
-    def _rows_of_one(
-        self,
-        commit: EmitSeq,
-        changes: tuple[Change, ...],
-        now_ms: int,
-        keep: Callable[[str], bool] | None = None,
-        txn: TxnTag | None = None,
-    ) -> tuple[OutboxRow, ...]:
-        """`rows_for` of a single change: the same rows, without the per-sub bookkeeping."""
-        hits = self._queries.matching(changes[0].key)
-        if keep is not None:
-            hits = {sub_id for sub_id in hits if keep(sub_id)}
-        if not hits:
-            return ()
-        delta = Delta(changes, now_ms, delta_bytes(changes), txn)
-        subs = self._subs
-        return tuple(subs[sub_id].take_row(commit, delta) for sub_id in sorted(hits))
 
     def outbox_rows(
         self, sub_id: str, after: EmitSeq | None = None, through_index: int | None = None

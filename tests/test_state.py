@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from sevendb.outbox import limits
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import (
+    ANY,
     NOT_EXISTS,
     Expected,
     InitProducer,
@@ -45,10 +46,10 @@ from sevendb.outbox.model import (
     SubscriptionClosed,
     UnsubscribeResult,
     WriteResult,
+    delta_bytes,
 )
 from sevendb.outbox.query import Plan, Query, QueryKind, plan_query
 from sevendb.outbox.state import BucketStateMachine, rows_digest
-from sevendb.outbox.subscriptions import SubscriptionTable
 
 
 def write_result(d: Driver, *args: object, **kw: object) -> WriteResult:
@@ -895,24 +896,36 @@ def test_rows_digest_is_xxh64_over_each_rows_canonical_encoding(
     assert rows_digest(iter(rows)) == (len(rows), hasher.intdigest())
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.sampled_from(["all", "key:a/1", "prefix:a/", "prefix:b", "key:b/2"]), max_size=6),
-    st.lists(st.sampled_from(["a/1", "a/2", "b/2", "c"]), min_size=1, max_size=6),
+    st.lists(
+        st.lists(st.sampled_from(["a/1", "a/2", "b/2", "c"]), min_size=1, max_size=4, unique=True),
+        min_size=1,
+        max_size=4,
+    ),
 )
-def test_a_single_change_makes_the_rows_the_general_matching_makes(
-    queries: list[str], keys: list[str]
+def test_each_subscription_gets_a_row_of_exactly_the_changes_its_query_matches(
+    queries: list[str], writes: list[list[str]]
 ) -> None:
-    fast, general = Driver(), Driver()
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(SubscriptionTable, "_rows_of_one", SubscriptionTable._rows_matched)
-        for i, query in enumerate(queries):
-            general.subscribe(f"s{i}", query)
-        slow_rows = [general.set(key).effects for key in keys]
+    """Whether a write's changes all match the same subscriptions (one shared delta)
+    or not (a delta per distinct choice of changes), the rows are the definition's."""
+    d = Driver()
+    plans = {}
     for i, query in enumerate(queries):
-        fast.subscribe(f"s{i}", query)
-    assert [fast.set(key).effects for key in keys] == slow_rows
-    assert fast.sm.digest() == general.sm.digest()
+        d.subscribe(f"s{i}", query)
+        plans[f"s{i}"] = plan_query(Query.parse(query))
+    for keys in writes:
+        ops = tuple(Op(OpKind.SET, key, key.encode(), ANY) for key in keys)
+        applied = d.apply(Write(ops, None, d.tick()))
+        rows = [r for e in applied.effects if isinstance(e, RowsPending) for r in e.rows]
+        expected = [
+            (sub_id, [key for key in keys if plan.matches(key)])
+            for sub_id, plan in sorted(plans.items())
+            if any(plan.matches(key) for key in keys)
+        ]
+        assert [(r.sub_id, [c.key for c in r.delta.changes]) for r in rows] == expected
+        assert all(r.delta.size_bytes == delta_bytes(r.delta.changes) for r in rows)
 
 
 def test_key_range_reads_keys_in_order_as_they_were_when_asked() -> None:

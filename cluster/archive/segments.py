@@ -26,7 +26,7 @@ from sevendb.cluster.archive.format import (
 from sevendb.cluster.archive.manifest import Purge
 from sevendb.cluster.archive.store import ArchiveStore
 from sevendb.outbox.entries import OpKind
-from sevendb.outbox.model import Delta, OutboxRow
+from sevendb.outbox.model import Delta, OutboxRow, delta_bytes
 
 log = logging.getLogger("sevendb.archive")
 
@@ -34,11 +34,14 @@ _OP_NAMES = {op: op.name for op in OpKind}
 
 
 def row_bytes(row: OutboxRow) -> int:
-    """A cheap estimate of a row's uncompressed size (for `segment_bytes_max`)."""
-    n = 64 + len(row.sub_id)
-    for c in row.delta.changes:
-        n += 24 + len(c.key) + len(c.value)
-    return n
+    """A cheap estimate of a row's uncompressed size (for `segment_bytes_max`): its
+    keys' and values' bytes as the state machine counted them (`Delta.size_bytes`),
+    which the rows of one source entry share, plus fixed overheads."""
+    delta = row.delta
+    size = delta.size_bytes
+    if size < 0:
+        size = delta_bytes(delta.changes)
+    return 64 + len(row.sub_id) + 24 * len(delta.changes) + size
 
 
 def _changes(triples: list[tuple[int, int, OutboxRow]]) -> pa.Array:
