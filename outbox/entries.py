@@ -10,7 +10,7 @@ well-formed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Final
@@ -56,13 +56,15 @@ class OpKind(IntEnum):
     DEL = 1
 
 
-_OP_KIND_OF: Final = {int(kind): kind for kind in OpKind}
+#: Each OpKind by its value (a KeyError for an unknown one, where `op_kind` raises
+#: ValueError): for a decoding loop that cannot afford a call per change.
+OP_KIND_OF: Final[Mapping[int, OpKind]] = {int(kind): kind for kind in OpKind}
 
 
 def op_kind(value: int) -> OpKind:
     """`OpKind(value)` (ValueError for an unknown value) without the enum's call
     machinery, which was a third of decoding an event in the SDK."""
-    kind = _OP_KIND_OF.get(value)
+    kind = OP_KIND_OF.get(value)
     return OpKind(value) if kind is None else kind
 
 

@@ -26,7 +26,7 @@ import grpc
 from grpc import aio
 
 from sevendb.outbox.emitseq import EmitSeq
-from sevendb.outbox.entries import LATEST, Start, op_kind
+from sevendb.outbox.entries import LATEST, OP_KIND_OF, Start, op_kind
 from sevendb.outbox.errors import ErrorCode, SevenDBError
 from sevendb.outbox.model import Change
 from sevendb.outbox.query import Query
@@ -184,6 +184,9 @@ def split_changes(event: Event, skip: Partial | None) -> list[Event]:
     ]
 
 
+_change: Final = Change._make
+
+
 def _event(bucket: int, ev: pb.DataEvent) -> Event:
     # The hot path of a subscriber: each nested message read costs a wrapper object,
     # so every one is read once.
@@ -193,10 +196,14 @@ def _event(bucket: int, ev: pb.DataEvent) -> Event:
     prev_epoch = prev.epoch_id
     delta = ev.delta
     changes = delta.changes
-    if len(changes) == 1:
-        c = changes[0]
-        decoded: tuple[Change, ...] = (Change(c.key, op_kind(c.op), c.value, c.version),)
-    else:
+    kinds = OP_KIND_OF
+    try:
+        if len(changes) == 1:
+            c = changes[0]
+            decoded: tuple[Change, ...] = (_change((c.key, kinds[c.op], c.value, c.version)),)
+        else:
+            decoded = tuple([_change((c.key, kinds[c.op], c.value, c.version)) for c in changes])
+    except KeyError:  # an op this SDK does not know: op_kind raises its ValueError
         decoded = tuple(Change(c.key, op_kind(c.op), c.value, c.version) for c in changes)
     return Event(
         bucket,

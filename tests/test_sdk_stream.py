@@ -11,6 +11,8 @@ import pytest
 from grpc import aio
 
 from sevendb.outbox.emitseq import EmitSeq
+from sevendb.outbox.entries import OpKind
+from sevendb.outbox.model import Change
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.sdk.cursor import StreamCursor
 from sevendb.sdk.sessions import SessionStream
@@ -46,6 +48,23 @@ def test_the_events_released_before_a_gap_are_handed_over() -> None:
     again, duplicates, gap = offer_events(cursor, 0, [_event(3, 2), _event(4, 3)])
     assert (duplicates, gap) == (1, False)
     assert [e.emit_seq.commit_index for e in again] == [4]
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_an_events_changes_decode_to_named_tuples_and_an_unknown_op_is_refused(
+    count: int,
+) -> None:
+    ev = _event(2, 1)
+    for i in range(1, count):
+        ev.delta.changes.append(pb.Change(key=f"d{i}", op=pb.Change.DEL, version=i))
+    ready, _, _ = offer_events(StreamCursor(EmitSeq("b", 1, 1)), 0, [ev])
+    (event,) = ready
+    deleted = (Change(f"d{i}", OpKind.DEL, b"", i) for i in range(1, count))
+    assert event.changes == (Change("k2", OpKind.SET, b"v", 1), *deleted)
+    assert all(type(c) is Change and type(c.op) is OpKind for c in event.changes)
+    ev.delta.changes[count - 1].op = 7  # type: ignore[assignment]  # from a newer server
+    with pytest.raises(ValueError, match="7 is not a valid OpKind"):
+        offer_events(StreamCursor(EmitSeq("b", 1, 1)), 0, [ev])
 
 
 def test_pushing_takes_queued_messages_first_then_each_as_it_arrives() -> None:
