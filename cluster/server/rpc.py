@@ -210,11 +210,11 @@ class _Guard:
 
     async def bidi_stream(
         self, requests: AsyncIterator[bytes], context: Ctx
-    ) -> AsyncIterator[Message]:
+    ) -> AsyncIterator[Message | bytes]:
         async with _Outcome(self._stats, self._name, context, stream=True) as outcome:
             call = outcome.call = self._call(context)
             parsed = self._parsed(requests, context)
-            messages: AsyncIterator[Message] = self._route.handler(parsed, call)
+            messages: AsyncIterator[Message | bytes] = self._route.handler(parsed, call)
             async for message in messages:
                 yield message
 
@@ -246,7 +246,7 @@ def method_handlers(
     out: dict[str, grpc.RpcMethodHandler] = {}
     for method in service.methods:
         guard = _Guard(edge, method, routes[method.name], malformed)
-        serialize = guard.reply.SerializeToString
+        serialize = _serializer(guard.reply)
         if method.client_streaming and method.server_streaming:
             handler = grpc.stream_stream_rpc_method_handler(
                 guard.bidi_stream, response_serializer=serialize
@@ -262,6 +262,17 @@ def method_handlers(
             )
         out[method.name] = handler
     return out
+
+
+def _serializer(reply: type[Message]) -> Callable[[Message | bytes], bytes]:
+    """How a method's replies are encoded: a handler may yield a reply it has
+    encoded itself (bytes, as a Session's responses are), sent as it is."""
+    encode = reply.SerializeToString
+
+    def serialize(message: Message | bytes) -> bytes:
+        return message if type(message) is bytes else encode(message)  # type: ignore[arg-type]
+
+    return serialize
 
 
 def register(server: aio.Server, handlers: dict[str, grpc.RpcMethodHandler]) -> None:

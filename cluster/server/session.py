@@ -46,9 +46,10 @@ class Sessions:
 
     async def session(
         self, requests: AsyncIterator[pb.SessionRequest], call: Call
-    ) -> AsyncIterator[pb.SessionResponse]:
+    ) -> AsyncIterator[bytes]:
         """Serve one Session call (see the module docstring); it ends when the client
-        closes it, or half-closes it and its streams are over."""
+        closes it, or half-closes it and its streams are over. It yields encoded
+        SessionResponses (`_responses`)."""
         out: Out = asyncio.Queue()
         streams: dict[int, asyncio.Task[None]] = {}
         reader = asyncio.get_running_loop().create_task(
@@ -118,33 +119,55 @@ def _refused(op: str | None, open_streams: int) -> Failure | None:
     return None
 
 
-async def _responses(out: Out) -> AsyncIterator[pb.SessionResponse]:
-    """What is queued, as SessionResponses of up to about SESSION_RESPONSE_BYTES (or
-    one item alone if it is larger: never more than a stream's own call would have
-    carried), until the call ends (raising the Failure that ends it)."""
-    carried: pb.SessionItem | None = None
+async def _responses(out: Out) -> AsyncIterator[bytes]:
+    """What is queued, as encoded SessionResponses of up to about
+    SESSION_RESPONSE_BYTES (or one item alone if it is larger: never more than a
+    stream's own call would have carried), until the call ends (raising the Failure
+    that ends it). A SessionResponse's encoding is its items' encodings one after
+    another, so each item is encoded once, as it is taken: a SessionResponse built of
+    them would copy each, and its size would encode each again."""
+    carried: bytes | None = None
     ended, end = False, None
     while not ended:
-        first = carried if carried is not None else await out.get()
-        if not isinstance(first, pb.SessionItem):
-            end = first
-            break
-        response = pb.SessionResponse(items=[first])
-        size, carried = first.ByteSize(), None
+        if carried is None:
+            first = await out.get()
+            if not isinstance(first, pb.SessionItem):
+                end = first
+                break
+            carried = _encoded(first)
+        parts, size, carried = [carried], len(carried), None
         while not out.empty():
             item = out.get_nowait()
             if not isinstance(item, pb.SessionItem):
                 ended, end = True, item
                 break
-            n = item.ByteSize()
-            if size + n > SESSION_RESPONSE_BYTES:
-                carried = item
+            encoded = _encoded(item)
+            if size + len(encoded) > SESSION_RESPONSE_BYTES:
+                carried = encoded
                 break
-            response.items.append(item)
-            size += n
-        yield response
+            parts.append(encoded)
+            size += len(encoded)
+        yield b"".join(parts)
     if end is not None:
         raise end
+
+
+_ITEMS_TAG: Final = b"\x0a"
+"""SessionResponse.items: field 1, length-delimited."""
+
+
+def _encoded(item: pb.SessionItem) -> bytes:
+    """`item` as one element of SessionResponse.items, encoded."""
+    data = item.SerializeToString()
+    n = len(data)
+    if n < 0x80:
+        return _ITEMS_TAG + bytes((n,)) + data
+    length = bytearray()
+    while n >= 0x80:
+        length.append(n & 0x7F | 0x80)
+        n >>= 7
+    length.append(n)
+    return _ITEMS_TAG + bytes(length) + data
 
 
 def _requests_done(out: Out, reader: asyncio.Task[None]) -> None:
