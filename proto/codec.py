@@ -11,13 +11,16 @@ built value. docs/wire.md describes the contract itself.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 import grpc
+import msgpack
 
 from sevendb.outbox.emitseq import EmitSeq, EpochId
 from sevendb.outbox.entries import (
     ANY,
+    OP_KIND_OF,
     Expected,
     ExpectKind,
     Op,
@@ -167,6 +170,58 @@ def change_to_pb(c: Change) -> pb.Change:
 
 def change_from_pb(c: pb.Change) -> Change:
     return Change(c.key, op_kind(c.op), c.value, c.version)
+
+
+_change: Final = Change._make
+
+
+def changes_from_pb(changes: Sequence[pb.Change]) -> tuple[Change, ...]:
+    """`change_from_pb` of each (ValueError for an unknown op), at a subscriber's
+    rate: a dict lookup and `Change._make` per change, no call of its own."""
+    kinds = OP_KIND_OF
+    try:
+        if len(changes) == 1:
+            c = changes[0]
+            return (_change((c.key, kinds[c.op], c.value, c.version)),)
+        return tuple([_change((c.key, kinds[c.op], c.value, c.version)) for c in changes])
+    except KeyError:  # an op this build does not know: op_kind raises its ValueError
+        return tuple(change_from_pb(c) for c in changes)
+
+
+def pack_changes(changes: tuple[Change, ...]) -> bytes:
+    """`DataEvent.packed_changes` (docs/wire.md, "Packed changes"): a msgpack array of
+    `[key, op, value, version]` arrays (a Change packs as its fields, in order)."""
+    return msgpack.packb(changes, use_bin_type=True)
+
+
+def unpack_changes(data: bytes) -> tuple[Change, ...]:
+    """The changes `pack_changes` packed; ValueError for anything else (not msgpack,
+    not an array of 4-item arrays, a field of the wrong type, an unknown op)."""
+    try:
+        items = msgpack.unpackb(data, use_list=False, raw=False)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise ValueError(f"packed changes are not valid msgpack: {exc!r}") from None
+    if type(items) is not tuple:
+        raise ValueError("packed changes must be an array")
+    kinds = OP_KIND_OF
+    out = []
+    for item in items:
+        if type(item) is not tuple or len(item) != 4:
+            raise ValueError(f"a packed change must be a [key, op, value, version] array: {item!r}")
+        key, op, value, version = item
+        if (
+            type(key) is not str
+            or type(op) is not int
+            or type(value) is not bytes
+            or type(version) is not int
+            or version < 0
+        ):
+            raise ValueError(f"a packed change has a field of the wrong type: {item!r}")
+        kind = kinds.get(op)
+        if kind is None:
+            raise ValueError(f"a packed change has an unknown op: {op}")
+        out.append(_change((key, kind, value, version)))
+    return tuple(out)
 
 
 def delta_to_pb(delta: Delta) -> pb.Delta:

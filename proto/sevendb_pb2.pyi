@@ -39,7 +39,7 @@ class Query(_message.Message):
     def __init__(self, kind: _Optional[_Union[Query.Kind, str]] = ..., arg: _Optional[str] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("bucket", "query", "sub_id", "durable", "start", "isolation", "group")
+    __slots__ = ("bucket", "query", "sub_id", "durable", "start", "packed_changes", "isolation", "group")
     class Isolation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         READ_COMMITTED: _ClassVar[SubscribeRequest.Isolation]
@@ -51,6 +51,7 @@ class SubscribeRequest(_message.Message):
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
     DURABLE_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
+    PACKED_CHANGES_FIELD_NUMBER: _ClassVar[int]
     ISOLATION_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     bucket: int
@@ -58,9 +59,10 @@ class SubscribeRequest(_message.Message):
     sub_id: str
     durable: str
     start: StartPosition
+    packed_changes: bool
     isolation: SubscribeRequest.Isolation
     group: GroupFence
-    def __init__(self, bucket: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., sub_id: _Optional[str] = ..., durable: _Optional[str] = ..., start: _Optional[_Union[StartPosition, _Mapping]] = ..., isolation: _Optional[_Union[SubscribeRequest.Isolation, str]] = ..., group: _Optional[_Union[GroupFence, _Mapping]] = ...) -> None: ...
+    def __init__(self, bucket: _Optional[int] = ..., query: _Optional[_Union[Query, _Mapping]] = ..., sub_id: _Optional[str] = ..., durable: _Optional[str] = ..., start: _Optional[_Union[StartPosition, _Mapping]] = ..., packed_changes: _Optional[bool] = ..., isolation: _Optional[_Union[SubscribeRequest.Isolation, str]] = ..., group: _Optional[_Union[GroupFence, _Mapping]] = ...) -> None: ...
 
 class GroupFence(_message.Message):
     __slots__ = ("member", "generation")
@@ -147,16 +149,18 @@ class Delta(_message.Message):
     def __init__(self, changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ..., commit_time_ms: _Optional[int] = ...) -> None: ...
 
 class DataEvent(_message.Message):
-    __slots__ = ("sub_id", "emit_seq", "prev_emit_seq", "delta")
+    __slots__ = ("sub_id", "emit_seq", "prev_emit_seq", "delta", "packed_changes")
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
     EMIT_SEQ_FIELD_NUMBER: _ClassVar[int]
     PREV_EMIT_SEQ_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
+    PACKED_CHANGES_FIELD_NUMBER: _ClassVar[int]
     sub_id: str
     emit_seq: EmitSeq
     prev_emit_seq: EmitSeq
     delta: Delta
-    def __init__(self, sub_id: _Optional[str] = ..., emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ..., prev_emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ..., delta: _Optional[_Union[Delta, _Mapping]] = ...) -> None: ...
+    packed_changes: bytes
+    def __init__(self, sub_id: _Optional[str] = ..., emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ..., prev_emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ..., delta: _Optional[_Union[Delta, _Mapping]] = ..., packed_changes: _Optional[bytes] = ...) -> None: ...
 
 class EventBatch(_message.Message):
     __slots__ = ("events",)
@@ -173,16 +177,18 @@ class CaughtUp(_message.Message):
     def __init__(self, sub_id: _Optional[str] = ..., head_emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ...) -> None: ...
 
 class ReconnectRequest(_message.Message):
-    __slots__ = ("sub_id", "last_processed_emit_seq", "bucket", "group")
+    __slots__ = ("sub_id", "last_processed_emit_seq", "bucket", "packed_changes", "group")
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
     LAST_PROCESSED_EMIT_SEQ_FIELD_NUMBER: _ClassVar[int]
     BUCKET_FIELD_NUMBER: _ClassVar[int]
+    PACKED_CHANGES_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     sub_id: str
     last_processed_emit_seq: EmitSeq
     bucket: int
+    packed_changes: bool
     group: GroupFence
-    def __init__(self, sub_id: _Optional[str] = ..., last_processed_emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ..., bucket: _Optional[int] = ..., group: _Optional[_Union[GroupFence, _Mapping]] = ...) -> None: ...
+    def __init__(self, sub_id: _Optional[str] = ..., last_processed_emit_seq: _Optional[_Union[EmitSeq, _Mapping]] = ..., bucket: _Optional[int] = ..., packed_changes: _Optional[bool] = ..., group: _Optional[_Union[GroupFence, _Mapping]] = ...) -> None: ...
 
 class ReconnectAck(_message.Message):
     __slots__ = ("status", "current_epoch_id", "next_commit_index")

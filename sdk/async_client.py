@@ -495,7 +495,7 @@ class AsyncClient:
         events = []
         for item in page.events:
             at = codec.seq_from_pb(item.emit_seq)
-            changes = tuple(codec.change_from_pb(c) for c in item.delta.changes)
+            changes = codec.changes_from_pb(item.delta.changes)
             events.append(Event(last.bucket, "", at, prev, changes, item.delta.commit_time_ms))
             prev = at
         after = codec.seq_from_pb(page.next_after) if page.more else last.after

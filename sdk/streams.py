@@ -26,7 +26,7 @@ import grpc
 from grpc import aio
 
 from sevendb.outbox.emitseq import EmitSeq
-from sevendb.outbox.entries import LATEST, OP_KIND_OF, Start, op_kind
+from sevendb.outbox.entries import LATEST, Start
 from sevendb.outbox.errors import ErrorCode, SevenDBError
 from sevendb.outbox.model import Change
 from sevendb.outbox.query import Query
@@ -184,9 +184,6 @@ def split_changes(event: Event, skip: Partial | None) -> list[Event]:
     ]
 
 
-_change: Final = Change._make
-
-
 def _event(bucket: int, ev: pb.DataEvent) -> Event:
     # The hot path of a subscriber: each nested message read costs a wrapper object,
     # so every one is read once.
@@ -195,22 +192,14 @@ def _event(bucket: int, ev: pb.DataEvent) -> Event:
     prev = ev.prev_emit_seq
     prev_epoch = prev.epoch_id
     delta = ev.delta
-    changes = delta.changes
-    kinds = OP_KIND_OF
-    try:
-        if len(changes) == 1:
-            c = changes[0]
-            decoded: tuple[Change, ...] = (_change((c.key, kinds[c.op], c.value, c.version)),)
-        else:
-            decoded = tuple([_change((c.key, kinds[c.op], c.value, c.version)) for c in changes])
-    except KeyError:  # an op this SDK does not know: op_kind raises its ValueError
-        decoded = tuple(Change(c.key, op_kind(c.op), c.value, c.version) for c in changes)
+    packed = ev.packed_changes
+    changes = codec.unpack_changes(packed) if packed else codec.changes_from_pb(delta.changes)
     return Event(
         bucket,
         ev.sub_id,
         EmitSeq(epoch.bucket_uuid, epoch.epoch_counter, at.commit_index),
         EmitSeq(prev_epoch.bucket_uuid, prev_epoch.epoch_counter, prev.commit_index),
-        decoded,
+        changes,
         delta.commit_time_ms,
     )
 
@@ -435,6 +424,7 @@ class BucketStreams:
             durable=self.durable,
             start=codec.start_to_pb(stream.begin),
             group=self.fence,
+            packed_changes=True,
             isolation=(
                 pb.SubscribeRequest.READ_UNCOMMITTED
                 if self.options.isolation == "read_uncommitted"
@@ -479,6 +469,7 @@ class BucketStreams:
         after = self._flusher.flushed(stream.bucket)
         assert after is not None
         request = codec.reconnect_request(stream.sub_id, stream.bucket, after)
+        request.packed_changes = True
         if self.fence is not None:
             request.group.CopyFrom(self.fence)
         call = self._sessions.reconnect(target, request)

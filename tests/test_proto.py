@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 from google.protobuf.descriptor import EnumDescriptor
 from google.protobuf.message import Message
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import Expected, ExpectKind, Op, OpKind
@@ -259,10 +262,17 @@ MESSAGES: dict[str, Message] = {
     "EmitSeq": emit_seq(2**64 - 1, epoch_counter=2**64 - 1),
     "Query": pb.Query(kind=pb.Query.PREFIX, arg="user:"),
     "SubscribeRequest": pb.SubscribeRequest(
-        bucket=17, query=pb.Query(kind=pb.Query.ALL), sub_id="client-chosen"
+        bucket=17, query=pb.Query(kind=pb.Query.ALL), sub_id="client-chosen", packed_changes=True
     ),
     "SubAck": pb.SubAck(sub_id="sub-1", start_emit_seq=emit_seq(41), bucket=17, plan_hash=2**63),
     "DataEvent": data_event(42),
+    "DataEvent(packed_changes)": pb.DataEvent(
+        sub_id="sub-1",
+        emit_seq=emit_seq(42),
+        prev_emit_seq=emit_seq(41),
+        delta=pb.Delta(commit_time_ms=1_732_000_000_123),
+        packed_changes=codec.pack_changes((Change("user:1", OpKind.SET, b"\x00\xffv", 9),)),
+    ),
     "EventBatch": pb.EventBatch(events=[data_event(42), data_event(43)]),
     "CaughtUp": pb.CaughtUp(sub_id="sub-1", head_emit_seq=emit_seq(43)),
     "ReconnectRequest": pb.ReconnectRequest(sub_id="sub-1", last_processed_emit_seq=emit_seq(40)),
@@ -494,6 +504,7 @@ def test_reconnect_request_names_the_subscriptions_bucket_optionally() -> None:
         "sub_id": 1,
         "last_processed_emit_seq": 2,
         "bucket": 3,
+        "packed_changes": 4,
         "group": 15,
     }
     # Presence is kept: bucket 0 is told apart from "not sent" (route by the uuid).
@@ -523,6 +534,48 @@ def test_codec_round_trips_the_core_types() -> None:
         ("b", pb.Change.DEL, b"", 2),
     ]
     assert msg.commit_time_ms == 1234
+
+
+_CHANGES = st.lists(
+    st.builds(
+        Change,
+        st.text(max_size=20),
+        st.sampled_from(OpKind),
+        st.binary(max_size=40),
+        st.integers(0, 2**64 - 1),
+    ),
+    max_size=6,
+).map(tuple)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_CHANGES)
+def test_packed_changes_carry_exactly_what_the_change_messages_carry(
+    changes: tuple[Change, ...],
+) -> None:
+    unpacked = codec.unpack_changes(codec.pack_changes(changes))
+    from_messages = codec.changes_from_pb(codec.delta_to_pb(Delta(changes, 0)).changes)
+    assert unpacked == from_messages == changes
+    assert all(type(c) is Change and type(c.op) is OpKind for c in unpacked + from_messages)
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        (b"\xc1", "not valid msgpack"),
+        (b"\x05", "must be an array"),
+        (b"\x91\x05", "must be a [key, op, value, version] array"),
+        (b"\x91\x93\xa1k\x00\xc4\x00", "must be a [key, op, value, version] array"),
+        (b"\x91\x94\xc4\x01k\x00\xc4\x00\x01", "wrong type"),  # key as bytes
+        (b"\x91\x94\xa1k\xc3\xc4\x00\x01", "wrong type"),  # op true
+        (b"\x91\x94\xa1k\x00\xa1v\x01", "wrong type"),  # value as str
+        (b"\x91\x94\xa1k\x00\xc4\x00\xff", "wrong type"),  # version -1
+        (b"\x91\x94\xa1k\x07\xc4\x00\x01", "unknown op: 7"),
+    ],
+)
+def test_malformed_packed_changes_are_refused_with_what_is_wrong(data: bytes, says: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(says)):
+        codec.unpack_changes(data)
 
 
 def test_codec_refuses_what_the_core_refuses() -> None:

@@ -4,7 +4,8 @@ another bucket, is INVALID_SEQUENCE once the holder has made sure it is current 
 an endless UNAVAILABLE); a newer stream of a subscription fences the older, which ends
 FAILED_PRECONDITION / STREAM_SUPERSEDED; malformed bytes get INVALID_ARGUMENT on every
 method, after the token is checked and without a traceback; a Session refuses an open
-stream_id by ending the call, never with a StreamEnd for that id."""
+stream_id by ending the call, never with a StreamEnd for that id. A stream that asks
+for packed changes gets the same events with their changes packed, and only it."""
 
 from __future__ import annotations
 
@@ -287,6 +288,80 @@ def test_a_newer_stream_of_a_subscription_fences_the_older(cluster: LocalCluster
         third.call.cancel()
     finally:
         session.close()
+
+
+# ---- packed changes --------------------------------------------------------------------
+
+
+def _events(stream: _Stream) -> list[pb.DataEvent]:
+    return [
+        e
+        for m in list(stream.messages)
+        if m.WhichOneof("kind") == "events"
+        for e in m.events.events
+    ]
+
+
+def _content(event: pb.DataEvent) -> tuple[Any, ...]:
+    """What an event says, whichever way its changes came."""
+    changes = (
+        codec.unpack_changes(event.packed_changes)
+        if event.packed_changes
+        else codec.changes_from_pb(event.delta.changes)
+    )
+    return (
+        codec.seq_from_pb(event.emit_seq),
+        codec.seq_from_pb(event.prev_emit_seq),
+        changes,
+        event.delta.commit_time_ms,
+    )
+
+
+def test_a_stream_that_asks_for_packed_changes_gets_the_same_events_packed(
+    cluster: LocalCluster,
+) -> None:
+    from sevendb.sdk import set_op
+
+    s = cluster.stub(_holder(cluster))
+    query = pb.Query(kind=pb.Query.PREFIX, arg="pk/")
+
+    def subscribe(sub_id: str, packed: bool) -> _Stream:
+        request = pb.SubscribeRequest(
+            bucket=BUCKET, query=query, sub_id=sub_id, packed_changes=packed
+        )
+        stream = _Stream(s.Subscribe(request, metadata=_auth(cluster)))
+        wait_for(lambda: stream.messages, 30, "a SubAck")
+        return stream
+
+    plain, packed = subscribe("pk-plain", False), subscribe("pk-packed", True)
+    keys = _put_keys(cluster, "pk/", 6)
+    with cluster.client() as client:  # one write of three changes: one event of three
+        client.write([set_op(key, b"again") for key in keys[:3]])
+    wait_for(lambda: len(_events(plain)) == 7 and len(_events(packed)) == 7, 30, "7 events each")
+    assert all(not e.packed_changes and e.delta.changes for e in _events(plain))
+    assert all(e.packed_changes and not e.delta.changes for e in _events(packed))
+    assert [len(_content(e)[2]) for e in _events(packed)] == [1] * 6 + [3]
+    # The same events (emit_seq, changes); each chain of prev_emit_seq starts at its SubAck.
+    assert [_content(e)[0::2] for e in _events(packed)] == [
+        _content(e)[0::2] for e in _events(plain)
+    ]
+    packed.call.cancel()
+    start = next(m for m in packed.messages if m.WhichOneof("kind") == "sub_ack")
+    again = _Stream(
+        s.Reconnect(
+            pb.ReconnectRequest(
+                sub_id="pk-packed",
+                last_processed_emit_seq=start.sub_ack.start_emit_seq,
+                packed_changes=True,
+            ),
+            metadata=_auth(cluster),
+        )
+    )
+    wait_for(lambda: len(_events(again)) == 7, 30, "the 7 events again, caught up")
+    assert [_content(e) for e in _events(again)] == [_content(e) for e in _events(packed)]
+    assert all(e.packed_changes for e in _events(again))
+    plain.call.cancel()
+    again.call.cancel()
 
 
 # ---- malformed requests ----------------------------------------------------------------

@@ -243,7 +243,16 @@ class Streams:
         )
         opening = [pb.StreamMessage(sub_ack=ack)]
         pump = self._pump(
-            principal, notifier, sub_id, sink, None, new_batch, push, opening, fence=fence
+            principal,
+            notifier,
+            sub_id,
+            sink,
+            None,
+            new_batch,
+            push,
+            opening,
+            fence=fence,
+            packed=request.packed_changes,
         )
         async for message in pump:
             yield message
@@ -318,6 +327,7 @@ class Streams:
             push,
             opening,
             fence=fence,
+            packed=request.packed_changes,
         ):
             yield message
 
@@ -362,6 +372,7 @@ class Streams:
         opening: Sequence[pb.StreamMessage],
         *,
         fence: pb.GroupFence | None = None,
+        packed: bool = False,
     ) -> AsyncIterator[M | pb.StreamMessage]:
         """An attached stream: `opening` (its SubAck or ReconnectAck), then its events
         (`Encoder`) until the notifier closes it, a newer stream fences it or the
@@ -373,8 +384,9 @@ class Streams:
         it subscribed) ends the stream PERMISSION_DENIED before anything of its batch
         is sent. A consumer group member's stream (`fence`) ends GROUP_FENCED before a
         batch leaves once its term is over (another member owns the bucket now): rows
-        leave only on the current owner's stream."""
-        encode = Encoder(self._events, sub_id, catch_up_head, new_batch)
+        leave only on the current owner's stream. `packed`: the events' changes in
+        `packed_changes` (the client asked for them so)."""
+        encode = Encoder(self._events, sub_id, catch_up_head, new_batch, packed)
 
         def check(rows: Sequence[OutboxRow]) -> None:
             self._check_readable(principal, sub_id, rows)
