@@ -187,6 +187,11 @@ METHOD = f"""## Method
     client figure is the subscriber processes' RSS growth, the same way. Whatever
     the servers free or allocate meanwhile (log compaction, allocator caches) also
     lands in this figure, so read its spread before comparing it.
+  - Before each of the two, the harness waits until the servers use under 0.25
+    cores together over a second (at most 120 s; the log says how long). sevendb
+    archives what a workload delivered in the background: after workload 3's fan-out
+    the three nodes' archive threads took 0.4-0.55 cores each for several seconds,
+    which the idle and per-CPU figures below would otherwise count.
   - **Idle cores** is the CPU of servers and subscribers over 2 s with no writes.
   - sevendb's `Client.subscribe` gives up when a stream is not up within 30 s. The
     harness retries such a call up to twice and reports how many it retried.

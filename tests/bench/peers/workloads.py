@@ -23,6 +23,9 @@ from peers.common import (
 INFLIGHTS: Final = (1, 32, 64)
 LATENCY_RATE: Final = 500.0
 KEPT_UP_S: Final = 1.0
+QUIET_CORES: Final = 0.25
+"""The servers together under this over a second: quiet (`Context.wait_quiet`)."""
+QUIET_WAIT_S_MAX: Final = 120.0
 """Kept up: every event arrived, the last within this long of the last write's ack."""
 W4_INFLIGHT: Final = 64
 W4_KEYS: Final = 10_000
@@ -92,6 +95,21 @@ class Context:
 
     def server_cpu(self) -> float:
         return sum(cpu_seconds(p) for p in self.cluster.pids())
+
+    def wait_quiet(self) -> float:
+        """Wait until the servers use under QUIET_CORES together over a second (what an
+        earlier workload left them to do is done: sevendb archives what it delivered in
+        the background), for at most QUIET_WAIT_S_MAX; the seconds waited."""
+        t0 = time.monotonic()
+        while True:
+            cpu0 = self.server_cpu()
+            time.sleep(1.0)
+            busy = self.server_cpu() - cpu0
+            waited = time.monotonic() - t0
+            if busy < QUIET_CORES or waited >= QUIET_WAIT_S_MAX:
+                if waited > 1.5:
+                    log(f"  {self.system}: waited {waited:.0f} s for the servers to go quiet")
+                return waited
 
     def server_rss_kb(self) -> int:
         return sum(rss_kb(p) for p in self.cluster.pids())
@@ -321,6 +339,7 @@ def many(ctx: Context) -> None:
     for subs in (1, o.many_subs):
         prefix = f"many{subs}"
         procs = 1 if subs == 1 else o.many_procs
+        ctx.figures[f"w4.{subs}.quiet_wait_s"] = ctx.wait_quiet()
         rss0 = ctx.server_rss_kb()
         workers: list[Worker] = []
         t0 = time.monotonic()
