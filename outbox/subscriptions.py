@@ -187,9 +187,9 @@ class SubscriptionTable:
         joins its subscription's outbox."""
         if not changes or not self._subs:
             return ()
+        subs = self._subs
         hit_sets = [self._queries.matching(change.key) for change in changes]
         if only is not None and self.uncommitted:
-            subs = self._subs
             hit_sets = [{s for s in hits if subs[s].isolation is only} for hits in hit_sets]
         first = hit_sets[0]
         if all(hits == first for hits in hit_sets):
@@ -198,7 +198,6 @@ class SubscriptionTable:
             if not first:
                 return ()
             delta = Delta(changes, now_ms, delta_bytes(changes), txn)
-            subs = self._subs
             return tuple(subs[sub_id].take_row(commit, delta) for sub_id in sorted(first))
         return self._rows_split(commit, changes, hit_sets, now_ms, txn)
 

@@ -23,10 +23,10 @@ from peers.common import (
 INFLIGHTS: Final = (1, 32, 64)
 LATENCY_RATE: Final = 500.0
 KEPT_UP_S: Final = 1.0
+"""Kept up: every event arrived, the last within this long of the last write's ack."""
 QUIET_CORES: Final = 0.25
 """The servers together under this over a second: quiet (`Context.wait_quiet`)."""
 QUIET_WAIT_S_MAX: Final = 120.0
-"""Kept up: every event arrived, the last within this long of the last write's ack."""
 W4_INFLIGHT: Final = 64
 W4_KEYS: Final = 10_000
 
