@@ -6,14 +6,36 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import limits
 from .emitseq import EmitSeq
-from .entries import OpKind, Start, StartKind
+from .entries import OP_KIND_OF, OpKind, Start, StartKind
 from .errors import ErrorCode, InvalidArgument, Rejection, StaleSequence
 from .model import Change, HistoryPage, HistoryTrimResult, RetainedChange, delta_bytes
 from .query import Plan
+
+_Change = tuple[str, int, bytes, int]
+"""A change as the history keeps it: `(key, op, value, version)`, a tuple of atomic
+values, which the garbage collector stops tracking at its first collection (a
+`Change` named tuple is tracked for as long as it lives, and the history holds up
+to 10,000 change sets of its bucket's recent writes, ~150k objects after a burst of
+writes, which every collection of the generation they sat in walked: a node's
+middle-generation collections took 34-83 ms each after side_by_side.py's workload 1,
+20-46 ms with these; docs/performance.md)."""
+
+
+class _Kept(NamedTuple):
+    """A change set as the history keeps it (`RetainedChange` with `_Change`s)."""
+
+    emit_seq: EmitSeq
+    commit_time_ms: int
+    changes: tuple[_Change, ...]
+    size_bytes: int
+
+
+def _changes(kept: tuple[_Change, ...]) -> tuple[Change, ...]:
+    return tuple([Change(k, OP_KIND_OF[op], v, ver) for k, op, v, ver in kept])
 
 
 class History:
@@ -23,7 +45,7 @@ class History:
     __slots__ = ("_after", "_after_ms", "_bytes", "_kept")
 
     def __init__(self, after: EmitSeq, after_ms: int = 0) -> None:
-        self._kept: deque[RetainedChange] = deque()
+        self._kept: deque[_Kept] = deque()
         self._bytes = 0
         """Its keys' and values' bytes (derived)."""
         self._after = after
@@ -38,7 +60,16 @@ class History:
 
     def __iter__(self) -> Iterator[RetainedChange]:
         """The retained change sets, oldest first."""
-        return iter(self._kept)
+        for kept in self._kept:
+            yield RetainedChange(
+                kept.emit_seq, kept.commit_time_ms, _changes(kept.changes), kept.size_bytes
+            )
+
+    def marks(self) -> Iterator[tuple[EmitSeq, int, int]]:
+        """Each retained change set's position, commit time and bytes, oldest first
+        (without building its changes)."""
+        for kept in self._kept:
+            yield kept.emit_seq, kept.commit_time_ms, kept.size_bytes
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -49,6 +80,10 @@ class History:
 
     def record(self, kept: RetainedChange) -> None:
         """A change set just committed joins the history."""
+        changes = tuple([(c[0], int(c[1]), c[2], c[3]) for c in kept.changes])
+        self._keep(_Kept(kept.emit_seq, kept.commit_time_ms, changes, kept.size_bytes))
+
+    def _keep(self, kept: _Kept) -> None:
         self._kept.append(kept)
         self._bytes += kept.size_bytes
 
@@ -68,9 +103,9 @@ class History:
         for kept in self._kept:
             if kept.emit_seq <= start:
                 continue
-            mine = tuple(c for c in kept.changes if matches(c.key))
+            mine = _changes(tuple([c for c in kept.changes if matches(c[0])]))
             if mine:
-                yield kept._replace(changes=mine, size_bytes=delta_bytes(mine))
+                yield RetainedChange(kept.emit_seq, kept.commit_time_ms, mine, delta_bytes(mine))
 
     def start(self, start: Start, at: EmitSeq, applied: int) -> EmitSeq | Rejection:
         """Where a stream subscribed at `at` (applied through `applied`) starts
@@ -140,17 +175,19 @@ class History:
                 more = True
                 break
             last = kept.emit_seq
-            mine = tuple(c for c in kept.changes if plan.matches(c.key))
+            mine = _changes(tuple([c for c in kept.changes if plan.matches(c[0])]))
             if mine:
-                events.append(kept._replace(changes=mine, size_bytes=delta_bytes(mine)))
+                events.append(
+                    RetainedChange(kept.emit_seq, kept.commit_time_ms, mine, delta_bytes(mine))
+                )
         return HistoryPage(tuple(events), more, last, self._after)
 
     # ---- snapshots (format 3's thirteenth and fourteenth fields) -------------------
 
     def pack_kept(self) -> Iterator[list[Any]]:
         """Each change set as a snapshot item (iterate a `copy()` in another thread). The
-        changes go as they are: msgpack packs each `Change` (a named tuple) as the
-        array `Change.pack` makes, in half the time."""
+        changes go as they are kept: msgpack packs each as the array `Change.pack`
+        makes, in half the time."""
         for kept in self._kept:
             yield [kept.emit_seq.pack(), kept.commit_time_ms, kept.changes]
 
@@ -169,6 +206,6 @@ class History:
         after, after_ms = reach
         history = cls(EmitSeq(*after), after_ms)
         for emit, when, changes in kept:
-            made = tuple(Change(k, OpKind(op), v, ver) for k, op, v, ver in changes)
-            history.record(RetainedChange(EmitSeq(*emit), when, made, delta_bytes(made)))
+            made = tuple([(k, int(OpKind(op)), v, ver) for k, op, v, ver in changes])
+            history._keep(_Kept(EmitSeq(*emit), when, made, delta_bytes(made)))
         return history

@@ -89,19 +89,19 @@ def history_trim_point(
     acknowledged subscriptions still hold stays (docs/core.md, "Retained history")."""
     entries, size = sm.history.size()
     through = None
-    for kept in sm.history:
-        too_old = max_age_ms > 0 and now_ms - kept.commit_time_ms > max_age_ms
+    for emit_seq, commit_time_ms, size_bytes in sm.history.marks():
+        too_old = max_age_ms > 0 and now_ms - commit_time_ms > max_age_ms
         if entries <= max_entries and size <= max_bytes and not too_old:
             break
-        through = kept.emit_seq.commit_index
-        entries, size = entries - 1, size - kept.size_bytes
+        through = emit_seq.commit_index
+        entries, size = entries - 1, size - size_bytes
     if through is None:
         return None
     # A safety point below the oldest retained change set (between two of them, at an
     # entry that changed no key) drops nothing: proposing it anyway would append a
     # HISTORY_TRIM on every pass, for ever.
     point = min(through, sm.safety_point(now_ms, stall_window_ms))
-    return point if point >= next(iter(sm.history)).emit_seq.commit_index else None
+    return point if point >= next(sm.history.marks())[0].commit_index else None
 
 
 def subscription_info(sm: BucketStateMachine, sub_id: str) -> SubscriptionInfo | None:

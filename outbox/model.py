@@ -5,6 +5,7 @@ All frozen: callers (notifier, gRPC, archive, simulator) may keep them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import NamedTuple
@@ -64,7 +65,7 @@ class Delta:
         return [[c.pack() for c in self.changes], self.commit_time_ms, self.txn.pack()]
 
 
-def delta_bytes(changes: tuple[Change, ...]) -> int:
+def delta_bytes(changes: Sequence[tuple[str, object, bytes, int]]) -> int:
     """The keys' and values' bytes of `changes` (`Delta.size_bytes`)."""
     size = 0
     for change in changes:

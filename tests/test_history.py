@@ -5,6 +5,7 @@ is STALE_SEQUENCE."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 
 import msgpack
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import HistoryTrim, OpKind, Start, StartKind, Subscribe
 from sevendb.outbox.errors import ErrorCode, InvalidArgument, StaleSequence
+from sevendb.outbox.history import History
 from sevendb.outbox.model import HistoryTrimResult, SubscribeResult
 from sevendb.outbox.query import Query, plan_query
 from sevendb.outbox.state import BucketStateMachine
@@ -224,12 +226,33 @@ def test_state_then_stream_has_no_gap_and_no_duplicate(
 
 
 def test_a_change_set_packs_to_the_same_snapshot_bytes_as_its_changes_lists() -> None:
-    """`History.pack_kept` hands msgpack each change set's `Change`s as they are (twice
-    as fast as a list per change): the bytes must stay those of `Change.pack`, or
-    replicas of two builds would disagree on the snapshot's digest."""
+    """`History.pack_kept` hands msgpack each change set's changes as the history keeps
+    them (twice as fast as a list per change): the bytes must stay those of
+    `Change.pack`, or replicas of two builds would disagree on the snapshot's digest."""
     d = history(Driver())
     d.delete("o/1")
     kept = list(d.sm.history.copy().pack_kept())
-    assert kept and any(change.op is OpKind.DEL for _, _, changes in kept for change in changes)
-    explicit = [[seq, ms, [change.pack() for change in changes]] for seq, ms, changes in kept]
+    sets = list(d.sm.history)
+    assert any(change.op is OpKind.DEL for s in sets for change in s.changes)
+    explicit = [[s.emit_seq.pack(), s.commit_time_ms, [c.pack() for c in s.changes]] for s in sets]
     assert msgpack.packb(kept, use_bin_type=True) == msgpack.packb(explicit, use_bin_type=True)
+
+
+def test_the_garbage_collector_stops_tracking_the_retained_changes() -> None:
+    """The retained history holds up to 10,000 change sets of recent writes; kept as
+    `Change` named tuples (which CPython tracks for as long as they live) they were
+    most of what a node's collections walked, 40-60 ms a collection under load
+    (docs/performance.md). Kept as tuples of atomic values, collections untrack them
+    (each change at the first, its change set's tuple at the first or the second), and
+    a snapshot restores them the same way."""
+    d = history(Driver())
+    d.delete("o/1")
+    restored = History.unpack(list(d.sm.history.copy().pack_kept()), d.sm.history.pack_reach())
+    gc.collect()
+    gc.collect()
+    for h in (d.sm.history, restored):
+        sets = [changes for _, _, changes in h.pack_kept()]
+        assert sum(len(changes) for changes in sets) >= 4
+        assert not any(gc.is_tracked(changes) for changes in sets)
+        assert not any(gc.is_tracked(change) for changes in sets for change in changes)
+    assert list(restored) == list(d.sm.history)
