@@ -4,6 +4,7 @@ its parent."""
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -62,6 +63,19 @@ def test_run_forked_runs_the_function_in_a_child_process(tmp_path: Path) -> None
 
     run_forked(note_pid, "test-child")
     assert int(out.read_text()) != os.getpid()
+
+
+def test_run_forked_runs_the_function_without_the_garbage_collector(tmp_path: Path) -> None:
+    """The child only runs `fn` and ends: a collection there would copy the parent's
+    pages of every object it walks."""
+    out = tmp_path / "gc"
+
+    def note_gc() -> None:
+        out.write_text(str(gc.isenabled()))
+
+    run_forked(note_gc, "test-child")
+    assert out.read_text() == "False"
+    assert gc.isenabled()
 
 
 def test_run_forked_says_when_the_function_raised(tmp_path: Path) -> None:
