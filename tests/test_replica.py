@@ -351,12 +351,17 @@ def test_a_follower_catches_up_from_a_snapshot_after_compaction(tmp_path: Path) 
         (500, 40_000, 50_000, 1.0, 0.0, True),  # ratio 0: entries alone (pysyncobj's rule)
         (500, 40_000, 50_000, 1.0, 0.5, True),
         (3, 100, 50_000, 301.0, 1.0, True),  # compaction_min_time_s passed
+        (5, 100_000, 50_000, 1.0, 1.0, True),  # few entries, compaction_min_log_bytes
+        (5, 99_999, 50_000, 1.0, 1.0, False),
+        (5, 150_000, 200_000, 1.0, 1.0, False),  # ... but fewer bytes than the snapshot
     ],
 )
 def test_a_snapshot_is_due_once_the_log_outgrows_the_last_one(
     entries: int, log_bytes: int, snapshot_bytes: int, since_last_s: float, ratio: float, due: bool
 ) -> None:
-    tuning = fast(compaction_min_entries=20, compaction_log_ratio=ratio)
+    tuning = fast(
+        compaction_min_entries=20, compaction_log_ratio=ratio, compaction_min_log_bytes=100_000
+    )
     assert (
         compaction_due(
             tuning,
@@ -449,6 +454,31 @@ def test_replicas_snapshot_a_large_state_again_only_after_as_many_log_bytes(
         restarted = c.start(0)  # the size of the snapshot it loads counts from here on
         assert c.converge() == digest
         assert num(restarted, "snapshot_bytes") == (c.data_dir(0) / SNAPSHOT_FILE).stat().st_size
+    finally:
+        c.close()
+
+
+def test_a_log_of_few_large_entries_is_compacted_by_its_bytes(tmp_path: Path) -> None:
+    """Batched entries carry many writes each: far fewer entries than
+    `compaction_min_entries` can hold a large log (kept in memory). Once the log
+    holds `compaction_min_log_bytes` (and as many bytes as the last snapshot), every
+    replica snapshots and compacts it."""
+    c = Cluster(
+        tmp_path,
+        tuning=fast(
+            compaction_min_entries=1_000, compaction_min_log_bytes=64 * 1024, snapshot_stagger_s=0.0
+        ),
+    ).start_all()
+    try:
+        leader = c.leader()
+        for n in range(24):  # 24 entries of 4 KiB: ~96 KiB
+            leader.propose(write(f"big-{n}", b"x" * 4096))
+        wait_until(
+            lambda: all(num(r, "snapshots_written") >= 1 for r in c.live),
+            what="every replica's snapshot",
+        )
+        c.converge()
+        assert all(num(r, "log_bytes") < 64 * 1024 for r in c.live)
     finally:
         c.close()
 

@@ -142,6 +142,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     _SyncObj__newAppendEntriesTime: float
     _SyncObj__recvTransmission: bytes | str
     _SyncObj__leaderCommitIndex: int | None
+    _SyncObj__forceLogCompaction: bool
 
     def __init__(
         self,
@@ -714,12 +715,14 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         serializer = self._SyncObj__serializer
         if serializer._Serializer__pid == 0:  # none being made: whether to start one
             # The trigger of syncobj.py:1436-1439, counting the entries (and their
-            # bytes) since the last snapshot, weighed against the snapshot's size; it
-            # implies the original's, which then starts the snapshot.
+            # bytes) since the last snapshot, weighed against the snapshot's size. Due
+            # by entries or time, it implies the original's, which then starts the
+            # snapshot; due by bytes alone, the original is told to (`force`).
             snapshots = self._owner._snapshots
+            entries = self._journal[-1][1] - snapshots.index
             due = compaction_due(
                 self._owner._tuning,
-                entries=self._journal[-1][1] - snapshots.index,
+                entries=entries,
                 log_bytes=self._journal.size_bytes(snapshots.index),
                 snapshot_bytes=snapshots.size,
                 since_last_s=_monotonic() - self._SyncObj__lastSerializedTime,
@@ -734,6 +737,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             )
             if not (self._SyncObj__forceLogCompaction or turn):
                 return
+            if due and entries <= self._owner._tuning.compaction_min_entries:
+                self._SyncObj__forceLogCompaction = True  # due by its bytes
         SyncObj._SyncObj__tryLogCompaction(self)
         if serializer._Serializer__pid != 0:  # one started (or finished): the next is due anew
             self._snapshot_turn.reset()

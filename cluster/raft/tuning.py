@@ -70,13 +70,19 @@ class RaftTuning:
     compacted past what it holds (the cold replica checkpoint of docs/contract.md
     §8), so that it catches up from the log; one silent longer gets a snapshot."""
     compaction_min_entries: int = 5000
+    compaction_min_log_bytes: int = 16 * 1024 * 1024
+    """... or this many bytes (0: entries only). An entry can carry hundreds of
+    batched writes, up to `limits.ENTRY_BYTES_MAX`: counted by entries alone, 5,000 of
+    them may hold gigabytes of log, which a replica keeps in memory (in
+    side_by_side.py's workload 1 they held ~40 MB while the last snapshot was 1.4 MB)."""
     compaction_log_ratio: float = 1.0
     """A snapshot is due once the log holds more than `compaction_min_entries` entries
-    *and* at least this many times the last snapshot's bytes (0: entries alone, as
-    pysyncobj does). A snapshot costs CPU in proportion to the state; counting entries
-    alone, a large state is rewritten every few seconds under load (300k keys: ~50 MB,
-    0.5-0.9 s of CPU per replica every 5,000 entries), this way only after as many
-    bytes were written. The log then holds at most about the state's size again."""
+    or `compaction_min_log_bytes` bytes, *and* at least this many times the last
+    snapshot's bytes (0: entries alone, as pysyncobj does). A snapshot costs CPU in
+    proportion to the state; counting entries alone, a large state is rewritten every
+    few seconds under load (300k keys: ~50 MB, 0.5-0.9 s of CPU per replica every
+    5,000 entries), this way only after as many bytes were written. The log then
+    holds at most about the state's size again."""
     compaction_min_time_s: float = 300.0
     compaction_recheck_s: float = 1.0
     """After the archive could not publish what a snapshot would cover, wait this long
@@ -125,6 +131,8 @@ class RaftTuning:
             raise ValueError("0 <= leader_balance_s <= leader_balance_backoff_max_s")
         if self.compaction_min_entries < 2 or self.compaction_min_time_s <= 0:
             raise ValueError("compaction_min_entries >= 2 and compaction_min_time_s > 0")
+        if self.compaction_min_log_bytes < 0:
+            raise ValueError("compaction_min_log_bytes must be >= 0")
         if not self.snapshot_stagger_s >= 0:
             raise ValueError("snapshot_stagger_s must be >= 0")
         if not self.compaction_log_ratio >= 0:
@@ -148,14 +156,14 @@ def compaction_due(
 ) -> bool:
     """Whether a replica should start a snapshot (and then drop its log up to it):
     after `compaction_min_time_s`, or once the log has more than
-    `compaction_min_entries` entries and at least `compaction_log_ratio` times the
-    last snapshot's bytes."""
+    `compaction_min_entries` entries or `compaction_min_log_bytes` bytes, and at least
+    `compaction_log_ratio` times the last snapshot's bytes."""
     if since_last_s > tuning.compaction_min_time_s:
         return True
-    return (
-        entries > tuning.compaction_min_entries
-        and log_bytes >= tuning.compaction_log_ratio * snapshot_bytes
+    grown = entries > tuning.compaction_min_entries or (
+        0 < tuning.compaction_min_log_bytes <= log_bytes
     )
+    return grown and log_bytes >= tuning.compaction_log_ratio * snapshot_bytes
 
 
 def snapshot_wait_s(tuning: RaftTuning, members: Sequence[str], me: str) -> float:
