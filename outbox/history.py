@@ -5,7 +5,7 @@ start in the past and a reader may page through what changed (docs/core.md,
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from . import limits
@@ -19,10 +19,10 @@ _Change = tuple[str, int, bytes, int]
 """A change as the history keeps it: `(key, op, value, version)`, a tuple of atomic
 values, which the garbage collector stops tracking at its first collection (a
 `Change` named tuple is tracked for as long as it lives, and the history holds up
-to 10,000 change sets of its bucket's recent writes, ~150k objects after a burst of
-writes, which every collection of the generation they sat in walked: a node's
-middle-generation collections took 34-83 ms each after side_by_side.py's workload 1,
-20-46 ms with these; docs/performance.md)."""
+to 10,000 change sets of its bucket's recent writes: ~125k objects after
+side_by_side.py's workload 1, walked by every collection of the generation they sat
+in. A node's longest middle-generation collection over workloads 1 and 2 took 41-84
+ms, 24-47 ms with these; docs/performance.md)."""
 
 
 class _Kept(NamedTuple):
@@ -34,7 +34,7 @@ class _Kept(NamedTuple):
     size_bytes: int
 
 
-def _changes(kept: tuple[_Change, ...]) -> tuple[Change, ...]:
+def _changes(kept: Iterable[_Change]) -> tuple[Change, ...]:
     return tuple([Change(k, OP_KIND_OF[op], v, ver) for k, op, v, ver in kept])
 
 
@@ -103,7 +103,7 @@ class History:
         for kept in self._kept:
             if kept.emit_seq <= start:
                 continue
-            mine = _changes(tuple([c for c in kept.changes if matches(c[0])]))
+            mine = _changes([c for c in kept.changes if matches(c[0])])
             if mine:
                 yield RetainedChange(kept.emit_seq, kept.commit_time_ms, mine, delta_bytes(mine))
 
@@ -175,7 +175,7 @@ class History:
                 more = True
                 break
             last = kept.emit_seq
-            mine = _changes(tuple([c for c in kept.changes if plan.matches(c[0])]))
+            mine = _changes([c for c in kept.changes if plan.matches(c[0])])
             if mine:
                 events.append(
                     RetainedChange(kept.emit_seq, kept.commit_time_ms, mine, delta_bytes(mine))
