@@ -38,6 +38,14 @@ def _changes(kept: Iterable[_Change]) -> tuple[Change, ...]:
     return tuple([Change(k, OP_KIND_OF[op], v, ver) for k, op, v, ver in kept])
 
 
+def _narrowed(kept: _Kept, matches: Callable[[str], bool]) -> RetainedChange | None:
+    """`kept` with only the changes whose key `matches` (None: none does)."""
+    mine = _changes([c for c in kept.changes if matches(c[0])])
+    if not mine:
+        return None
+    return RetainedChange(kept.emit_seq, kept.commit_time_ms, mine, delta_bytes(mine))
+
+
 class History:
     """Every change set committed after `after`, oldest first; HISTORY_TRIM drops its
     head."""
@@ -103,9 +111,9 @@ class History:
         for kept in self._kept:
             if kept.emit_seq <= start:
                 continue
-            mine = _changes([c for c in kept.changes if matches(c[0])])
-            if mine:
-                yield RetainedChange(kept.emit_seq, kept.commit_time_ms, mine, delta_bytes(mine))
+            mine = _narrowed(kept, matches)
+            if mine is not None:
+                yield mine
 
     def start(self, start: Start, at: EmitSeq, applied: int) -> EmitSeq | Rejection:
         """Where a stream subscribed at `at` (applied through `applied`) starts
@@ -175,11 +183,9 @@ class History:
                 more = True
                 break
             last = kept.emit_seq
-            mine = _changes([c for c in kept.changes if plan.matches(c[0])])
-            if mine:
-                events.append(
-                    RetainedChange(kept.emit_seq, kept.commit_time_ms, mine, delta_bytes(mine))
-                )
+            mine = _narrowed(kept, plan.matches)
+            if mine is not None:
+                events.append(mine)
         return HistoryPage(tuple(events), more, last, self._after)
 
     # ---- snapshots (format 3's thirteenth and fourteenth fields) -------------------

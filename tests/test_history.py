@@ -241,10 +241,11 @@ def test_a_change_set_packs_to_the_same_snapshot_bytes_as_its_changes_lists() ->
 def test_the_garbage_collector_stops_tracking_the_retained_changes() -> None:
     """The retained history holds up to 10,000 change sets of recent writes; kept as
     `Change` named tuples (which CPython tracks for as long as they live) they were
-    most of what a node's collections walked, 40-60 ms a collection under load
-    (docs/performance.md). Kept as tuples of atomic values, collections untrack them
-    (each change at the first, its change set's tuple at the first or the second), and
-    a snapshot restores them the same way."""
+    most of what a node's collections walked (its longest middle-generation
+    collection 41-84 ms under load, 24-47 ms without them: docs/performance.md). Kept
+    as tuples of atomic values, collections untrack them (each change at the first,
+    its change set's tuple at the first or the second), and a snapshot restores them
+    the same way."""
     d = history(Driver())
     d.delete("o/1")
     restored = History.unpack(list(d.sm.history.copy().pack_kept()), d.sm.history.pack_reach())
