@@ -9,11 +9,12 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from sevendb.proto.threads import name_os_thread, run_forked
+from sevendb.proto.threads import name_os_thread, run_forked, start_forked
 from tests.cluster_harness import wait_for
 
 
@@ -86,6 +87,29 @@ def test_run_forked_says_when_the_function_raised(tmp_path: Path) -> None:
         ChildProcessError, match=r"test-child: child process \d+ failed \(exit status 70\)"
     ):
         run_forked(fail, "test-child")
+
+
+def test_start_forked_returns_while_the_child_runs_and_kill_ends_it(tmp_path: Path) -> None:
+    """The snapshot's child is started in the tick thread, which goes on at once; a
+    snapshot the archive refuses kills it (`SnapshotWrite.abandon`)."""
+    started = tmp_path / "started"
+    release = tmp_path / "release"
+
+    def wait_for_release() -> None:
+        started.write_text(str(os.getpid()))
+        while not release.exists():
+            time.sleep(0.01)
+
+    child = start_forked(wait_for_release, "test-child")
+    wait_for(lambda: started.exists() and started.read_text() != "", 10, "the child")
+    assert _alive(child.pid)  # running while this thread goes on
+    child.kill()
+    assert not _alive(child.pid)
+    with pytest.raises(ChildProcessError, match="was killed by signal 9"):
+        child.wait()  # the end is kept: no second waitpid on a reaped pid
+    finished = start_forked(lambda: None, "test-child")
+    finished.wait()
+    finished.kill()  # an ended child: nothing to kill, no error
 
 
 _PARENT = """

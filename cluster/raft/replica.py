@@ -567,13 +567,15 @@ class BucketReplica:
 
     def _write_snapshot(self, tmp_path: str, data: tuple[Any, Any, Any]) -> Callable[[], None]:
         """pysyncobj's custom serializer (serializer.py:87), called in the tick thread:
-        takes the core's state now and returns the function that writes it
-        (`BackgroundSerializer` runs that in a thread): one file with the core
-        snapshot and pysyncobj's (lastEntry, prevEntry, cluster), fsynced, then renamed
-        into place; the directory is fsynced before compaction drops log entries
-        (RaftNode._SyncObj__deleteEntriesTo), which cuts the log at the core's
-        safety point as it is now (docs/core.md: a subscriber's acknowledgements, the
-        cold replica checkpoint, a migration hold point), not at the snapshot."""
+        forks a child that writes one file with the core's state as it is now and
+        pysyncobj's (lastEntry, prevEntry, cluster), fsynced (`SnapshotFiles.start`).
+        Returns the function `BackgroundSerializer` runs in a thread before it renames
+        the file into place: it waits for the archive to have published the purges
+        the snapshot covers, then for the child. The directory is fsynced before
+        compaction drops log entries (RaftNode._SyncObj__deleteEntriesTo), which cuts
+        the log at the core's safety point as it is now (docs/core.md: a subscriber's
+        acknowledgements, the cold replica checkpoint, a migration hold point), not
+        at the snapshot."""
         last, prev, cluster = data
         now_ms = int(time.time() * 1000)
         cold = cold_replica_checkpoint(
@@ -584,28 +586,30 @@ class BucketReplica:
         if self.cold_replica_checkpoint is not None:  # an operator's (or a test's) bound
             cold = min(self.cold_replica_checkpoint, cold or self.cold_replica_checkpoint)
         hold = self.migration_hold_point
-        with self._lock:
-            if self._quarantine is not None:
-                raise RuntimeError("quarantined replicas take no snapshots")
-            make_core = self._sm.snapshot_later()
-            core_applied = self._sm.applied_index
-            self._cut_point = self._sm.safety_point(
-                now_ms, self._tuning.stall_window_ms, cold, hold
-            )
-        if core_applied > last[1]:
-            raise RuntimeError(f"core applied {core_applied} past the snapshot index {last[1]}")
         last_entry = (bytes(last[0]), int(last[1]), int(last[2]))
         prev_entry = (bytes(prev[0]), int(prev[1]), int(prev[2]))
         members = sorted(str(node.id) for node in cluster)
-        write = self._snapshots.writer(Path(tmp_path), make_core, last_entry, prev_entry, members)
+        with self._lock:
+            if self._quarantine is not None:
+                raise RuntimeError("quarantined replicas take no snapshots")
+            core_applied = self._sm.applied_index
+            if core_applied > last[1]:
+                raise RuntimeError(f"core applied {core_applied} past the snapshot index {last[1]}")
+            self._cut_point = self._sm.safety_point(
+                now_ms, self._tuning.stall_window_ms, cold, hold
+            )
+            pending = self._snapshots.start(
+                Path(tmp_path), self._sm.snapshot, last_entry, prev_entry, members
+            )
 
         def after_the_archive() -> None:
             if not _archive_caught_up(
                 self.bucket, self._archived_through, self._publish_archive, core_applied
             ):
+                pending.abandon()
                 self._archive_retry_s = time.monotonic() + self._tuning.compaction_recheck_s
                 raise RuntimeError(f"the archive has not published the purges up to {core_applied}")
-            write()
+            pending.finish()
 
         return after_the_archive
 

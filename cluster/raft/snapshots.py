@@ -2,10 +2,10 @@
 
 A snapshot is one file: the core's deterministic snapshot plus pysyncobj's
 ``(lastEntry, prevEntry, cluster)``, encoded with msgpack (no pickle) and
-checksummed (docs/raft.md, hazard 4). It is packed and written by a child process
-that a thread of its own waits for (`BackgroundSerializer`, installed by `patches`;
-`SnapshotFiles.writer`), fsynced, renamed into place, and verified when read back
-(`SnapshotFiles`).
+checksummed (docs/raft.md, hazard 4). It is packed, written and fsynced by a child
+process forked in the tick thread, which a thread of its own waits for
+(`BackgroundSerializer`, installed by `patches`; `SnapshotFiles.start`), then
+renamed into place, and verified when read back (`SnapshotFiles`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.serializer import Serializer
 
 from sevendb.cluster.common.files import fsync_dir, write_synced
-from sevendb.proto.threads import run_forked
+from sevendb.proto.threads import ForkedChild, start_forked
 
 from .journal import DurableJournal
 
@@ -38,6 +38,7 @@ __all__ = [
     "BackgroundSerializer",
     "Snapshot",
     "SnapshotFiles",
+    "SnapshotWrite",
     "decode_snapshot",
     "encode_snapshot",
     "seed_replica",
@@ -283,40 +284,31 @@ class SnapshotFiles:
         self.size = os.path.getsize(path)
         self.loaded += 1
 
-    def writer(
+    def start(
         self,
         tmp_path: Path,
         make_core: Callable[[], bytes],
         last: LogEntry,
         prev: LogEntry,
         members: Sequence[str],
-    ) -> Callable[[], None]:
-        """The function that writes a snapshot of `make_core()` to `tmp_path` and
-        fsyncs it (run by `BackgroundSerializer` in its thread, which then renames
-        it into place). `make_core` and the encoding run in a child process
-        (`run_forked`): packing the state is hundreds of milliseconds of Python,
-        which in this process held the Raft loop's and the gRPC loop's GIL back
-        (docs/performance.md, "Snapshots packed in a child process")."""
+    ) -> SnapshotWrite:
+        """Fork now: a child process packs `make_core()` of the memory as it is at
+        this instant and writes the snapshot to `tmp_path`, fsynced (`start_forked`).
+        Called in the tick thread, so nothing of the state is copied before the fork
+        (taking references to ~250k keys and their rows first held the tick thread
+        and the GIL 5-17 ms; docs/performance.md, "thirteenth session"). Packing is
+        hundreds of milliseconds of Python, which in this process held the Raft
+        loop's and the gRPC loop's GIL back (docs/performance.md, "Snapshots packed
+        in a child process"). The background serializer's thread then waits for the
+        child (`SnapshotWrite.finish`) and renames the file into place."""
 
         def pack_and_write() -> None:  # the child
             snap = Snapshot(self.bucket_uuid, make_core(), last, prev, tuple(members))
             write_synced(tmp_path, *encode_snapshot(snap))
 
-        def write() -> None:
-            started = time.monotonic()
-            run_forked(pack_and_write, f"snapshot-b{self.bucket}")
-            self.index = last[1]
-            self.size = tmp_path.stat().st_size
-            self.written += 1
-            logger.info(
-                "bucket %d: snapshot at log index %d written (%d bytes in %.2f s)",
-                self.bucket,
-                last[1],
-                self.size,
-                time.monotonic() - started,
-            )
-
-        return write
+        started = time.monotonic()
+        child = start_forked(pack_and_write, f"snapshot-b{self.bucket}")
+        return SnapshotWrite(self, child, tmp_path, last[1], started)
 
     def check(self, journal_first: int | None) -> str | None:
         """Whether the snapshot is there and readable when the replica opens: None, or
@@ -355,3 +347,37 @@ class SnapshotFiles:
             and log[position] == snap.prev
             and log[position + 1] == snap.last
         )
+
+
+class SnapshotWrite:
+    """A snapshot that a child process packs and writes (`SnapshotFiles.start`)."""
+
+    def __init__(
+        self, files: SnapshotFiles, child: ForkedChild, tmp_path: Path, index: int, started: float
+    ) -> None:
+        self._files = files
+        self._child = child
+        self._tmp_path = tmp_path
+        self._index = index
+        self._started = started
+
+    def finish(self) -> None:
+        """Wait for the child: the file at `tmp_path` is then written and fsynced
+        (raises ChildProcessError if it was not)."""
+        self._child.wait()
+        files = self._files
+        files.index = self._index
+        files.size = self._tmp_path.stat().st_size
+        files.written += 1
+        logger.info(
+            "bucket %d: snapshot at log index %d written (%d bytes in %.2f s)",
+            files.bucket,
+            self._index,
+            files.size,
+            time.monotonic() - self._started,
+        )
+
+    def abandon(self) -> None:
+        """The snapshot is not taken: the child is killed and its file deleted."""
+        self._child.kill()
+        self._tmp_path.unlink(missing_ok=True)

@@ -19,7 +19,7 @@ import os
 # operator's own ARROW_DEFAULT_MEMORY_POOL is kept.
 os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
-# A node forks a child process to pack each snapshot (`proto/threads.run_forked`),
+# A node forks a child process to pack each snapshot (`proto/threads.start_forked`),
 # which never uses gRPC. gRPC's fork handlers would pause its threads around each
 # fork, or, while they are busy, log that they skip that (once per snapshot). Off,
 # a fork leaves gRPC alone. gRPC reads this when it is first imported: here too.
