@@ -111,10 +111,4 @@ def start_forked(fn: Callable[[], None], name: str) -> ForkedChild:
     return ForkedChild(pid, name)
 
 
-def run_forked(fn: Callable[[], None], name: str) -> None:
-    """`start_forked(fn, name)`, then wait for the child (raises ChildProcessError if
-    `fn` raised or the child was killed)."""
-    start_forked(fn, name).wait()
-
-
-__all__ = ["ForkedChild", "name_os_thread", "run_forked", "start_forked"]
+__all__ = ["ForkedChild", "name_os_thread", "start_forked"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sevendb.proto.threads import name_os_thread, run_forked, start_forked
+from sevendb.proto.threads import name_os_thread, start_forked
 from tests.cluster_harness import wait_for
 
 
@@ -56,17 +56,17 @@ async def _native_id() -> int:
     return threading.get_native_id()
 
 
-def test_run_forked_runs_the_function_in_a_child_process(tmp_path: Path) -> None:
+def test_start_forked_runs_the_function_in_a_child_process(tmp_path: Path) -> None:
     out = tmp_path / "pid"
 
     def note_pid() -> None:
         out.write_text(str(os.getpid()))
 
-    run_forked(note_pid, "test-child")
+    start_forked(note_pid, "test-child").wait()
     assert int(out.read_text()) != os.getpid()
 
 
-def test_run_forked_runs_the_function_without_the_garbage_collector(tmp_path: Path) -> None:
+def test_start_forked_runs_the_function_without_the_garbage_collector(tmp_path: Path) -> None:
     """The child only runs `fn` and ends: a collection there would copy the parent's
     pages of every object it walks."""
     out = tmp_path / "gc"
@@ -74,19 +74,19 @@ def test_run_forked_runs_the_function_without_the_garbage_collector(tmp_path: Pa
     def note_gc() -> None:
         out.write_text(str(gc.isenabled()))
 
-    run_forked(note_gc, "test-child")
+    start_forked(note_gc, "test-child").wait()
     assert out.read_text() == "False"
     assert gc.isenabled()
 
 
-def test_run_forked_says_when_the_function_raised(tmp_path: Path) -> None:
+def test_start_forked_says_when_the_function_raised(tmp_path: Path) -> None:
     def fail() -> None:
         raise ValueError("packing failed")
 
     with pytest.raises(
         ChildProcessError, match=r"test-child: child process \d+ failed \(exit status 70\)"
     ):
-        run_forked(fail, "test-child")
+        start_forked(fail, "test-child").wait()
 
 
 def test_start_forked_returns_while_the_child_runs_and_kill_ends_it(tmp_path: Path) -> None:
@@ -115,13 +115,13 @@ def test_start_forked_returns_while_the_child_runs_and_kill_ends_it(tmp_path: Pa
 _PARENT = """
 import os, sys, time
 from pathlib import Path
-from sevendb.proto.threads import run_forked
+from sevendb.proto.threads import start_forked
 
 def child() -> None:
     Path(sys.argv[1]).write_text(str(os.getpid()))
     time.sleep(60)
 
-run_forked(child, "test-child")
+start_forked(child, "test-child").wait()
 """
 
 
@@ -155,13 +155,14 @@ _NODE_FORKS = """
 import asyncio
 import sevendb.cluster.server.node  # the node's environment
 from grpc import aio
-from sevendb.proto.threads import run_forked
+from sevendb.proto.threads import start_forked
 
 async def main() -> None:
     server = aio.server()
     server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    await asyncio.to_thread(run_forked, lambda: None, "test-child")
+    # forked from another thread than the loop's, as the Raft tick thread does
+    await asyncio.to_thread(lambda: start_forked(lambda: None, "test-child").wait())
     await server.stop(None)
 
 asyncio.run(main())
