@@ -593,8 +593,9 @@ def test_the_tick_thread_copies_nothing_for_a_snapshot(
     c = Cluster(tmp_path, tuning=fast(compaction_min_entries=20)).start_all()
     try:
         leader = c.leader()
-        n = 0
+        n, deadline = 0, time.monotonic() + 30
         while not all(num(r, "snapshots_written") >= 1 for r in c.live):
+            assert time.monotonic() < deadline, "every replica should have written a snapshot"
             assert leader.propose(write(f"k{n}"), timeout_s=5).error is None
             n += 1
         pids = calls.read_text().split()
