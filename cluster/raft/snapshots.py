@@ -349,35 +349,33 @@ class SnapshotFiles:
         )
 
 
+@dataclass(frozen=True, slots=True)
 class SnapshotWrite:
     """A snapshot that a child process packs and writes (`SnapshotFiles.start`)."""
 
-    def __init__(
-        self, files: SnapshotFiles, child: ForkedChild, tmp_path: Path, index: int, started: float
-    ) -> None:
-        self._files = files
-        self._child = child
-        self._tmp_path = tmp_path
-        self._index = index
-        self._started = started
+    files: SnapshotFiles
+    child: ForkedChild
+    tmp_path: Path
+    index: int
+    started: float
 
     def finish(self) -> None:
         """Wait for the child: the file at `tmp_path` is then written and fsynced
         (raises ChildProcessError if it was not)."""
-        self._child.wait()
-        files = self._files
-        files.index = self._index
-        files.size = self._tmp_path.stat().st_size
+        self.child.wait()
+        files = self.files
+        files.index = self.index
+        files.size = self.tmp_path.stat().st_size
         files.written += 1
         logger.info(
             "bucket %d: snapshot at log index %d written (%d bytes in %.2f s)",
             files.bucket,
-            self._index,
+            self.index,
             files.size,
-            time.monotonic() - self._started,
+            time.monotonic() - self.started,
         )
 
     def abandon(self) -> None:
         """The snapshot is not taken: the child is killed and its file deleted."""
-        self._child.kill()
-        self._tmp_path.unlink(missing_ok=True)
+        self.child.kill()
+        self.tmp_path.unlink(missing_ok=True)
