@@ -53,16 +53,18 @@ class Members:
         self.out = out
         self.live: list[subprocess.Popen[str]] = []
         self.files: list[Path] = []
+        self.errors: dict[int, Path] = {}  # each member's stderr, by pid
 
     def start(self) -> None:
         path = self.out / f"member{len(self.files)}.jsonl"
         self.files.append(path)
-        with open(path, "w") as f:
-            proc = subprocess.Popen(self.cmd, stdout=f, stderr=subprocess.PIPE, text=True)
-        assert proc.stderr is not None
-        line = proc.stderr.readline()
-        assert "joined group" in line, line + proc.stderr.read()
+        err = path.with_suffix(".err")  # a file, not a pipe nobody reads: never fills
+        with open(path, "w") as f, open(err, "w") as e:
+            proc = subprocess.Popen(self.cmd, stdout=f, stderr=e, text=True)
+        wait_for(lambda: "joined group" in err.read_text() or proc.poll() is not None, 60, "a join")
+        assert "joined group" in err.read_text(), err.read_text()
         self.live.append(proc)
+        self.errors[proc.pid] = err
 
     def kill9(self, rng: random.Random) -> None:
         proc = self.live.pop(rng.randrange(len(self.live)))
@@ -73,7 +75,12 @@ class Members:
         for proc in self.live:
             proc.send_signal(signal.SIGINT)  # a clean leave
         for proc in self.live:
-            proc.communicate(timeout=60)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(
+                    f"a member did not leave within 60 s: {self.errors[proc.pid].read_text()}"
+                ) from None
         self.live = []
 
     def runs(self) -> list[list[dict[str, Any]]]:

@@ -315,14 +315,7 @@ class _ClusterTour:
         self.out(f"\n== add a node, and migrate bucket {bucket} to it under the write load")
         self.run("node", "add")
         spec = local_spec(self.data_dir)
-        leader = next(
-            n.node_id
-            for n in spec.nodes
-            if any(
-                r.bucket == bucket and r.is_leader
-                for r in (self.node_status(n.grpc_address) or _NO_STATUS).replicas
-            )
-        )
+        leader = _leader(spec, bucket, self.node_status)
         keep = [n for n in spec.buckets[bucket].nodes if n != leader][:2]
         target = ",".join([spec.nodes[-1].node_id, *keep])
         during: set[str] = set()
@@ -364,13 +357,24 @@ def _wait(condition: Callable[[], bool], timeout_s: float) -> bool:
 
 def _holder(spec: Any, bucket: int, node_status: Callable[[str], Any]) -> str:
     """The node emitting for `bucket` (waits for one)."""
+    return _node_where(spec, bucket, node_status, "emitting")
+
+
+def _leader(spec: Any, bucket: int, node_status: Callable[[str], Any]) -> str:
+    """The node leading `bucket`'s group (waits for one: an election may be under way)."""
+    return _node_where(spec, bucket, node_status, "is_leader")
+
+
+def _node_where(spec: Any, bucket: int, node_status: Callable[[str], Any], flag: str) -> str:
+    """The first node whose replica of `bucket` has `flag` set, waiting up to 30 s;
+    "none" when none has."""
     found: list[str] = []
 
     def find() -> bool:
         for n in spec.nodes:
             status = node_status(n.grpc_address)
             if status is not None and any(
-                r.bucket == bucket and r.emitting for r in status.replicas
+                r.bucket == bucket and getattr(r, flag) for r in status.replicas
             ):
                 found.append(n.node_id)
                 return True
