@@ -19,17 +19,24 @@ measured here with the stack alone, nothing of sevendb in it:
   on one disk: on this host the 3 nodes' journals share a disk (`bench_fsync.py`'s
   cases).
 
+The floor is the sum of the three parts' p50s. Then the parts joined
+(`composed_node.py`): a grpc.aio write stream into stock pysyncobj whose journal
+fdatasyncs, the same hand-off between the gRPC loop's thread and the Raft thread as
+sevendb's, and nothing else of sevendb's; what a write takes when the stack is used
+the simplest way.
+
 Then etcd and sevendb, each a fresh 3-node cluster, with side_by_side.py's writer
-process: one write at a time, then 500 writes/s open loop (issue 30's light load).
+process, and for sevendb also this process writing on one WriteStream without the
+SDK: one write at a time, then 500 writes/s open loop (issue 30's light load).
 Prints, per run and as medians over runs, p50 / p99 in ms and the CPU used per
-operation (servers, client). The floor is the sum of the three parts' p50s. Not a
-test: nothing is asserted.
+operation (servers, client). Not a test: nothing is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import shutil
 import subprocess
@@ -40,7 +47,7 @@ from pathlib import Path
 from statistics import median
 
 from bench_fsync import many_files, one_file
-from bench_writes import machine, run_raw
+from bench_writes import machine, run_raw, tuned_sends
 from peers.clusters import EtcdCluster, SevendbCluster
 from peers.common import Worker, cpu_seconds, free_ports, pct
 from peers.install import ensure_binaries, ensure_etcd_stubs
@@ -152,13 +159,153 @@ def fdatasyncs(directory: Path, files: int, ops: int) -> list[float]:
     return [u / 1000 for u in us]
 
 
+# ---- the parts joined ------------------------------------------------------------------
+
+
+class Codec:
+    """How one write stream's requests are made and its answers read: the composed
+    node's 8-byte ids, or sevendb's WriteStream (`SevendbCodec`)."""
+
+    method = "/floor/Write"
+    metadata: tuple[tuple[str, str], ...] = ()
+
+    def request(self, n: int) -> bytes:
+        return n.to_bytes(8, "little")
+
+    def answered(self, message: bytes) -> list[int]:
+        return [int.from_bytes(message, "little")]
+
+
+class SevendbCodec(Codec):
+    """sevendb's WriteStream without the SDK: a WriteManyRequest of one 100-byte SET
+    per write, its id the write's number."""
+
+    method = "/sevendb.v1.SevenDB/WriteStream"
+
+    def __init__(self, token: str) -> None:
+        self.metadata = (("authorization", f"Bearer {token}"),)
+
+    def request(self, n: int) -> bytes:
+        from sevendb.proto import sevendb_pb2 as pb
+
+        op = pb.Op(kind=pb.Op.SET, key=f"raw/{n}", value=b"x" * 100)
+        return pb.WriteManyRequest(id=n, writes=[pb.WriteRequest(ops=[op])]).SerializeToString()
+
+    def answered(self, message: bytes) -> list[int]:
+        from sevendb.proto import sevendb_pb2 as pb
+
+        answers = pb.WriteStreamResponse.FromString(message).answers
+        assert all(a.outcomes[0].HasField("ok") for a in answers), answers
+        return [a.id for a in answers]
+
+
+async def _stream_writes(address: str, codec: Codec, seconds: float, rate: float) -> list[float]:
+    """ms from send to answer on one write stream: one write at a time (`rate` 0), or
+    `rate` writes/s sent on schedule, whatever is in flight."""
+    from grpc import aio
+
+    async with aio.insecure_channel(address) as channel:
+        call = channel.stream_stream(codec.method)(metadata=codec.metadata)
+        sent: dict[int, float] = {}
+        latencies: list[float] = []
+        n = 0
+        warm_until = time.monotonic() + 0.5
+        end = warm_until + seconds
+        if rate == 0:
+            while (now := time.monotonic()) < end:
+                started = time.perf_counter()
+                await call.write(codec.request(n))
+                codec.answered(await call.read())
+                if now >= warm_until:
+                    latencies.append(1000 * (time.perf_counter() - started))
+                n += 1
+        else:
+
+            async def read() -> None:
+                while (message := await call.read()) is not aio.EOF:
+                    for answered in codec.answered(message):
+                        started = sent.pop(answered, None)
+                        if started is not None:
+                            latencies.append(1000 * (time.perf_counter() - started))
+
+            reader = asyncio.get_running_loop().create_task(read())
+            start = time.monotonic()
+            while (now := time.monotonic()) < end:
+                due = start + n / rate
+                if due > now:
+                    await asyncio.sleep(due - now)
+                if time.monotonic() >= warm_until:
+                    sent[n] = time.perf_counter()
+                await call.write(codec.request(n))
+                n += 1
+            await call.done_writing()
+            await reader
+        return latencies
+
+
+def _both_loads(address: str, codec: Codec, pids: list[int], seconds: float) -> tuple[Row, Row]:
+    """One write at a time, then 500 writes/s open loop, on one stream to `address`."""
+    rows: list[Row] = []
+    for rate in (0.0, float(OPEN_LOOP_RATE)):
+        cpu0, own0 = sum(cpu_seconds(pid) for pid in pids), time.process_time()
+        latencies = asyncio.run(_stream_writes(address, codec, seconds, rate))
+        servers_s = sum(cpu_seconds(pid) for pid in pids) - cpu0
+        n = len(latencies)
+        rows.append(_row(latencies, 1e6 * servers_s / n, 1e6 * (time.process_time() - own0) / n))
+    return rows[0], rows[1]
+
+
+def composed(seconds: float, *, one_thread: bool = False) -> tuple[Row, Row]:
+    """The parts joined (`composed_node.py`): a write stream into stock pysyncobj with
+    an fdatasyncing journal, 3 processes. One write at a time, then 500 writes/s open
+    loop, as `writes` loads etcd and sevendb."""
+    root = Path(tempfile.mkdtemp(prefix="bench-floor-composed-"))
+    raft_ports, grpc_ports = free_ports(3), free_ports(3)
+    addrs = [f"127.0.0.1:{port}" for port in raft_ports]
+    procs = []
+    try:
+        for i, me in enumerate(addrs):
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(Path(__file__).with_name("composed_node.py")),
+                        "--me",
+                        me,
+                        "--partners",
+                        ",".join(a for a in addrs if a != me),
+                        "--port",
+                        str(grpc_ports[i]),
+                        "--journal",
+                        str(root / f"journal{i}"),
+                        "--conf",
+                        json.dumps(tuned_sends()),
+                        *(["--one-thread"] if one_thread else []),
+                    ],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        ready = [json.loads(proc.stdout.readline() or b"{}") for proc in procs if proc.stdout]
+        leader = next(int(r["port"]) for r in ready if r.get("leader"))
+        return _both_loads(f"127.0.0.1:{leader}", Codec(), [p.pid for p in procs], seconds)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 # ---- the systems -----------------------------------------------------------------------
 
 
-def writes(system: str, seconds: float) -> tuple[Row, Row]:
+def writes(system: str, seconds: float) -> list[Row]:
     """side_by_side.py's writer on a fresh 3-node cluster of `system`: one write at a
     time, then 500 writes/s open loop. Per load: p50 / p99 ms from send to
-    acknowledgement, the servers' and the writer's CPU µs per write."""
+    acknowledgement, the servers' and the writer's CPU µs per write. For sevendb, then
+    the same two loads from this process on one WriteStream to the leader, without
+    the SDK (`SevendbCodec`)."""
     root = Path(tempfile.mkdtemp(prefix=f"bench-floor-{system}-"))
     cluster = EtcdCluster(root) if system == "etcd" else SevendbCluster(root, buckets=1)
     try:
@@ -182,10 +329,24 @@ def writes(system: str, seconds: float) -> tuple[Row, Row]:
                 )
             )
         writer.close({"op": "quit"}, 30)
-        return rows[0], rows[1]
+        if isinstance(cluster, SevendbCluster):
+            rows += _both_loads(
+                _leader(cluster), SevendbCodec(cluster.conf()["token"]), cluster.pids(), seconds
+            )
+        return rows
     finally:
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _leader(cluster: SevendbCluster) -> str:
+    from sevendb.cluster.ops.local import node_status
+
+    for address in cluster.conf()["endpoints"]:
+        status = node_status(address, None)
+        if status is not None and any(r.is_leader for r in status.replicas):
+            return str(address)
+    raise RuntimeError("no node leads the bucket")
 
 
 # ---- main ------------------------------------------------------------------------------
@@ -197,28 +358,46 @@ ROWS: tuple[str, ...] = (
     "fdatasync, alone",
     "fdatasync, 3 at once",
     "floor: stream + Raft round + 3 fdatasyncs at once",
+    "the parts joined, 1 write in flight",
+    f"the parts joined, {OPEN_LOOP_RATE} writes/s open loop",
+    "the parts joined in one thread, 1 write in flight",
+    f"the parts joined in one thread, {OPEN_LOOP_RATE} writes/s open loop",
     "etcd, 1 write in flight",
     "sevendb, 1 write in flight",
     f"etcd, {OPEN_LOOP_RATE} writes/s open loop",
     f"sevendb, {OPEN_LOOP_RATE} writes/s open loop",
+    "sevendb without the SDK, 1 write in flight",
+    f"sevendb without the SDK, {OPEN_LOOP_RATE} writes/s open loop",
 )
 
 
 def one_run(seconds: float, directory: Path) -> dict[str, Row]:
-    rows: dict[str, Row] = {}
     trips = grpc_round_trips(seconds)
-    rows[ROWS[0]] = _row(*trips["unary"])
-    rows[ROWS[1]] = _row(*trips["stream"])
     raw = run_raw(1, seconds, tuned=True)
-    rows[ROWS[2]] = (raw["p50_ms"], raw["p99_ms"], raw["cpu_us_per_op"], NAN)
-    rows[ROWS[3]] = _row(fdatasyncs(directory, 1, 1000))
-    rows[ROWS[4]] = _row(fdatasyncs(directory, 3, 1000))
-    parts = (rows[ROWS[1]], rows[ROWS[2]], rows[ROWS[4]])
-    floor_cpu = rows[ROWS[1]][2] + rows[ROWS[2]][2]
-    rows[ROWS[5]] = (sum(r[0] for r in parts), NAN, floor_cpu, rows[ROWS[1]][3])
-    rows[ROWS[6]], rows[ROWS[8]] = writes("etcd", seconds)
-    rows[ROWS[7]], rows[ROWS[9]] = writes("sevendb", seconds)
-    return rows
+    parts = [
+        _row(*trips["unary"]),
+        _row(*trips["stream"]),
+        (raw["p50_ms"], raw["p99_ms"], raw["cpu_us_per_op"], NAN),
+        _row(fdatasyncs(directory, 1, 1000)),
+        _row(fdatasyncs(directory, 3, 1000)),
+    ]
+    stream, raft, synced = parts[1], parts[2], parts[4]
+    floor = (stream[0] + raft[0] + synced[0], NAN, stream[2] + raft[2], stream[3])
+    etcd = writes("etcd", seconds)
+    seven = writes("sevendb", seconds)
+    values = [
+        *parts,
+        floor,
+        *composed(seconds),
+        *composed(seconds, one_thread=True),
+        etcd[0],
+        seven[0],
+        etcd[1],
+        seven[1],
+        seven[2],
+        seven[3],
+    ]
+    return dict(zip(ROWS, values, strict=True))
 
 
 def main() -> int:
@@ -259,13 +438,16 @@ def main() -> int:
             else:
                 cells.append(f"{median(values):.2f}" if field == 1 else f"{median(values):.0f}")
         print(f"| {name} | {' | '.join(cells)} |")
-    floor = median([r[ROWS[5]][0] for r in runs])
-    etcd = median([r[ROWS[6]][0] for r in runs])
-    seven = median([r[ROWS[7]][0] for r in runs])
-    print(
-        f"\nsevendb / etcd {seven / etcd:.2f}x; floor / etcd {floor / etcd:.2f}x; "
-        f"sevendb above the floor {seven - floor:.2f} ms"
-    )
+    medians = {name: median(r[name][0] for r in runs) for name in ROWS}
+    print()
+    for i, load in ((0, "1 write in flight"), (1, f"{OPEN_LOOP_RATE} writes/s")):
+        joined, one, bare = (medians[ROWS[k + i]] for k in (6, 8, 14))
+        etcd, seven = medians[ROWS[10 + 2 * i]], medians[ROWS[11 + 2 * i]]
+        print(
+            f"{load}: against etcd, sevendb {seven / etcd:.2f}x, the parts joined "
+            f"{joined / etcd:.2f}x (in one thread {one / etcd:.2f}x); sevendb above the parts "
+            f"joined {seven - joined:.2f} ms, {bare - joined:.2f} ms of it without the SDK"
+        )
     return 0
 
 

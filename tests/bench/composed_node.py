@@ -1,0 +1,218 @@
+"""One process of the composed floor (`bench_floor.py`): the least a durable write
+through this stack takes when its parts are joined, with nothing of sevendb's in it.
+
+Stock pysyncobj (sevendb's send settings), one counter group over 3 processes, with
+a journal that appends each entry to a preallocated file and fdatasyncs it, as
+sevendb's does: a follower before it answers, the leader right after it has sent
+the entry to the followers (so that its fsync runs beside theirs). In front, a
+grpc.aio write stream served from the process's main thread: each request is an
+8-byte id, submitted to pysyncobj as it arrives (pysyncobj's tick thread appends,
+sends and commits it), and answered with its id once applied. That is the same
+hand-off sevendb has between its gRPC loop's thread and its Raft thread, and
+nothing more: no parsing, batching, state machine, outbox, encryption or
+flow control. With `--one-thread`, pysyncobj is ticked on the gRPC loop's thread
+instead (`LoopPoller`): no hand-off between threads at all.
+
+Prints one JSON line, ``{"port": P, "leader": true|false}``, once the group has a
+leader, then serves until its stdin is closed. Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import struct
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pysyncobj.syncobj
+from pysyncobj import SyncObj, SyncObjConf
+from pysyncobj.journal import MemoryJournal
+from raw_pysyncobj_node import Counter
+
+JOURNAL_BYTES = 64 << 20
+"""Preallocated; the offset wraps around (only the fsync's cost matters here)."""
+
+
+class SyncedJournal(MemoryJournal):  # type: ignore[misc]
+    """pysyncobj's in-memory log, each entry also written to a preallocated file:
+    fdatasynced at once on a follower (before its answer), and by `sync` on the
+    leader (after the entry is sent)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        os.posix_fallocate(self._fd, 0, JOURNAL_BYTES)
+        os.fsync(self._fd)
+        self._offset = 0
+        self._dirty = False
+        self.leading: Callable[[], bool] = lambda: False
+
+    def add(self, command: bytes, idx: int, term: int) -> None:
+        super().add(command, idx, term)
+        record = struct.pack("<QQI", idx, term, len(command)) + command
+        if self._offset + len(record) > JOURNAL_BYTES:
+            self._offset = 0
+        os.pwrite(self._fd, record, self._offset)
+        self._offset += len(record)
+        if self.leading():
+            self._dirty = True
+        else:
+            os.fdatasync(self._fd)
+
+    def sync(self) -> None:
+        if self._dirty:
+            self._dirty = False
+            os.fdatasync(self._fd)
+
+
+def _patch(journal: SyncedJournal) -> None:
+    pysyncobj.syncobj.createJournal = lambda _path: journal
+    send = SyncObj._SyncObj__sendAppendEntries
+
+    def send_then_sync(self: SyncObj) -> None:
+        send(self)
+        journal.sync()  # the leader's own fsync, once the followers have the entry
+
+    SyncObj._SyncObj__sendAppendEntries = send_then_sync
+
+
+class LoopPoller:
+    """pysyncobj's poller on the asyncio loop (`--one-thread`): its sockets' and
+    pipe's events call it back from the loop, and each pass of events is followed
+    by one tick (`tick_soon`)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._callbacks: dict[int, Callable[[int, int], None]] = {}
+        self._ticking = False
+        self.syncobj: SyncObj | None = None
+
+    def subscribe(self, fd: int, callback: Callable[[int, int], None], mask: int) -> None:
+        self.unsubscribe(fd)
+        self._callbacks[fd] = callback
+        if mask & 5:  # read, error
+            self._loop.add_reader(fd, self._fire, fd, 1)
+        if mask & 2:
+            self._loop.add_writer(fd, self._fire, fd, 2)
+
+    def unsubscribe(self, fd: int) -> None:
+        if self._callbacks.pop(fd, None) is not None:
+            self._loop.remove_reader(fd)
+            self._loop.remove_writer(fd)
+
+    def poll(self, timeout: float) -> None:
+        """The end of a tick: the loop polls."""
+
+    def _fire(self, fd: int, kind: int) -> None:
+        callback = self._callbacks.get(fd)
+        if callback is not None:
+            callback(fd, kind)
+            self.tick_soon()
+
+    def tick_soon(self) -> None:
+        if not self._ticking:
+            self._ticking = True
+            self._loop.call_soon(self._tick)
+
+    def _tick(self) -> None:
+        self._ticking = False
+        if self.syncobj is not None:
+            self.syncobj._onTick(0.0)
+
+    async def tick_forever(self, period_s: float) -> None:
+        while True:
+            await asyncio.sleep(period_s)
+            self.tick_soon()
+
+
+async def serve(make_counter: Callable[[], Counter], port: int, one_thread: bool) -> None:
+    import grpc
+    from grpc import aio
+
+    loop = asyncio.get_running_loop()
+    poller = LoopPoller(loop)
+    if one_thread:
+        pysyncobj.syncobj.createPoller = lambda _kind: poller
+    counter = make_counter()
+    if one_thread:
+        poller.syncobj = counter
+        ticks = loop.create_task(poller.tick_forever(counter.conf.autoTickPeriod))
+
+    async def stream(requests: AsyncIterator[bytes], _context: object) -> AsyncIterator[bytes]:
+        answers: asyncio.Queue[asyncio.Future[bytes] | None] = asyncio.Queue()
+
+        async def submit() -> None:
+            async for request in requests:
+                answer: asyncio.Future[bytes] = loop.create_future()
+
+                def applied(
+                    _value: int,
+                    error: int,
+                    answer: asyncio.Future[bytes] = answer,
+                    request: bytes = request,
+                ) -> None:
+                    result = request if error == 0 else b""  # its id, or an empty failure
+                    if one_thread:  # called in this thread, by a tick
+                        answer.set_result(result)
+                    else:
+                        loop.call_soon_threadsafe(answer.set_result, result)
+
+                counter.incr(request, callback=applied)
+                if one_thread:
+                    poller.tick_soon()
+                answers.put_nowait(answer)
+            answers.put_nowait(None)
+
+        reader = loop.create_task(submit())
+        while (answer := await answers.get()) is not None:
+            yield await answer
+        await reader
+
+    handler = grpc.method_handlers_generic_handler(
+        "floor", {"Write": grpc.stream_stream_rpc_method_handler(stream)}
+    )
+    server = aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    while counter._getLeader() is None or not counter.isReady():
+        await asyncio.sleep(0.05)
+    print(json.dumps({"port": port, "leader": counter._isLeader()}), flush=True)
+    await loop.run_in_executor(None, sys.stdin.read)  # until the parent closes it
+    await server.stop(None)
+    if one_thread:
+        ticks.cancel()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--me", required=True)
+    p.add_argument("--partners", required=True, help="the other two addresses, comma-separated")
+    p.add_argument("--port", type=int, required=True, help="the gRPC port")
+    p.add_argument("--journal", type=Path, required=True, help="the journal file")
+    p.add_argument("--conf", default="{}", help="SyncObjConf settings as a JSON object")
+    p.add_argument(
+        "--one-thread",
+        action="store_true",
+        help="tick pysyncobj on the gRPC loop's thread instead of a thread of its own",
+    )
+    args = p.parse_args()
+    journal = SyncedJournal(args.journal)
+    _patch(journal)
+    conf = SyncObjConf(**json.loads(args.conf), autoTick=not args.one_thread)
+
+    def make_counter() -> Counter:
+        counter = Counter(args.me, args.partners.split(","), conf)
+        journal.leading = counter._isLeader
+        return counter
+
+    asyncio.run(serve(make_counter, args.port, args.one_thread))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
