@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import shutil
 import subprocess
@@ -47,8 +46,8 @@ from pathlib import Path
 from statistics import median
 
 from bench_fsync import many_files, one_file
-from bench_writes import machine, run_raw, tuned_sends
-from peers.clusters import EtcdCluster, SevendbCluster
+from bench_writes import machine, run_raw
+from peers.clusters import ComposedCluster, EtcdCluster, SevendbCluster
 from peers.common import Worker, cpu_seconds, free_ports, pct
 from peers.install import ensure_binaries, ensure_etcd_stubs
 
@@ -260,40 +259,12 @@ def composed(seconds: float, *, one_thread: bool = False) -> tuple[Row, Row]:
     an fdatasyncing journal, 3 processes. One write at a time, then 500 writes/s open
     loop, as `writes` loads etcd and sevendb."""
     root = Path(tempfile.mkdtemp(prefix="bench-floor-composed-"))
-    raft_ports, grpc_ports = free_ports(3), free_ports(3)
-    addrs = [f"127.0.0.1:{port}" for port in raft_ports]
-    procs = []
+    cluster = ComposedCluster(root, one_thread=one_thread)
     try:
-        for i, me in enumerate(addrs):
-            procs.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        str(Path(__file__).with_name("composed_node.py")),
-                        "--me",
-                        me,
-                        "--partners",
-                        ",".join(a for a in addrs if a != me),
-                        "--port",
-                        str(grpc_ports[i]),
-                        "--journal",
-                        str(root / f"journal{i}"),
-                        "--conf",
-                        json.dumps(tuned_sends()),
-                        *(["--one-thread"] if one_thread else []),
-                    ],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
-        ready = [json.loads(proc.stdout.readline() or b"{}") for proc in procs if proc.stdout]
-        leader = next(int(r["port"]) for r in ready if r.get("leader"))
-        return _both_loads(f"127.0.0.1:{leader}", Codec(), [p.pid for p in procs], seconds)
+        cluster.start()
+        return _both_loads(cluster.conf()["leader"], Codec(), cluster.pids(), seconds)
     finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+        cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 

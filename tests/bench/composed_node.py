@@ -3,18 +3,22 @@ through this stack takes when its parts are joined, with nothing of sevendb's in
 
 Stock pysyncobj (sevendb's send settings), one counter group over 3 processes, with
 a journal that appends each entry to a preallocated file and fdatasyncs it, as
-sevendb's does: a follower before it answers, the leader right after it has sent
-the entry to the followers (so that its fsync runs beside theirs). In front, a
-grpc.aio write stream served from the process's main thread: each request is an
-8-byte id, submitted to pysyncobj as it arrives (pysyncobj's tick thread appends,
-sends and commits it), and answered with its id once applied. That is the same
+sevendb's does, once per batch: a follower before it answers, the leader right
+after it has sent the entries to the followers (so that its fsync runs beside
+theirs). In front, a grpc.aio write stream served from the process's main thread:
+each request (a write's bytes, which name it) is submitted to pysyncobj as it
+arrives (pysyncobj's tick thread appends, sends and commits it), and answered with
+the same bytes once applied. That is the same
 hand-off sevendb has between its gRPC loop's thread and its Raft thread, and
 nothing more: no parsing, batching, state machine, outbox, encryption or
 flow control. With `--one-thread`, pysyncobj is ticked on the gRPC loop's thread
 instead (`LoopPoller`): no hand-off between threads at all.
 
+Each replica also serves a watch: every write it applies, pushed to each watcher as
+it applies it (the least a subscription is).
+
 Prints one JSON line, ``{"port": P, "leader": true|false}``, once the group has a
-leader, then serves until its stdin is closed. Not a test.
+leader, then serves until it is killed. Not a test.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from pathlib import Path
 import pysyncobj.syncobj
 from pysyncobj import SyncObj, SyncObjConf
 from pysyncobj.journal import MemoryJournal
+from pysyncobj.transport import TCPTransport
 from raw_pysyncobj_node import Counter
 
 JOURNAL_BYTES = 64 << 20
@@ -38,9 +43,9 @@ JOURNAL_BYTES = 64 << 20
 
 
 class SyncedJournal(MemoryJournal):  # type: ignore[misc]
-    """pysyncobj's in-memory log, each entry also written to a preallocated file:
-    fdatasynced at once on a follower (before its answer), and by `sync` on the
-    leader (after the entry is sent)."""
+    """pysyncobj's in-memory log, each entry also written to a preallocated file, and
+    fdatasynced by `sync` once per batch: on a follower before it answers the message
+    that brought the entries, on the leader right after it sent them."""
 
     def __init__(self, path: Path) -> None:
         super().__init__()
@@ -49,7 +54,6 @@ class SyncedJournal(MemoryJournal):  # type: ignore[misc]
         os.fsync(self._fd)
         self._offset = 0
         self._dirty = False
-        self.leading: Callable[[], bool] = lambda: False
 
     def add(self, command: bytes, idx: int, term: int) -> None:
         super().add(command, idx, term)
@@ -58,10 +62,7 @@ class SyncedJournal(MemoryJournal):  # type: ignore[misc]
             self._offset = 0
         os.pwrite(self._fd, record, self._offset)
         self._offset += len(record)
-        if self.leading():
-            self._dirty = True
-        else:
-            os.fdatasync(self._fd)
+        self._dirty = True
 
     def sync(self) -> None:
         if self._dirty:
@@ -71,13 +72,20 @@ class SyncedJournal(MemoryJournal):  # type: ignore[misc]
 
 def _patch(journal: SyncedJournal) -> None:
     pysyncobj.syncobj.createJournal = lambda _path: journal
-    send = SyncObj._SyncObj__sendAppendEntries
+    send_entries = SyncObj._SyncObj__sendAppendEntries
+    send = TCPTransport.send
 
-    def send_then_sync(self: SyncObj) -> None:
-        send(self)
-        journal.sync()  # the leader's own fsync, once the followers have the entry
+    def send_entries_then_sync(self: SyncObj) -> None:
+        send_entries(self)
+        journal.sync()  # the leader's own fsync, once the followers have the entries
 
-    SyncObj._SyncObj__sendAppendEntries = send_then_sync
+    def sync_then_answer(self: TCPTransport, node: object, message: dict[str, object]) -> object:
+        if message.get("type") == "next_node_idx":  # a follower's answer to AppendEntries
+            journal.sync()
+        return send(self, node, message)
+
+    SyncObj._SyncObj__sendAppendEntries = send_entries_then_sync
+    TCPTransport.send = sync_then_answer
 
 
 class LoopPoller:
@@ -142,6 +150,33 @@ async def serve(make_counter: Callable[[], Counter], port: int, one_thread: bool
         poller.syncobj = counter
         ticks = loop.create_task(poller.tick_forever(counter.conf.autoTickPeriod))
 
+    watchers: set[asyncio.Queue[bytes]] = set()
+
+    def fan_out(payload: bytes) -> None:
+        for queue in watchers:
+            queue.put_nowait(payload)
+
+    def applied(payload: bytes) -> None:  # by a tick, on every replica
+        if watchers:
+            if one_thread:
+                fan_out(payload)
+            else:
+                loop.call_soon_threadsafe(fan_out, payload)
+
+    counter.applied = applied
+
+    async def watch(_request: bytes, _context: object) -> AsyncIterator[bytes]:
+        """Every write this replica applies from now on, one message each, after an
+        empty first message (the watch is in place)."""
+        queue: asyncio.Queue[bytes] = asyncio.Queue()
+        watchers.add(queue)
+        try:
+            yield b""
+            while True:
+                yield await queue.get()
+        finally:
+            watchers.discard(queue)
+
     async def stream(requests: AsyncIterator[bytes], _context: object) -> AsyncIterator[bytes]:
         answers: asyncio.Queue[asyncio.Future[bytes] | None] = asyncio.Queue()
 
@@ -173,7 +208,11 @@ async def serve(make_counter: Callable[[], Counter], port: int, one_thread: bool
         await reader
 
     handler = grpc.method_handlers_generic_handler(
-        "floor", {"Write": grpc.stream_stream_rpc_method_handler(stream)}
+        "floor",
+        {
+            "Write": grpc.stream_stream_rpc_method_handler(stream),
+            "Watch": grpc.unary_stream_rpc_method_handler(watch),
+        },
     )
     server = aio.server()
     server.add_generic_rpc_handlers((handler,))
@@ -182,8 +221,7 @@ async def serve(make_counter: Callable[[], Counter], port: int, one_thread: bool
     while counter._getLeader() is None or not counter.isReady():
         await asyncio.sleep(0.05)
     print(json.dumps({"port": port, "leader": counter._isLeader()}), flush=True)
-    await loop.run_in_executor(None, sys.stdin.read)  # until the parent closes it
-    await server.stop(None)
+    await server.wait_for_termination()  # until killed
     if one_thread:
         ticks.cancel()
 
@@ -207,7 +245,6 @@ def main() -> int:
 
     def make_counter() -> Counter:
         counter = Counter(args.me, args.partners.split(","), conf)
-        journal.leading = counter._isLeader
         return counter
 
     asyncio.run(serve(make_counter, args.port, args.one_thread))

@@ -21,18 +21,25 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from pysyncobj import SyncObj, SyncObjConf, replicated
 
 
 class Counter(SyncObj):  # type: ignore[misc]
     def __init__(self, me: str, partners: list[str], conf: SyncObjConf) -> None:
+        self.applied: Callable[[bytes], None] | None = None
+        """Called with each payload as it is applied (`composed_node.py`'s watchers).
+        Set before pysyncobj's constructor, which leaves what exists by then out of
+        the replicated state."""
         super().__init__(me, partners, conf)
         self.value = 0
 
     @replicated  # type: ignore[untyped-decorator]
     def incr(self, payload: bytes) -> int:
         self.value += 1
+        if self.applied is not None:
+            self.applied(payload)
         return self.value
 
 

@@ -16,7 +16,12 @@ time; the order rotates between runs), drives the same workloads through Python
 clients in separate processes, and stops the cluster (also on Ctrl-C or an error).
 With --netns (root only) sevendb runs once more, its three nodes on three network
 namespace hosts behind a bridge (`sevendb-netns`, one more column beside the loopback
-sevendb one), and the lab goes with the cluster. The workloads:
+sevendb one), and the lab goes with the cluster. `--only ...,floor` adds the stack's
+parts joined (`composed_node.py`: stock pysyncobj with an fdatasyncing journal behind
+a bare gRPC write stream and watch, nothing of sevendb's), the floor under what any
+system on this stack can do: one write in flight and workload 2 only (stock pysyncobj
+sends every entry on its own, so it is no floor for writes in flight together). The
+workloads:
 
 1. durable writes/s and latency p50/p99 at 1, 32 and 64 writes in flight;
 2. commit->application latency at 500 writes/s with one subscriber process;
@@ -55,6 +60,7 @@ from types import FrameType
 from peers import report
 from peers.clusters import (
     Cluster,
+    ComposedCluster,
     EtcdCluster,
     NatsCluster,
     NetnsSevendbCluster,
@@ -267,6 +273,8 @@ def make_cluster(system: str, where: Path, buckets: int) -> Cluster:
         return NatsCluster(where)
     if system == "sevendb-netns":
         return NetnsSevendbCluster(where, buckets)
+    if system == "floor":
+        return ComposedCluster(where)
     return SevendbCluster(where, buckets)
 
 
@@ -333,7 +341,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, help="runs per system (default 3, --quick 1)")
     p.add_argument("--seconds", type=float, help="load duration (default 10, --quick 3)")
     p.add_argument("--quick", action="store_true", help="1 short run, for development")
-    p.add_argument("--only", default="etcd,nats,sevendb", help="systems, comma-separated")
+    p.add_argument(
+        "--only", default="etcd,nats,sevendb", help="systems, comma-separated (also: floor)"
+    )
     p.add_argument("--workloads", default="1,2,3,4", help="which of the 4, comma-separated")
     p.add_argument(
         "--netns",

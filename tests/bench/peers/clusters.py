@@ -213,6 +213,64 @@ class NatsCluster(_ServerProcesses):
         }
 
 
+class ComposedCluster(_ServerProcesses):
+    """The stack's parts joined, nothing of sevendb's (`composed_node.py`, three
+    processes): stock pysyncobj whose journal fdatasyncs, behind a bare gRPC write
+    stream and watch. Its figures are the floor of a system built on this stack
+    (docs/performance.md, "fourteenth session"); not run unless named."""
+
+    name = "floor"
+
+    def __init__(self, run_dir: Path, *, one_thread: bool = False) -> None:
+        self.dir = run_dir / "floor"
+        self.one_thread = one_thread
+        self.procs: list[subprocess.Popen[bytes]] = []
+        ports = free_ports(6)
+        self.raft = [f"127.0.0.1:{p}" for p in ports[:3]]
+        self.grpc = [f"127.0.0.1:{p}" for p in ports[3:]]
+        self._conf: JsonDict = {}
+
+    def start(self) -> None:
+        from bench_writes import tuned_sends
+
+        self.dir.mkdir(parents=True)
+        for i, me in enumerate(self.raft):
+            cmd = [
+                sys.executable,
+                str(Path(__file__).parent.parent / "composed_node.py"),
+                "--me",
+                me,
+                "--partners",
+                ",".join(a for a in self.raft if a != me),
+                "--port",
+                self.grpc[i].rsplit(":", 1)[1],
+                "--journal",
+                str(self.dir / f"journal{i}"),
+                "--conf",
+                json.dumps(tuned_sends()),
+                *(["--one-thread"] if self.one_thread else []),
+            ]
+            self.procs.append(_spawn(cmd, self.dir / f"node{i}.log"))
+        deadline = time.monotonic() + START_TIMEOUT_S
+        ready: dict[str, bool] = {}
+        while len(ready) < 3:
+            for i, proc in enumerate(self.procs):
+                log_path = self.dir / f"node{i}.log"
+                for line in log_path.read_text(errors="replace").splitlines():
+                    if line.startswith("{"):
+                        ready[self.grpc[i]] = bool(json.loads(line)["leader"])
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"floor cluster not ready\n    {_tail(log_path)}")
+            time.sleep(0.05)
+        leader = next((address for address, leads in ready.items() if leads), None)
+        if leader is None:
+            raise RuntimeError("floor cluster: no node said it leads")
+        self._conf = {"endpoints": self.grpc, "leader": leader}
+
+    def conf(self) -> JsonDict:
+        return self._conf
+
+
 def _get_json(url: str) -> dict[str, Any]:
     with urllib.request.urlopen(url, timeout=2) as response:  # loopback only
         data: dict[str, Any] = json.loads(response.read())

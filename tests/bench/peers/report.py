@@ -14,14 +14,20 @@ from typing import Final
 
 from peers.common import JsonDict
 
-SYSTEMS: Final = ("etcd", "nats", "sevendb", "sevendb-netns")
+SYSTEMS: Final = ("etcd", "nats", "sevendb", "sevendb-netns", "floor")
 LABELS: Final = {
     "etcd": "etcd",
     "nats": "NATS",
     "sevendb": "sevendb",
     "sevendb-netns": "sevendb, 3 netns hosts",
+    "floor": "the stack's parts joined",
 }
-RATIOS: Final = (("sevendb", "etcd"), ("sevendb", "nats"), ("sevendb-netns", "sevendb"))
+RATIOS: Final = (
+    ("sevendb", "etcd"),
+    ("sevendb", "nats"),
+    ("sevendb-netns", "sevendb"),
+    ("floor", "etcd"),
+)
 """The ratio columns of the table (system / base), when both ran."""
 
 
@@ -241,6 +247,9 @@ def judge(results: JsonDict, target: Target) -> tuple[str, str]:
     theirs = median(series(results, target.base, target.key))
     runs = f", runs {fmt(min(per_run))}-{fmt(max(per_run))}" if len(per_run) > 1 else ""
     where = f"{fmt(mine)} vs {fmt(theirs)}: {fmt(r)}x {LABELS[target.base]}{runs}"
+    floor = _finite(ratios(results, "floor", target.key, target.base))
+    if floor:  # the floor under any system on this stack, where it ran
+        where += f" ({LABELS['floor']}: {fmt(statistics.median(floor))}x)"
     return where, _verdict(ok)
 
 
@@ -345,6 +354,7 @@ def chart(results: JsonDict, path: Path) -> None:
         "nats": "#54a24b",
         "sevendb": "#e45756",
         "sevendb-netns": "#f58518",
+        "floor": "#9d755d",
     }
     panels: list[tuple[str, list[tuple[str, str]], bool]] = [
         (

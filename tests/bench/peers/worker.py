@@ -1,8 +1,9 @@
 """A client process of the side-by-side harness: one writer, or a set of subscriptions,
 of one system (etcd over grpc.aio with stubs generated at run time, NATS JetStream over
-nats-py, sevendb over its SDK: `AsyncClient` on the worker's loop, or `Client`).
+nats-py, sevendb over its SDK: `AsyncClient` on the worker's loop, or `Client`; the
+stack's parts joined, `composed_node.py`, over bare grpc.aio streams).
 
-    python -m peers.worker --system etcd|nats|sevendb --role writer|subscriber --conf JSON
+    python -m peers.worker --system etcd|nats|sevendb|floor --role writer|subscriber --conf JSON
 
 It answers each JSON command line on stdin with one JSON line on stdout (the first
 line, before any command, says it is ready). Writes carry their sequence number in
@@ -226,6 +227,53 @@ class SevendbWriter:
             await self.client.close()
 
 
+class FloorWriter:
+    """Writes to the stack's parts joined (`composed_node.py`): each write's value on
+    one gRPC stream to the leader, answered in order with the value itself."""
+
+    def __init__(self, conf: JsonDict) -> None:
+        self.leader: str = conf["leader"]
+        self.channel: Any = None
+        self.call: Any = None
+        self.outgoing: asyncio.Queue[bytes] = asyncio.Queue()
+        self.waiting: dict[int, Done] = {}
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def open(self) -> JsonDict:
+        from grpc import aio
+
+        self.channel = aio.insecure_channel(self.leader)
+        self.call = self.channel.stream_stream("/floor/Write")()
+        loop = asyncio.get_running_loop()
+        self.tasks = [loop.create_task(self._send()), loop.create_task(self._read())]
+        return {"connected": self.leader}
+
+    def send(self, prefix: str, seq: int, cycle: int, done: Done) -> None:
+        self.waiting[seq] = done
+        self.outgoing.put_nowait(value_of(seq))
+
+    async def _send(self) -> None:  # one write at a time on a stream
+        while True:
+            await self.call.write(await self.outgoing.get())
+
+    async def _read(self) -> None:
+        from grpc import aio
+
+        with contextlib.suppress(asyncio.CancelledError, aio.AioRpcError):
+            while (answer := await self.call.read()) is not aio.EOF:
+                if answer:  # empty: the write failed; it stays unanswered
+                    done = self.waiting.pop(seq_of(answer), None)
+                    if done is not None:
+                        done(True)
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.channel is not None:
+            await self.channel.close()
+
+
 class Load:
     """One load run: closed loop (`inflight` writes always outstanding) or open loop
     (one write every 1/`rate` s, at most `cap` outstanding)."""
@@ -369,16 +417,32 @@ def _prefix_range_end(prefix: bytes) -> bytes:
     return prefix[:-1] + bytes([prefix[-1] + 1])
 
 
-class EtcdSubscriber:
+class _Watches:
+    """Subscriptions as streams on one grpc.aio channel, each read by a task."""
+
+    def __init__(self) -> None:
+        self.channel: Any = None
+        self.calls: list[Any] = []
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def close(self, unsubscribe: bool) -> None:
+        for call in self.calls:
+            call.cancel()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.channel is not None:
+            await self.channel.close()
+
+
+class EtcdSubscriber(_Watches):
     """Watch streams over one grpc.aio channel; `per_stream` watchers share a stream
     (1: one Watch stream per subscription, as sevendb has one stream per subscription
     and bucket)."""
 
     def __init__(self, conf: JsonDict) -> None:
+        super().__init__()
         self.conf = conf
-        self.channel: Any = None
-        self.calls: list[Any] = []
-        self.tasks: list[asyncio.Task[None]] = []
 
     async def open(self, spec: JsonDict, on_event: OnEvent) -> JsonDict:
         from etcdbench import rpc_pb2, rpc_pb2_grpc
@@ -437,15 +501,6 @@ class EtcdSubscriber:
                     continue
                 for event in response.events:
                     on_event(index, seq_of(event.kv.value), now)
-
-    async def close(self, unsubscribe: bool) -> None:
-        for call in self.calls:
-            call.cancel()
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        if self.channel is not None:
-            await self.channel.close()
 
 
 class NatsSubscriber:
@@ -521,6 +576,49 @@ class NatsSubscriber:
                     await self.js.delete_consumer(NATS_STREAM, name)
         with contextlib.suppress(Exception):
             await self.nc.close()
+
+
+class FloorSubscriber(_Watches):
+    """Watches of the stack's parts joined (`composed_node.py`): every write a replica
+    applies; on the leader unless `placement` says otherwise (where sevendb emits,
+    and one hop sooner than a follower). Prefix specs only (a watch has no filter:
+    the workloads write one prefix at a time)."""
+
+    def __init__(self, conf: JsonDict) -> None:
+        super().__init__()
+        self.conf = conf
+
+    async def open(self, spec: JsonDict, on_event: OnEvent) -> JsonDict:
+        from grpc import aio
+
+        if spec["kind"] != "prefix":
+            raise ValueError("the floor's watches take prefix specs only")
+        endpoints: list[str] = self.conf["endpoints"]
+        place = spec.get("placement", "leader")
+        if place == "leader":
+            endpoint = self.conf["leader"]
+        elif place == "follower":
+            endpoint = next(e for e in endpoints if e != self.conf["leader"])
+        else:
+            endpoint = endpoints[int(place) % len(endpoints)]
+        self.channel = aio.insecure_channel(endpoint)
+        watch = self.channel.unary_stream("/floor/Watch")
+        loop = asyncio.get_running_loop()
+        for i in range(int(spec["count"])):
+            call = watch(b"")
+            if await call.read() != b"":  # the watch is in place
+                raise RuntimeError(f"watch {i} not created")
+            self.calls.append(call)
+            self.tasks.append(loop.create_task(self._read(i, call, on_event)))
+        return {"endpoint": endpoint}
+
+    @staticmethod
+    async def _read(index: int, call: Any, on_event: OnEvent) -> None:
+        from grpc import aio
+
+        with contextlib.suppress(asyncio.CancelledError, aio.AioRpcError):
+            while (value := await call.read()) is not aio.EOF:
+                on_event(index, seq_of(value), time.time_ns())
 
 
 class SevendbSubscriber:
@@ -750,6 +848,7 @@ def make_writer(system: str, conf: JsonDict) -> WriterClient:
         "etcd": EtcdWriter,
         "nats": NatsWriter,
         "sevendb": SevendbWriter,
+        "floor": FloorWriter,
     }
     return classes[system](conf)
 
@@ -759,6 +858,7 @@ def make_subscriber(system: str, conf: JsonDict) -> SubscriberClient:
         "etcd": EtcdSubscriber,
         "nats": NatsSubscriber,
         "sevendb": SevendbSubscriber,
+        "floor": FloorSubscriber,
     }
     return classes[system](conf)
 
@@ -783,7 +883,7 @@ async def amain(args: argparse.Namespace) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--system", choices=["etcd", "nats", "sevendb"], required=True)
+    p.add_argument("--system", choices=["etcd", "nats", "sevendb", "floor"], required=True)
     p.add_argument("--role", choices=["writer", "subscriber"], required=True)
     p.add_argument("--conf", required=True)
     args = p.parse_args()
