@@ -8,11 +8,11 @@ after it has sent the entries to the followers (so that its fsync runs beside
 theirs). In front, a grpc.aio write stream served from the process's main thread:
 each request (a write's bytes, which name it) is submitted to pysyncobj as it
 arrives (pysyncobj's tick thread appends, sends and commits it), and answered with
-the same bytes once applied. That is the same
-hand-off sevendb has between its gRPC loop's thread and its Raft thread, and
-nothing more: no parsing, batching, state machine, outbox, encryption or
-flow control. With `--one-thread`, pysyncobj is ticked on the gRPC loop's thread
-instead (`LoopPoller`): no hand-off between threads at all.
+the same bytes once applied. That is the same hand-off sevendb has between its gRPC
+loop's thread and its Raft thread, and nothing more: no parsing, batching, state
+machine, outbox, encryption or flow control. With `--one-thread`, pysyncobj is
+ticked on the gRPC loop's thread instead (`LoopPoller`): no hand-off between
+threads at all.
 
 Each replica also serves a watch: every write it applies, pushed to each watcher as
 it applies it (the least a subscription is).
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import struct
@@ -184,19 +185,19 @@ async def serve(make_counter: Callable[[], Counter], port: int, one_thread: bool
             async for request in requests:
                 answer: asyncio.Future[bytes] = loop.create_future()
 
-                def applied(
+                def committed(
                     _value: int,
                     error: int,
                     answer: asyncio.Future[bytes] = answer,
                     request: bytes = request,
                 ) -> None:
-                    result = request if error == 0 else b""  # its id, or an empty failure
+                    result = request if error == 0 else b""  # the write, or an empty failure
                     if one_thread:  # called in this thread, by a tick
                         answer.set_result(result)
                     else:
                         loop.call_soon_threadsafe(answer.set_result, result)
 
-                counter.incr(request, callback=applied)
+                counter.incr(request, callback=committed)
                 if one_thread:
                     poller.tick_soon()
                 answers.put_nowait(answer)
@@ -242,11 +243,7 @@ def main() -> int:
     journal = SyncedJournal(args.journal)
     _patch(journal)
     conf = SyncObjConf(**json.loads(args.conf), autoTick=not args.one_thread)
-
-    def make_counter() -> Counter:
-        counter = Counter(args.me, args.partners.split(","), conf)
-        return counter
-
+    make_counter = functools.partial(Counter, args.me, args.partners.split(","), conf)
     asyncio.run(serve(make_counter, args.port, args.one_thread))
     return 0
 
