@@ -146,6 +146,10 @@ class GroupSubscription:
         self._timeout_ms = timeout_ms
         self._owned: dict[int, _Owned] = {}
         self._queue: asyncio.Queue[tuple[_Owned, Event] | object] = asyncio.Queue()
+        self._returned: list[tuple[_Owned, Event]] = []
+        """Taken for a blocking caller that was interrupted first: next out (a stack)."""
+        self._in_transit: dict[object, tuple[_Owned, Event]] = {}
+        """Taken for a blocking caller, not handed out yet (`_blocking_next`)."""
         self._last: tuple[_Owned, Event] | None = None
         """AUTO: the event in the application's hands (processed when it asks again)."""
         self._given: dict[tuple[int, EmitSeq, int], _Owned] = {}
@@ -264,10 +268,17 @@ class GroupSubscription:
     async def _next(self) -> Event:
         if self.options.ack is AckMode.AUTO:
             self._mark_processed()
+        item = await self._next_item()
+        self._hand(item)
+        return item[1]
+
+    async def _next_item(self) -> tuple[_Owned, Event]:
+        """The next event of a bucket this member still owns, not handed out yet
+        (StopAsyncIteration once closed)."""
         while True:
             if self._closed:
                 raise StopAsyncIteration
-            item = await self._queue.get()
+            item = self._returned.pop() if self._returned else await self._queue.get()
             if item is _CLOSED:
                 raise StopAsyncIteration
             assert isinstance(item, tuple)
@@ -275,11 +286,16 @@ class GroupSubscription:
             if not self._current(owned):
                 self.stats.dropped += 1  # its bucket moved: the new owner has it
                 continue
-            if self.options.ack is AckMode.AUTO:
-                self._last = (owned, event)
-            else:
-                self._given[_key(event)] = owned
-            return event
+            return owned, event
+
+    def _hand(self, item: tuple[_Owned, Event]) -> None:
+        """`item`'s event is in the application's hands now: in hand until the next
+        one is asked for (AUTO), or awaiting its ack (EXPLICIT)."""
+        owned, event = item
+        if self.options.ack is AckMode.AUTO:
+            self._last = item
+        else:
+            self._given[_key(event)] = owned
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self
@@ -354,25 +370,60 @@ class GroupSubscription:
         return self._engine.submit(run()).result(timeout)
 
     def poll(self, timeout_s: float = 0.0) -> Event | None:
-        got = self._blocking(lambda: self.apoll(timeout_s), None)
-        assert got is None or isinstance(got, Event)
-        return got
+        return self._blocking_next(timeout_s)
 
     def __iter__(self) -> Iterator[Event]:
         return self
 
     def __next__(self) -> Event:
-        async def one() -> Event | None:
-            try:
-                return await self._next()
-            except StopAsyncIteration:
-                return None
-
-        got = self._blocking(one, None)
+        got = self._blocking_next(None)
         if got is None:
             raise StopIteration
-        assert isinstance(got, Event)
         return got
+
+    def _blocking_next(self, timeout_s: float | None) -> Event | None:
+        """The next event for a blocking caller, or None (after `timeout_s`, or once
+        closed). It is handed out only once this thread has it: a wait interrupted
+        here (Ctrl-C: KeyboardInterrupt) stops taking events on the loop, and an event
+        it took goes back to the front of the queue, so closing never marks processed
+        an event the caller did not get."""
+        if self._engine.on_loop_thread():
+            raise InvalidArgument("a blocking call on the client's own loop: use the coroutines")
+        token = object()
+
+        async def take() -> bool:
+            if self.options.ack is AckMode.AUTO:
+                self._mark_processed()
+            try:  # in this task (not wait_for's own): cancelled, it has taken nothing
+                async with asyncio.timeout(timeout_s):
+                    self._in_transit[token] = await self._next_item()
+            except (TimeoutError, StopAsyncIteration):
+                return False
+            return True
+
+        future = self._engine.submit(take())
+        got: tuple[_Owned, Event] | None = None
+        try:
+            if not future.result():
+                return None
+            got = self._in_transit[token]
+            self._run_soon(lambda: self._hand(self._in_transit.pop(token)))
+            return got[1]
+        except BaseException:
+            future.cancel()
+            self._run_soon(lambda: self._give_back(token, got))
+            raise
+
+    def _give_back(self, token: object, handed: tuple[_Owned, Event] | None) -> None:
+        """Undo `_blocking_next` for a caller interrupted before it had the event."""
+        item = self._in_transit.pop(token, None) or handed
+        if item is None:
+            return  # it took nothing
+        if self._last is item:
+            self._last = None
+        elif self.options.ack is AckMode.EXPLICIT:
+            self._given.pop(_key(item[1]), None)
+        self._returned.append(item)
 
     def close(self) -> None:
         self._blocking(self.aclose, 60)

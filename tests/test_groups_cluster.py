@@ -5,8 +5,11 @@ stops beating, and a deposed member's acks are refused with a typed error."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import threading
 import time
 from collections.abc import Iterator
+from types import FrameType
 
 import grpc
 import pytest
@@ -71,6 +74,47 @@ def test_members_split_the_buckets_and_take_over_when_one_leaves(cluster: LocalC
         assert sorted(later) == sorted(f"split/{i}" for i in range(40, 60))
         assert a.poll(0.5) is None  # nothing of the first 40 again
         a.close()
+
+
+class _Interrupted(Exception):
+    """What this module's SIGINT handler raises (pytest takes KeyboardInterrupt for
+    the user's)."""
+
+
+def _interrupted(_signum: int, _frame: FrameType | None) -> None:
+    raise _Interrupted
+
+
+def test_a_poll_interrupted_by_ctrl_c_hands_out_nothing_so_nothing_is_lost(
+    cluster: LocalCluster,
+) -> None:
+    """Ctrl-C while a member waits in `poll` (as `sevendb subscribe --group` does),
+    then an event: the member must not count it processed. It did: the wait went on
+    on the client's loop, took the event as the one in hand, and closing acked it, so
+    that the next member never got it."""
+    previous = signal.signal(signal.SIGINT, _interrupted)
+    try:
+        with cluster.client() as client:
+            a = client.subscribe("prefix:intr/", group="intr", session_timeout_s=5)
+            wait_for(lambda: set(a.stats.owned) == set(range(BUCKETS)), 30, "a owns all")
+
+            def interrupt() -> None:
+                wait_for(lambda: bool(a._queue._getters), 10, "a poll waiting")  # type: ignore[attr-defined]
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+            interrupter = threading.Thread(target=interrupt)
+            interrupter.start()
+            with pytest.raises(_Interrupted):
+                a.poll(30)
+            interrupter.join()
+            client.put("intr/1", b"x")
+            wait_for(lambda: a._last is not None or a._queue.qsize() > 0, 10, "the event at a")
+            a.close()
+            b = client.subscribe("prefix:intr/", group="intr", session_timeout_s=5)
+            assert [c.key for e in drain([b], 1) for c in e.changes] == ["intr/1"]
+            b.close()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_member_that_stops_beating_loses_its_buckets_after_the_session_timeout(
