@@ -6,15 +6,16 @@ a journal that appends each entry to a preallocated file and fdatasyncs it, as
 sevendb's does, once per batch: a follower before it answers, the leader right
 after it has sent the entries to the followers (so that its fsync runs beside
 theirs). In front, a grpc.aio write stream served from the process's main thread:
-each request (a write's bytes, which name it) is submitted to pysyncobj as it
-arrives (pysyncobj's tick thread appends, sends and commits it), and answered with
-the same bytes once applied. That is the same hand-off sevendb has between its gRPC
-loop's thread and its Raft thread, and nothing more: no parsing, batching, state
-machine, outbox, encryption or flow control. With `--one-thread`, pysyncobj is
-ticked on the gRPC loop's thread instead (`LoopPoller`): no hand-off between
-threads at all.
+each request (the bytes of one or more writes, which name them: a client sends
+together the writes waiting, as sevendb's SDK does) is one entry, submitted to
+pysyncobj as it arrives (pysyncobj's tick thread appends, sends and commits it), and
+answered with the same bytes once applied. That is the same hand-off sevendb has
+between its gRPC loop's thread and its Raft thread, and nothing more: no parsing,
+batching across requests, state machine, outbox, encryption or flow control. With
+`--one-thread`, pysyncobj is ticked on the gRPC loop's thread instead
+(`LoopPoller`): no hand-off between threads at all.
 
-Each replica also serves a watch: every write it applies, pushed to each watcher as
+Each replica also serves a watch: every entry it applies, pushed to each watcher as
 it applies it (the least a subscription is).
 
 Prints one JSON line, ``{"port": P, "leader": true|false}``, once the group has a
@@ -167,7 +168,7 @@ async def serve(make_counter: Callable[[], Counter], port: int, one_thread: bool
     counter.applied = applied
 
     async def watch(_request: bytes, _context: object) -> AsyncIterator[bytes]:
-        """Every write this replica applies from now on, one message each, after an
+        """Every entry this replica applies from now on, one message each, after an
         empty first message (the watch is in place)."""
         queue: asyncio.Queue[bytes] = asyncio.Queue()
         watchers.add(queue)

@@ -19,9 +19,9 @@ namespace hosts behind a bridge (`sevendb-netns`, one more column beside the loo
 sevendb one), and the lab goes with the cluster. `--only ...,floor` adds the stack's
 parts joined (`composed_node.py`: stock pysyncobj with an fdatasyncing journal behind
 a bare gRPC write stream and watch, nothing of sevendb's), the floor under what any
-system on this stack can do: one write in flight and workload 2 only (stock pysyncobj
-sends every entry on its own, so it is no floor for writes in flight together). The
-workloads:
+system on this stack can do (its writer sends the writes waiting in one message,
+one entry on the nodes, as sevendb's SDK and batcher do); workloads 1 and 2 only.
+The workloads:
 
 1. durable writes/s and latency p50/p99 at 1, 32 and 64 writes in flight;
 2. commit->application latency at 500 writes/s with one subscriber process;

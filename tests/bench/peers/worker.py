@@ -28,7 +28,16 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
-from peers.common import SEVENDB_CLIENT_ENV, JsonDict, key_of, pct, rss_kb, seq_of, value_of
+from peers.common import (
+    SEVENDB_CLIENT_ENV,
+    VALUE_BYTES,
+    JsonDict,
+    key_of,
+    pct,
+    rss_kb,
+    seq_of,
+    value_of,
+)
 
 Done = Callable[[bool], None]
 OnEvent = Callable[[int, int, int], None]
@@ -228,8 +237,10 @@ class SevendbWriter:
 
 
 class FloorWriter:
-    """Writes to the stack's parts joined (`composed_node.py`): each write's value on
-    one gRPC stream to the leader, answered in order with the value itself."""
+    """Writes to the stack's parts joined (`composed_node.py`) on one gRPC stream to
+    the leader: the writes waiting when the stream is free leave together, their
+    values in one message (one Raft entry there, as the SDK's writes share a
+    request and the node's batcher an entry), answered with the same bytes."""
 
     def __init__(self, conf: JsonDict) -> None:
         self.leader: str = conf["leader"]
@@ -252,17 +263,21 @@ class FloorWriter:
         self.waiting[seq] = done
         self.outgoing.put_nowait(value_of(seq))
 
-    async def _send(self) -> None:  # one write at a time on a stream
+    async def _send(self) -> None:  # one message at a time on a stream
         while True:
-            await self.call.write(await self.outgoing.get())
+            values = [await self.outgoing.get()]
+            while not self.outgoing.empty():
+                values.append(self.outgoing.get_nowait())
+            await self.call.write(b"".join(values))
 
     async def _read(self) -> None:
         from grpc import aio
 
         with contextlib.suppress(asyncio.CancelledError, aio.AioRpcError):
             while (answer := await self.call.read()) is not aio.EOF:
-                if answer:  # empty: the write failed; it stays unanswered
-                    done = self.waiting.pop(seq_of(answer), None)
+                # empty: the writes failed; they stay unanswered
+                for at in range(0, len(answer), VALUE_BYTES):
+                    done = self.waiting.pop(seq_of(answer[at : at + VALUE_BYTES]), None)
                     if done is not None:
                         done(True)
 
@@ -617,8 +632,10 @@ class FloorSubscriber(_Watches):
         from grpc import aio
 
         with contextlib.suppress(asyncio.CancelledError, aio.AioRpcError):
-            while (value := await call.read()) is not aio.EOF:
-                on_event(index, seq_of(value), time.time_ns())
+            while (values := await call.read()) is not aio.EOF:
+                now = time.time_ns()
+                for at in range(0, len(values), VALUE_BYTES):  # one entry's writes
+                    on_event(index, seq_of(values[at : at + VALUE_BYTES]), now)
 
 
 class SevendbSubscriber:
