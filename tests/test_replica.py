@@ -710,6 +710,29 @@ def test_a_transfer_after_idle_follower_links_wins_the_first_election(tmp_path: 
         c.close()
 
 
+def test_a_retired_replica_takes_no_leadership_and_hands_its_own_away(cluster: Cluster) -> None:
+    """A drained node's replicas are retired (`BucketReplica.retire`) while its client
+    port closes. CI once saw another node's leader balancing hand a bucket straight
+    back to the node that had just drained: it led bucket 0 and held its lease with
+    no client port. A transfer to a retired replica now leaves leadership where it
+    is, and a retired leader hands it away; both still replicate."""
+    leader = cluster.leader()
+    target = cluster.followers()[0]
+    target.retire()
+    leader.transfer_leadership(target.self_addr, timeout_s=2)
+    deadline = time.monotonic() + 3  # the transfer's whole window, and then some
+    while time.monotonic() < deadline:
+        assert not target.is_leader
+        time.sleep(0.05)
+    assert leader.is_leader and leader.propose(write("kept")).error is None
+    leader.retire()
+    wait_until(lambda: not leader.is_leader, 10, "the retired leader to hand over")
+    new = cluster.leader()
+    assert new not in (leader, target)
+    assert new.propose(write("moved")).error is None
+    cluster.converge()
+
+
 def test_a_full_cluster_restart_keeps_state_and_term(cluster: Cluster) -> None:
     leader = cluster.leader()
     for n in range(10):

@@ -275,7 +275,8 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         # counts the leader itself (`count = 1`, syncobj.py:660). A no-op if nothing is
         # pending (group commit happens in _checkCommandsToApply).
         self._journal.sync()
-        if self._owner._quarantine is not None or self._recovery.need is not None:
+        owner = self._owner
+        if owner._quarantine is not None or self._recovery.need is not None or owner.retiring:
             self._hold_back_tick()
         self._recovery_tick()
         self.transfer.step(self)
@@ -300,8 +301,9 @@ class RaftNode(SyncObj):  # type: ignore[misc]
         self.flow.send_all(self, SyncObj._SyncObj__sendAppendEntries)
 
     def _hold_back_tick(self) -> None:
-        """A quarantined replica, or one repairing lost entries, keeps storing and
-        acking the log (the group needs its acks) but never campaigns, and hands
+        """A quarantined replica, one repairing lost entries, or a retired one (its node
+        drained and exiting) keeps storing and acking the log (the group needs its
+        acks) but never campaigns, and hands
         leadership away if it holds it: first by a leadership transfer (no election
         timeout), and if it still leads half a second later (the transfer went to
         another quarantined replica, or no follower was caught up) by stepping down, so
@@ -315,7 +317,7 @@ class RaftNode(SyncObj):  # type: ignore[misc]
             self._transfer_tried = True
             self.transferLeadership()
             return
-        logger.warning("quarantined leader %s steps down", self.selfNode.id)
+        logger.warning("held-back leader %s steps down", self.selfNode.id)
         self._SyncObj__setState(_FOLLOWER)
         self._SyncObj__raftLeader = None
 

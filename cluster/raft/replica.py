@@ -202,6 +202,8 @@ class BucketReplica:
         self._lock = threading.RLock()
         self._sm = BucketStateMachine(bucket_uuid)
         self._quarantine: str | None = None
+        self.retiring = False
+        """Set by `retire`: this replica never takes leadership again."""
         self._counters = RaftCounters()
         self._snapshots = SnapshotFiles(bucket, bucket_uuid, self._data_dir / SNAPSHOT_FILE)
         self._pending: set[Future[ApplyOutcome]] = set()
@@ -353,6 +355,14 @@ class BucketReplica:
         `to` takes the rest of the log, then it is sent TimeoutNow (tick thread)."""
         _check_addr(to)
         self._node.transfer.request(to, timeout_s)
+
+    def retire(self) -> None:
+        """From now on this replica never campaigns, ignores TimeoutNow and hands
+        leadership away if it holds it; it still stores and acks the log. For a node
+        that has drained and is about to exit: without it, another replica's leader
+        balancing could hand the bucket straight back to it (seen in CI: the exiting
+        node led bucket 0 and held its lease, its client port already closed)."""
+        self.retiring = True
 
     def connectivity(self) -> Connectivity:
         """The leader this replica knows, whether it reaches a quorum, and which other

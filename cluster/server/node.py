@@ -534,6 +534,11 @@ class Node:
                 time.monotonic() - started,
                 "every leadership and lease handed over" if moved else "not everything moved",
             )
+            retiring = list(self.replicas.values())
+            if self.meta is not None:
+                retiring.append(self.meta.replica)
+            for replica in retiring:
+                replica.retire()  # no leadership comes back while the port closes
         else:
             log.info("node %s stopping without a drain (SIGINT)", self.node_id)
         await server.stop(STOP_GRACE_S)
