@@ -303,11 +303,11 @@ class RaftNode(SyncObj):  # type: ignore[misc]
     def _hold_back_tick(self) -> None:
         """A quarantined replica, one repairing lost entries, or a retired one (its node
         drained and exiting) keeps storing and acking the log (the group needs its
-        acks) but never campaigns, and hands
-        leadership away if it holds it: first by a leadership transfer (no election
-        timeout), and if it still leads half a second later (the transfer went to
-        another quarantined replica, or no follower was caught up) by stepping down, so
-        that a healthy replica times out and wins."""
+        acks) but never campaigns, and hands leadership away if it holds it: first by
+        a leadership transfer (no election timeout), and if it still leads half a
+        second later (the transfer went to another held-back replica, or no follower
+        was caught up) by stepping down, so that a healthy replica times out and
+        wins."""
         now = _monotonic()
         self._SyncObj__raftElectionDeadline = now + 3600.0
         if not self._isLeader() or now < self._next_transfer_s:
