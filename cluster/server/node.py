@@ -429,14 +429,18 @@ class Node:
                 await health.set(service, status)
             await asyncio.sleep(HEALTH_EVERY_S)
 
+    def _all_replicas(self) -> list[tuple[int, BucketReplica]]:
+        """Every replica of this node, by bucket (the metadata group's as bucket -1)."""
+        replicas = list(self.replicas.items())
+        if self.meta is not None:
+            replicas.append((self.meta.replica.bucket, self.meta.replica))
+        return replicas
+
     def _led_here(self) -> list[tuple[int, BucketReplica]]:
         """The replicas of this node that lead their group or whose bucket's notifier
         lease names them (the metadata group's as bucket -1)."""
         found = []
-        replicas = list(self.replicas.items())
-        if self.meta is not None:
-            replicas.append((self.meta.replica.bucket, self.meta.replica))
-        for bucket, replica in replicas:
+        for bucket, replica in self._all_replicas():
             notifier = self.notifiers.get(bucket)
             holds = notifier is not None and notifier.holder() == replica.self_addr
             if replica.is_leader or holds:
@@ -534,10 +538,7 @@ class Node:
                 time.monotonic() - started,
                 "every leadership and lease handed over" if moved else "not everything moved",
             )
-            retiring = list(self.replicas.values())
-            if self.meta is not None:
-                retiring.append(self.meta.replica)
-            for replica in retiring:
+            for _, replica in self._all_replicas():
                 replica.retire()  # no leadership comes back while the port closes
         else:
             log.info("node %s stopping without a drain (SIGINT)", self.node_id)

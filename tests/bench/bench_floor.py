@@ -47,6 +47,7 @@ from statistics import median
 
 from bench_fsync import many_files, one_file
 from bench_writes import machine, run_raw
+from composed_node import start_server
 from peers.clusters import ComposedCluster, EtcdCluster, SevendbCluster
 from peers.common import Worker, cpu_seconds, free_ports, pct
 from peers.install import ensure_binaries, ensure_etcd_stubs
@@ -69,7 +70,6 @@ def _row(latencies_ms: list[float], servers_us: float = NAN, client_us: float = 
 
 async def _echo_server(port: int) -> None:
     import grpc
-    from grpc import aio
 
     async def unary(request: bytes, _context: object) -> bytes:
         return request
@@ -78,17 +78,13 @@ async def _echo_server(port: int) -> None:
         async for request in requests:  # type: ignore[attr-defined]
             yield request
 
-    handler = grpc.method_handlers_generic_handler(
-        "floor",
+    server = await start_server(
+        port,
         {
             "Unary": grpc.unary_unary_rpc_method_handler(unary),
             "Stream": grpc.stream_stream_rpc_method_handler(stream),
         },
     )
-    server = aio.server()
-    server.add_generic_rpc_handlers((handler,))
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
     print("ready", flush=True)
     await server.wait_for_termination()
 

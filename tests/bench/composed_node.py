@@ -33,6 +33,7 @@ import struct
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pysyncobj.syncobj
 from pysyncobj import SyncObj, SyncObjConf
@@ -139,9 +140,21 @@ class LoopPoller:
             self.tick_soon()
 
 
-async def serve(make_counter: Callable[[], Counter], port: int, one_thread: bool) -> None:
+async def start_server(port: int, methods: dict[str, Any]) -> Any:
+    """A started grpc.aio server of the service "floor" on 127.0.0.1:`port`
+    (plaintext), with `methods` (name -> grpc method handler)."""
     import grpc
     from grpc import aio
+
+    server = aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("floor", methods),))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    return server
+
+
+async def serve(make_counter: Callable[[], Counter], port: int, one_thread: bool) -> None:
+    import grpc
 
     loop = asyncio.get_running_loop()
     poller = LoopPoller(loop)
@@ -209,17 +222,13 @@ async def serve(make_counter: Callable[[], Counter], port: int, one_thread: bool
             yield await answer
         await reader
 
-    handler = grpc.method_handlers_generic_handler(
-        "floor",
+    server = await start_server(
+        port,
         {
             "Write": grpc.stream_stream_rpc_method_handler(stream),
             "Watch": grpc.unary_stream_rpc_method_handler(watch),
         },
     )
-    server = aio.server()
-    server.add_generic_rpc_handlers((handler,))
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
     while counter._getLeader() is None or not counter.isReady():
         await asyncio.sleep(0.05)
     print(json.dumps({"port": port, "leader": counter._isLeader()}), flush=True)
