@@ -6,6 +6,7 @@ start, `grpc.health.v1`, and the drain on SIGTERM."""
 from __future__ import annotations
 
 import os
+import queue
 import re
 import signal
 import subprocess
@@ -14,6 +15,8 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import grpc
 import pytest
@@ -213,7 +216,11 @@ class _Load:
             i += 1
 
     def _read(self) -> None:
-        while not self._stop.is_set() or set(self.acked) - set(self.delivered):
+        # Until the writer is over, not merely asked to stop: a put in flight at the
+        # stop is acknowledged after it, and its event must be waited for too. (The
+        # writer is checked first, so `acked` is final when the difference is taken.)
+        writer = self._threads[0]
+        while writer.is_alive() or set(self.acked) - set(self.delivered):
             event = self._sub.poll(0.2)
             if event is not None:
                 self.delivered.extend(c.key for c in event.changes)
@@ -223,6 +230,63 @@ class _Load:
         self._threads[0].join(60)
         self._threads[1].join(60)
         self._sub.close()
+
+
+class _GatedClient:
+    """A stand-in for a client under `_Load`: each put's event is delivered once the put
+    returns, and the second put waits for `gate` (a write acknowledged after the stop)."""
+
+    def __init__(self) -> None:
+        self.events: queue.Queue[SimpleNamespace] = queue.Queue()
+        self.gate = threading.Event()
+        self.second_put = threading.Event()
+        self.stopped: threading.Event | None = None
+        self.polled_after_stop = threading.Event()
+        self._puts = 0
+
+    def subscribe(self, query: str) -> _GatedClient:
+        return self
+
+    def put(self, key: str, value: bytes) -> None:
+        self._puts += 1
+        if self._puts == 2:
+            self.second_put.set()
+            assert self.gate.wait(30)
+        self.events.put(SimpleNamespace(changes=[SimpleNamespace(key=key)]))
+
+    def poll(self, timeout_s: float) -> SimpleNamespace | None:
+        if self.stopped is not None and self.stopped.is_set():
+            self.polled_after_stop.set()
+        try:
+            return self.events.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_drain_loads_reader_waits_for_the_write_acknowledged_after_the_stop() -> None:
+    """The drain test's load: a put in flight when `stop` is called is acknowledged
+    after it, and the reader must still wait for its event. (It used to leave as soon
+    as the stop was set and every write acknowledged *so far* was delivered, so that
+    last write counted as acknowledged and never delivered: seen in the drain test's
+    repeated runs, always the final key.)"""
+    client = _GatedClient()
+    load = _Load(cast(Client, client))
+    client.stopped = load._stop
+    wait_for(lambda: client.second_put.is_set() and load.delivered == ["drain/000000"], 10, "put 2")
+    stopping = threading.Thread(target=load.stop, daemon=True)
+    stopping.start()
+    wait_for(load._stop.is_set, 10, "the stop")
+    reader = load._threads[1]
+    # The reader either gave up (the old behaviour) or polls on while the writer runs.
+    wait_for(lambda: not reader.is_alive() or client.polled_after_stop.is_set(), 10, "the reader")
+    client.gate.set()  # the second put is acknowledged now, after the stop
+    stopping.join(30)
+    assert not stopping.is_alive()
+    assert load.acked == ["drain/000000", "drain/000001"]
+    assert load.delivered == load.acked
 
 
 @pytest.fixture
