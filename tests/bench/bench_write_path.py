@@ -1,6 +1,7 @@
 """Benchmark: where one durable write's time goes, stage by stage, in every process.
 
     .venv/bin/python tests/bench/bench_write_path.py [--seconds 5] [--functions F,...]
+                                                      [--subscriber] [--together N]
 
 A fresh 3-node, 1-bucket cluster (side_by_side.py's `SevendbCluster`: plaintext,
 fsync on); this process writes one write at a time through `AsyncClient` for
@@ -12,8 +13,15 @@ each follower) and each call made while a write was in flight (the n-th call of 
 function within that write's window is its own row), it prints the median start
 after the write was sent and the median duration, in µs, for calls present in most
 writes. Gaps between rows are waits: for a thread, the GIL, a socket or a disk. The
-probe adds ~1 µs per call, so the total runs a little slower than unprobed. Not a
-test: nothing is asserted.
+probe adds ~1 µs per call, so the total runs a little slower than unprobed.
+
+With `--together N` the client sends N writes at once (`asyncio.gather`), waits for
+all N, and sends the next N: the cycle that side_by_side.py's 64-in-flight load
+settles into, since its writes are answered together and come back together
+(docs/performance.md, "fifteenth session"). A function called many times per
+cycle (once per write) is one row then: the median first start, the median span
+from its first start to its last end, its median calls per cycle and its median
+time summed over them. Not a test: nothing is asserted.
 """
 
 from __future__ import annotations
@@ -63,6 +71,8 @@ NODE_FUNCTIONS = (
 )
 CLIENT_FUNCTIONS = (
     "sevendb.sdk.writer:WritePipeline.submit",
+    "sevendb.sdk.writer:WritePipeline._admit",
+    "sevendb.sdk.writer:WritePipeline._drain",
     "sevendb.sdk.writer:WritePipeline._kick",
     "sevendb.sdk.writer:WritePipeline._answered",
     "sevendb.sdk.writer:WritePipeline._settle",
@@ -71,24 +81,37 @@ Record = tuple[int, int, str, str]
 """start ns, end ns, function, label."""
 
 
-async def _write_one_at_a_time(conf: dict[str, object], seconds: float) -> list[tuple[int, int]]:
+async def _write_cycles(
+    conf: dict[str, object], seconds: float, together: int
+) -> list[tuple[int, int]]:
+    """`together` writes at once, again and again for `seconds`: each cycle's window
+    (sent, last answered) on `time.monotonic_ns`."""
     from sevendb.sdk import AsyncClient, set_op
 
     endpoints = conf["endpoints"]
     assert isinstance(endpoints, list)
     client = AsyncClient(endpoints, token=str(conf["token"]), tls=None)
+
+    async def cycle(prefix: str, first: int) -> None:
+        await asyncio.gather(
+            *(
+                client.write([set_op(f"{prefix}/{i}", value_of(i))])
+                for i in range(first, first + together)
+            )
+        )
+
     try:
         await client.layout()
-        for i in range(200):  # warm-up: connections, the producer, caches
-            await client.write([set_op(f"warm/{i}", value_of(i))])
+        for i in range(0, 200 * together, together):  # warm-up: connections, the producer
+            await cycle("warm", i)
         windows = []
         end = time.monotonic() + seconds
         i = 0
         while time.monotonic() < end:
             sent = time.monotonic_ns()
-            await client.write([set_op(f"w/{i}", value_of(i))])
+            await cycle("w", i)
             windows.append((sent, time.monotonic_ns()))
-            i += 1
+            i += together
         return windows
     finally:
         await client.close()
@@ -104,6 +127,33 @@ def _read(directory: Path) -> dict[int, list[Record]]:
         records.sort()
         out[int(path.stem)] = records
     return out
+
+
+def _cycle_timeline(records: list[Record], windows: list[tuple[int, int]]) -> list[str]:
+    """One line per (function, label) present in most cycles: median first start
+    after the send, span to its last end, calls, and time summed over the calls."""
+    starts = [r[0] for r in records]
+    stats: dict[tuple[str, str], list[tuple[float, float, int, float]]] = collections.defaultdict(
+        list
+    )
+    for sent, acked in windows:
+        seen: dict[tuple[str, str], list[int]] = {}
+        for started, ended, name, label in records[bisect.bisect_left(starts, sent) :]:
+            if started > acked:
+                break
+            first, last, calls, busy = seen.setdefault((name, label), [started, ended, 0, 0])
+            seen[(name, label)] = [first, max(last, ended), calls + 1, busy + ended - started]
+        for key, (first, last, calls, busy) in seen.items():
+            stats[key].append(((first - sent) / 1e3, (last - first) / 1e3, calls, busy / 1e3))
+    rows = []
+    for (name, label), values in stats.items():
+        if len(values) < len(windows) / 2:
+            continue
+        at, span, calls, busy = (statistics.median(column) for column in zip(*values, strict=True))
+        rows.append(
+            (at, f"  +{at:7.0f}  {span:6.0f}  {calls:4.0f}  {busy:6.0f}  {name} {label}".rstrip())
+        )
+    return [line for _, line in sorted(rows)]
 
 
 def _timeline(records: list[Record], windows: list[tuple[int, int]]) -> list[str]:
@@ -139,6 +189,12 @@ def main() -> int:
         action="store_true",
         help="one subscription of every write, in side_by_side.py's subscriber process",
     )
+    p.add_argument(
+        "--together",
+        type=int,
+        default=1,
+        help="writes sent at once, each cycle waiting for all of them (default 1)",
+    )
     args = p.parse_args()
     node_functions = [*NODE_FUNCTIONS, *filter(None, args.functions.split(","))]
     root = Path(tempfile.mkdtemp(prefix="bench-write-path-"))
@@ -150,7 +206,8 @@ def main() -> int:
         filter(None, [str(PROBE_FILE.parent), os.environ.get("PYTHONPATH")])
     )
     with_sub = ", one subscriber" if args.subscriber else ""
-    print(f"# {machine()}; one write at a time for {args.seconds:g} s{with_sub}", flush=True)
+    at_once = "one write" if args.together == 1 else f"{args.together} writes"
+    print(f"# {machine()}; {at_once} at a time for {args.seconds:g} s{with_sub}", flush=True)
     cluster = SevendbCluster(root, buckets=1)
     subscribers: list[Worker] = []
     try:
@@ -163,7 +220,7 @@ def main() -> int:
         import sevendb.sdk.writer  # noqa: F401 - loaded, so that the probe can wrap it
 
         stage_probe.start(str(probe_dir), list(CLIENT_FUNCTIONS))
-        windows = asyncio.run(_write_one_at_a_time(cluster.conf(), args.seconds))
+        windows = asyncio.run(_write_cycles(cluster.conf(), args.seconds, args.together))
         time.sleep(1.0)  # the nodes' probes write every half second
         stage_probe._flush(str(probe_dir))
         by_pid = _read(probe_dir)
@@ -171,16 +228,27 @@ def main() -> int:
         close_all(subscribers)
         cluster.stop()
     latencies = sorted((acked - sent) / 1e6 for sent, acked in windows)
+    span = (windows[-1][1] - windows[0][0]) / 1e9
+    what = "writes" if args.together == 1 else f"cycles of {args.together}"
     print(
-        f"{len(windows)} writes: p50 {statistics.median(latencies):.3f} ms, "
-        f"p90 {latencies[int(len(latencies) * 0.9)]:.3f} ms"
+        f"{len(windows)} {what}: p50 {statistics.median(latencies):.3f} ms, "
+        f"p90 {latencies[int(len(latencies) * 0.9)]:.3f} ms; "
+        f"{len(windows) * args.together / span:,.0f} writes/s"
     )
     leader = max(by_pid, key=lambda pid: sum(r[2] == "Writes._parse" for r in by_pid[pid]))
     roles = {os.getpid(): "client (this process)", leader: "leader"}
-    print("\nstart µs after the send, median duration µs, function, label, n-th call")
+    if args.together == 1:
+        print("\nstart µs after the send, median duration µs, function, label, n-th call")
+        timeline = _timeline
+    else:
+        print(
+            "\nmedians per cycle: first start µs after the send, µs from first start to "
+            "last end, calls, µs summed over the calls; function, label"
+        )
+        timeline = _cycle_timeline
     for pid in sorted(by_pid, key=lambda pid: (pid != os.getpid(), pid != leader, pid)):
         print(f"\n{roles.get(pid, 'follower')} (pid {pid})")
-        print("\n".join(_timeline(by_pid[pid], windows)))
+        print("\n".join(timeline(by_pid[pid], windows)))
     shutil.rmtree(root, ignore_errors=True)
     return 0
 
