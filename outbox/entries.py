@@ -75,6 +75,8 @@ class ExpectKind(IntEnum):
 
 
 def _check_int(value: object, name: str, lo: int = 0, hi: int = U64_MAX) -> int:
+    if type(value) is int and lo <= value <= hi:  # most calls: a plain int in range
+        return value
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(f"{name} must be an integer, got {type(value).__name__}")
     if not lo <= value <= hi:
