@@ -196,6 +196,8 @@ def main() -> int:
         help="writes sent at once, each cycle waiting for all of them (default 1)",
     )
     args = p.parse_args()
+    if args.together < 1:
+        p.error(f"--together must be at least 1, not {args.together}")
     node_functions = [*NODE_FUNCTIONS, *filter(None, args.functions.split(","))]
     root = Path(tempfile.mkdtemp(prefix="bench-write-path-"))
     probe_dir = root / "probe"
