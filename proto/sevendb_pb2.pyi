@@ -234,6 +234,12 @@ class SessionRequest(_message.Message):
     close: bool
     def __init__(self, stream_id: _Optional[int] = ..., subscribe: _Optional[_Union[SubscribeRequest, _Mapping]] = ..., reconnect: _Optional[_Union[ReconnectRequest, _Mapping]] = ..., close: _Optional[bool] = ...) -> None: ...
 
+class SessionRequests(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[SessionRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[SessionRequest, _Mapping]]] = ...) -> None: ...
+
 class StreamEnd(_message.Message):
     __slots__ = ("code", "message", "leader", "error", "retry_after_ms")
     CODE_FIELD_NUMBER: _ClassVar[int]

@@ -102,7 +102,7 @@ class SevenDBStub:
                 _registered_method=True)
         self.Session = channel.stream_stream(
                 '/sevendb.v1.SevenDB/Session',
-                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.SessionRequest.SerializeToString,
+                request_serializer=sevendb_dot_proto_dot_sevendb__pb2.SessionRequests.SerializeToString,
                 response_deserializer=sevendb_dot_proto_dot_sevendb__pb2.SessionResponse.FromString,
                 _registered_method=True)
         self.Ack = channel.unary_unary(
@@ -496,7 +496,7 @@ def add_SevenDBServicer_to_server(servicer, server):
             ),
             'Session': grpc.stream_stream_rpc_method_handler(
                     servicer.Session,
-                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.SessionRequest.FromString,
+                    request_deserializer=sevendb_dot_proto_dot_sevendb__pb2.SessionRequests.FromString,
                     response_serializer=sevendb_dot_proto_dot_sevendb__pb2.SessionResponse.SerializeToString,
             ),
             'Ack': grpc.unary_unary_rpc_method_handler(
@@ -967,7 +967,7 @@ class SevenDB:
             request_iterator,
             target,
             '/sevendb.v1.SevenDB/Session',
-            sevendb_dot_proto_dot_sevendb__pb2.SessionRequest.SerializeToString,
+            sevendb_dot_proto_dot_sevendb__pb2.SessionRequests.SerializeToString,
             sevendb_dot_proto_dot_sevendb__pb2.SessionResponse.FromString,
             options,
             channel_credentials,

@@ -6,7 +6,9 @@ stream, read by its own task, on both ends. Here they share one bidi `Session`
 call per node: the node packs what is due on any of them into one message, and
 one reader task hands each stream its messages: queued for the stream's task to
 read, or, once the stream is open, straight to a handler (`push_to`), so that a
-delivery wakes no task of its own.
+delivery wakes no task of its own. The other way, one writer task sends every
+request queued by the time the call can take a write in one `SessionRequests`
+message: subscriptions made together open their streams in one message.
 
 A `SessionStream` behaves as its own call would: `read()` returns its messages in
 order, then `aio.EOF` when it ends normally, or raises the `AioRpcError` that call
@@ -24,7 +26,7 @@ import asyncio
 import collections
 import itertools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import grpc
 from grpc import aio
@@ -32,6 +34,10 @@ from grpc import aio
 from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.sdk.engine import Engine, status_code
+
+REQUESTS_PER_MESSAGE: Final = 256
+"""Most requests in one SessionRequests message (each is at most ~1.5 KB, so a
+message stays far below the nodes' limit on received messages)."""
 
 
 def _end_error(end: pb.StreamEnd) -> aio.AioRpcError | None:
@@ -151,10 +157,17 @@ class _Session:
             self._requests.put_nowait(pb.SessionRequest(stream_id=stream_id, close=True))
 
     async def _write(self) -> None:
-        """One write at a time (grpc.aio allows no more)."""
+        """One write at a time (grpc.aio allows no more), of every request queued by
+        then (at most `REQUESTS_PER_MESSAGE`): streams opened together, as many
+        subscriptions made at once open theirs, share a message. No timer waits for
+        more: a lone request goes at once."""
+        queue = self._requests
         try:
             while True:
-                await self._call.write(await self._requests.get())
+                batch = [await queue.get()]
+                while not queue.empty() and len(batch) < REQUESTS_PER_MESSAGE:
+                    batch.append(queue.get_nowait())
+                await self._call.write(pb.SessionRequests(requests=batch))
         except (aio.AioRpcError, aio.UsageError, asyncio.InvalidStateError):
             pass  # the call is over: the reader tells the streams
 

@@ -246,13 +246,17 @@ def test_the_acl_matrix_every_rpc_allowed_and_denied(live: LocalCluster) -> None
         p: m.holder.Session(
             iter(
                 [
-                    pb.SessionRequest(
-                        stream_id=1,
-                        subscribe=pb.SubscribeRequest(
-                            bucket=BUCKET,
-                            sub_id=f"acl-session-{p}",
-                            query=pb.Query(kind=pb.Query.PREFIX, arg="m/"),
-                        ),
+                    pb.SessionRequests(
+                        requests=[
+                            pb.SessionRequest(
+                                stream_id=1,
+                                subscribe=pb.SubscribeRequest(
+                                    bucket=BUCKET,
+                                    sub_id=f"acl-session-{p}",
+                                    query=pb.Query(kind=pb.Query.PREFIX, arg="m/"),
+                                ),
+                            )
+                        ]
                     )
                 ]
             ),

@@ -841,12 +841,12 @@ def test_a_session_carries_many_streams_and_a_bad_stream_ends_alone(
     cluster.wait_settled()
     holder = cluster.spec.node(cluster.holder_node(bucket)).grpc_address
     s = cluster.stub(holder)
-    requests: queue.Queue[pb.SessionRequest | None] = queue.Queue()
+    requests: queue.Queue[pb.SessionRequest | list[pb.SessionRequest] | None] = queue.Queue()
     responses: list[pb.SessionResponse] = []
 
-    def send() -> Iterator[pb.SessionRequest]:
+    def send() -> Iterator[pb.SessionRequests]:
         while (request := requests.get()) is not None:
-            yield request
+            yield pb.SessionRequests(requests=request if isinstance(request, list) else [request])
 
     call = s.Session(send(), metadata=auth(cluster))
     reader = threading.Thread(target=lambda: responses.extend(call), daemon=True)
@@ -861,8 +861,7 @@ def test_a_session_carries_many_streams_and_a_bad_stream_ends_alone(
             stream_id=stream_id, subscribe=pb.SubscribeRequest(bucket=bucket, query=query)
         )
 
-    requests.put(subscribe(1, "m/"))
-    requests.put(subscribe(2, "m/"))
+    requests.put([subscribe(1, "m/"), subscribe(2, "m/")])  # two streams, one message
     wait_for(lambda: items(1) and items(2), 30, "both SubAcks")
     requests.put(pb.SessionRequest(stream_id=3))  # no op
     requests.put(subscribe(4, ""))  # a key query needs a key

@@ -182,7 +182,7 @@ def test_service_methods() -> None:
         "InitProducer": ("InitProducerRequest", "InitProducerResponse", False, False),
         "Subscribe": ("SubscribeRequest", "StreamMessage", False, True),
         "Reconnect": ("ReconnectRequest", "StreamMessage", False, True),
-        "Session": ("SessionRequest", "SessionResponse", True, True),
+        "Session": ("SessionRequests", "SessionResponse", True, True),
         "Ack": ("AckBatch", "AckResponse", False, False),
         "Unsubscribe": ("UnsubscribeRequest", "UnsubscribeResponse", False, False),
         "Status": ("StatusRequest", "StatusResponse", False, False),
@@ -291,6 +291,12 @@ MESSAGES: dict[str, Message] = {
         stream_id=1, subscribe=pb.SubscribeRequest(bucket=2, sub_id="sub-1")
     ),
     "SessionRequest(close)": pb.SessionRequest(stream_id=1, close=True),
+    "SessionRequests": pb.SessionRequests(
+        requests=[
+            pb.SessionRequest(stream_id=1, subscribe=pb.SubscribeRequest(bucket=2, sub_id="s")),
+            pb.SessionRequest(stream_id=2, close=True),
+        ]
+    ),
     "SessionResponse": pb.SessionResponse(
         items=[
             pb.SessionItem(

@@ -118,9 +118,9 @@ class _Session:
         self.ended = threading.Event()
         threading.Thread(target=self._run, daemon=True).start()
 
-    def _send(self) -> Iterator[pb.SessionRequest]:
+    def _send(self) -> Iterator[pb.SessionRequests]:
         while (request := self.requests.get()) is not None:
-            yield request
+            yield pb.SessionRequests(requests=[request])
 
     def _run(self) -> None:
         _drain(self.call, self.responses, self.ended)

@@ -15,7 +15,7 @@ from sevendb.outbox.entries import OpKind
 from sevendb.outbox.model import Change
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.sdk.cursor import StreamCursor
-from sevendb.sdk.sessions import SessionStream
+from sevendb.sdk.sessions import Sessions, SessionStream
 from sevendb.sdk.subscription import Event, offer_events
 
 
@@ -140,3 +140,65 @@ def test_cancelling_a_read_closes_the_stream_on_the_node() -> None:
 
     asyncio.run(main())
     assert closed == [7]
+
+
+class _Call:
+    """A stand-in Session call: records each message written; a write returns only
+    once the test lets it (`release`); reads wait until the test ends."""
+
+    def __init__(self) -> None:
+        self.written: list[pb.SessionRequests] = []
+        self.release = asyncio.Event()
+
+    async def write(self, message: pb.SessionRequests) -> None:
+        self.written.append(message)
+        await self.release.wait()
+        self.release.clear()
+
+    async def read(self) -> Any:
+        await asyncio.Event().wait()
+
+
+class _Engine:
+    def __init__(self, call: _Call) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._call = call
+
+    def stub(self, target: str) -> Any:
+        call = self._call
+
+        class _Stub:
+            def Session(self, metadata: Any) -> _Call:
+                return call
+
+        return _Stub()
+
+
+def test_requests_queued_while_the_session_cannot_write_share_one_message() -> None:
+    """Streams opened in one loop turn go in one message, and so does whatever is
+    queued while a write is under way: many subscriptions made at once cost one
+    gRPC message each way instead of one per subscription."""
+
+    async def run() -> list[list[tuple[int, str]]]:
+        call = _Call()
+        sessions = Sessions(_Engine(call), ())  # type: ignore[arg-type]
+        request = pb.SubscribeRequest(bucket=0, query=pb.Query(kind=pb.Query.ALL))
+        streams = [sessions.subscribe("n1", request) for _ in range(5)]
+        while not call.written:
+            await asyncio.sleep(0)
+        more = [sessions.reconnect("n1", pb.ReconnectRequest(sub_id="s")) for _ in range(2)]
+        streams[0].cancel()
+        call.release.set()
+        while len(call.written) < 2:
+            await asyncio.sleep(0)
+        for stream in streams[1:] + more:
+            stream.cancel()
+        call.release.set()
+        while len(call.written) < 3:
+            await asyncio.sleep(0)
+        return [[(r.stream_id, r.WhichOneof("op")) for r in m.requests] for m in call.written]
+
+    first, second, third = asyncio.run(run())
+    assert first == [(i, "subscribe") for i in range(1, 6)]
+    assert second == [(6, "reconnect"), (7, "reconnect"), (1, "close")]
+    assert third == [(i, "close") for i in (2, 3, 4, 5, 6, 7)]

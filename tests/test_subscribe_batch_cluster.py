@@ -90,9 +90,10 @@ def test_concurrent_subscribe_calls_share_entries(cluster: LocalCluster) -> None
 def _session(
     cluster: LocalCluster, principal: str, requests: list[pb.SessionRequest]
 ) -> dict[int, pb.SessionItem]:
-    """Send `requests` on one Session call: each stream's first answer."""
+    """Send `requests` in one message of a Session call: each stream's first answer."""
     answers: dict[int, pb.SessionItem] = {}
-    session = _stub(cluster).Session(iter(requests), metadata=_auth(cluster, principal))
+    message = pb.SessionRequests(requests=requests)
+    session = _stub(cluster).Session(iter([message]), metadata=_auth(cluster, principal))
     try:
         for response in session:
             for item in response.items:

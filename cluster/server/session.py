@@ -45,7 +45,7 @@ class Sessions:
         self._streams = streams
 
     async def session(
-        self, requests: AsyncIterator[pb.SessionRequest], call: Call
+        self, requests: AsyncIterator[pb.SessionRequests], call: Call
     ) -> AsyncIterator[bytes]:
         """Serve one Session call (see the module docstring); it ends when the client
         closes it, or half-closes it and its streams are over. It yields encoded
@@ -66,7 +66,7 @@ class Sessions:
 
     async def _requests(
         self,
-        requests: AsyncIterator[pb.SessionRequest],
+        requests: AsyncIterator[pb.SessionRequests],
         principal: str,
         streams: dict[int, asyncio.Task[None]],
         out: Out,
@@ -75,36 +75,48 @@ class Sessions:
         half-closed the call and the streams are over, end the call (None)."""
         loop = asyncio.get_running_loop()
         try:
-            async for request in requests:
-                sid = request.stream_id
-                op = request.WhichOneof("op")
-                if op == "close":
-                    task = streams.pop(sid, None)
-                    if task is not None:
-                        task.cancel()
-                    continue
-                if sid in streams:  # its StreamEnd would end the open stream
-                    raise Failure.invalid(f"stream {sid} is already open on this session")
-                refused = _refused(op, len(streams))
-                if refused is not None:
-                    _item(out, sid, refused.stream_end())
-                    continue
-                queue_item = functools.partial(_item, out, sid)
-                push: Callable[[pb.SessionItem | pb.StreamMessage], None] = queue_item
-                new_batch = session_batch(sid)
-                messages = (
-                    self._streams.subscribe(principal, request.subscribe, new_batch, push)
-                    if op == "subscribe"
-                    else self._streams.reconnect(principal, request.reconnect, new_batch, push)
-                )
-                task = streams[sid] = loop.create_task(_stream(sid, messages, queue_item))
-                task.add_done_callback(functools.partial(_forget, streams, sid))
+            async for batch in requests:
+                for request in batch.requests:
+                    self._request(request, principal, streams, out, loop)
         except Failure as failure:  # a malformed request, or an open stream_id reused
             out.put_nowait(failure)
             return
         while streams:
             await asyncio.gather(*streams.values(), return_exceptions=True)
         out.put_nowait(None)
+
+    def _request(
+        self,
+        request: pb.SessionRequest,
+        principal: str,
+        streams: dict[int, asyncio.Task[None]],
+        out: Out,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        """Open or close one stream; raises the Failure that ends the whole call."""
+        sid = request.stream_id
+        op = request.WhichOneof("op")
+        if op == "close":
+            task = streams.pop(sid, None)
+            if task is not None:
+                task.cancel()
+            return
+        if sid in streams:  # its StreamEnd would end the open stream
+            raise Failure.invalid(f"stream {sid} is already open on this session")
+        refused = _refused(op, len(streams))
+        if refused is not None:
+            _item(out, sid, refused.stream_end())
+            return
+        queue_item = functools.partial(_item, out, sid)
+        push: Callable[[pb.SessionItem | pb.StreamMessage], None] = queue_item
+        new_batch = session_batch(sid)
+        messages = (
+            self._streams.subscribe(principal, request.subscribe, new_batch, push)
+            if op == "subscribe"
+            else self._streams.reconnect(principal, request.reconnect, new_batch, push)
+        )
+        task = streams[sid] = loop.create_task(_stream(sid, messages, queue_item))
+        task.add_done_callback(functools.partial(_forget, streams, sid))
 
 
 def _refused(op: str | None, open_streams: int) -> Failure | None:

@@ -1,20 +1,23 @@
 """Benchmark: subscription set-up, and whose CPU it takes.
 
     .venv/bin/python tests/bench/bench_subscribe_setup.py [--subs 2000] [--threads 64]
-                                                         [--runs 1]
+                                                         [--client async|thread] [--runs 1]
 
 Each run starts a fresh local cluster (3 node processes, fsync on, 2 buckets) and
-makes `--subs` one-key subscriptions from this one process with `Client.subscribe`
-on `--threads` threads (as side_by_side.py's workload 4 does from each of its
-subscriber processes), then prints: subscriptions set up per second, the nodes' and
-this process's CPU per subscription (the nodes' by thread name too), and how many
-log entries made them (the distinct commit indexes the new subscriptions start at:
-one per SUBSCRIBE when nothing is batched). Not a test: figures are printed, never asserted.
+makes `--subs` one-key subscriptions from this one process, `--threads` at a time:
+with `AsyncClient.subscribe` on one loop (`--client async`, the default, as
+side_by_side.py's workload 4 does from each of its subscriber processes), or with
+`Client.subscribe` on that many threads (`--client thread`). It prints:
+subscriptions set up per second, the nodes' and this process's CPU per subscription
+(the nodes' by thread name too), and how many log entries made them (the distinct
+commit indexes the new subscriptions start at: one per SUBSCRIBE when nothing is
+batched). Not a test: figures are printed, never asserted.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import statistics
 import sys
@@ -33,46 +36,87 @@ from sevendb.cluster.ops.local import (
     local_token,
     running_pid,
 )
-from sevendb.sdk import Client
+from sevendb.sdk import AsyncClient, Client
+
+Snapshot = tuple[float, dict[str, float], float, float]
+"""The nodes' CPU, theirs by thread name, this process's CPU, and the time."""
 
 
-def one_run(subs: int, threads: int) -> dict[str, Any]:
+def _snapshot(pids: list[int]) -> Snapshot:
+    return (
+        sum(cpu_seconds(p) for p in pids),
+        thread_cpu(pids),
+        time.process_time(),
+        time.monotonic(),
+    )
+
+
+def one_run(subs: int, at_once: int, threaded: bool) -> dict[str, Any]:
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="sevendb-bench-subsetup-") as tmp:
         data = Path(tmp) / "data"
         spec = cluster_up(data, nodes=3, buckets=2, replicas=3).spec
         pids = [pid for n in spec.nodes if (pid := running_pid(data, n.node_id))]
-        client = Client(
-            [n.grpc_address for n in spec.nodes], token=local_token(data), tls=local_tls(data)
-        )
+        endpoints = [n.grpc_address for n in spec.nodes]
         try:
-            client.subscribe("key:warm/0").close()  # the layout, the sessions
-            server0 = sum(cpu_seconds(p) for p in pids)
-            threads0 = thread_cpu(pids)
-            client0 = time.process_time()
-            t0 = time.monotonic()
-            with ThreadPoolExecutor(max_workers=threads) as pool:
-                made = list(pool.map(lambda i: client.subscribe(f"key:s/{i}"), range(subs)))
-            wall = time.monotonic() - t0
-            server = sum(cpu_seconds(p) for p in pids) - server0
-            by_thread = {k: v - threads0.get(k, 0.0) for k, v in thread_cpu(pids).items()}
-            own = time.process_time() - client0
-            starts = _starts(made)  # before anything is delivered: nothing is written
-            for sub in made:
-                sub.close()
+            measure = _threaded if threaded else _async
+            before, after, starts = measure(endpoints, data, pids, subs, at_once)
         finally:
-            client.close()
             cluster_down(data)
+    server, client, wall = after[0] - before[0], after[2] - before[2], after[3] - before[3]
+    by_thread = {k: v - before[1].get(k, 0.0) for k, v in after[1].items()}
     return {
         "load": load,
         "subs_per_s": subs / wall,
         "server_cpu_ms_per_sub": server * 1000 / subs,
-        "client_cpu_ms_per_sub": own * 1000 / subs,
+        "client_cpu_ms_per_sub": client * 1000 / subs,
         "entries": len(starts),
         "threads_us_per_sub": {
             k: v * 1e6 / subs for k, v in sorted(by_thread.items(), key=lambda kv: -kv[1])
         },
     }
+
+
+Measured = tuple[Snapshot, Snapshot, set[tuple[int, int]]]
+
+
+def _threaded(
+    endpoints: list[str], data: Path, pids: list[int], subs: int, at_once: int
+) -> Measured:
+    """`Client.subscribe` on `at_once` threads."""
+    with Client(endpoints, token=local_token(data), tls=local_tls(data)) as client:
+        client.subscribe("key:warm/0").close()  # the layout, the sessions
+        before = _snapshot(pids)
+        with ThreadPoolExecutor(max_workers=at_once) as pool:
+            made = list(pool.map(lambda i: client.subscribe(f"key:s/{i}"), range(subs)))
+        after = _snapshot(pids)
+        starts = _starts(made)  # before anything is delivered: nothing is written
+        for sub in made:
+            sub.close()
+    return before, after, starts
+
+
+def _async(endpoints: list[str], data: Path, pids: list[int], subs: int, at_once: int) -> Measured:
+    """`AsyncClient.subscribe` on one loop, `at_once` at a time."""
+
+    async def run() -> Measured:
+        async with AsyncClient(endpoints, token=local_token(data), tls=local_tls(data)) as client:
+            await (await client.subscribe("key:warm/0")).aclose()
+            gate = asyncio.Semaphore(at_once)
+
+            async def one(i: int) -> Any:
+                async with gate:
+                    return await client.subscribe(f"key:s/{i}")
+
+            before = _snapshot(pids)
+            made = await asyncio.gather(*(one(i) for i in range(subs)))
+            after = _snapshot(pids)
+            starts = _starts(made)
+            for sub in made:
+                await sub.aclose()
+        return before, after, starts
+
+    return asyncio.run(run())
 
 
 def _starts(made: list[Any]) -> set[tuple[int, int]]:
@@ -90,12 +134,13 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--subs", type=int, default=2000)
-    p.add_argument("--threads", type=int, default=64)
+    p.add_argument("--threads", type=int, default=64, help="subscriptions made at a time")
+    p.add_argument("--client", choices=("async", "thread"), default="async")
     p.add_argument("--runs", type=int, default=1)
     a = p.parse_args()
     rows = []
     for run in range(a.runs):
-        row = one_run(a.subs, a.threads)
+        row = one_run(a.subs, a.threads, a.client == "thread")
         rows.append(row)
         print(
             f"run {run + 1}: load {row['load']:.1f}, {row['subs_per_s']:,.0f} set up/s, "
