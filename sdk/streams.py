@@ -11,12 +11,11 @@ was seen already. Events ready for the application go to the subscription's inbo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import random
+import secrets
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -281,23 +280,23 @@ class BucketStreams:
         """Until every bucket's stream is established (so that a write made afterwards
         is always delivered); raises the error that ended the subscription, or
         `SubscriptionBroken` after `timeout_s`."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
         changed = self._changed = self._changed or asyncio.Event()
-        while missing := [s for s in self.streams.values() if not s.ready]:
-            if self.failure is not None:
-                raise self.failure
-            left = deadline - loop.time()
-            if left <= 0:
-                stream = missing[0]
-                raise SubscriptionBroken(
-                    f"bucket {stream.bucket}: no stream within {timeout_s:g} s "
-                    f"(last: {stream.history[-1] if stream.history else 'no answer'})",
-                    BrokenReason.UNAVAILABLE,
-                )
-            changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), left)
+        missing = list(self.streams.values())
+        try:
+            # `asyncio.timeout`, not `wait_for`: no task and no timer per wait.
+            async with asyncio.timeout(timeout_s):
+                while missing := [s for s in self.streams.values() if not s.ready]:
+                    if self.failure is not None:
+                        raise self.failure
+                    changed.clear()
+                    await changed.wait()
+        except TimeoutError:
+            stream = missing[0]
+            raise SubscriptionBroken(
+                f"bucket {stream.bucket}: no stream within {timeout_s:g} s "
+                f"(last: {stream.history[-1] if stream.history else 'no answer'})",
+                BrokenReason.UNAVAILABLE,
+            ) from None
 
     def _ready(self, stream: BucketStream) -> None:
         stream.ready = True
@@ -412,7 +411,7 @@ class BucketStreams:
 
     async def _subscribe(self, stream: BucketStream, target: str) -> SessionStream:
         if stream.sub_id is None:
-            stream.sub_id = uuid.uuid4().hex
+            stream.sub_id = secrets.token_hex(16)
             if self._flusher.store is not None:
                 # Known before the server hears of it: a crash now resubscribes with
                 # the same id (idempotent) instead of leaving an orphan behind.

@@ -13,10 +13,13 @@ from grpc import aio
 from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import OpKind
 from sevendb.outbox.model import Change
+from sevendb.outbox.query import Query, QueryKind
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.sdk.cursor import StreamCursor
+from sevendb.sdk.errors import BrokenReason, SubscriptionBroken
 from sevendb.sdk.sessions import Sessions, SessionStream
-from sevendb.sdk.subscription import Event, offer_events
+from sevendb.sdk.streams import BucketStream, BucketStreams
+from sevendb.sdk.subscription import Event, SubscribeOptions, offer_events
 
 
 def _seq(i: int) -> pb.EmitSeq:
@@ -202,3 +205,44 @@ def test_requests_queued_while_the_session_cannot_write_share_one_message() -> N
     assert first == [(i, "subscribe") for i in range(1, 6)]
     assert second == [(6, "reconnect"), (7, "reconnect"), (1, "close")]
     assert third == [(i, "close") for i in (2, 3, 4, 5, 6, 7)]
+
+
+def _streams(*buckets: int) -> BucketStreams:
+    """A subscription's streams with nothing behind them: only readiness and failure
+    are set by hand."""
+    streams = {b: BucketStream(b, None, False) for b in buckets}
+    put: list[Any] = []
+    unused: Any = None  # the engine, sessions and flusher: no stream runs
+    return BucketStreams(
+        unused, unused, unused, Query(QueryKind.ALL), SubscribeOptions(), streams, put.append
+    )
+
+
+def test_waiting_for_the_streams_ends_when_all_are_up_or_the_subscription_fails() -> None:
+    async def up() -> None:
+        bs = _streams(0, 1)
+        loop = asyncio.get_running_loop()
+        loop.call_soon(bs._ready, bs.streams[0])
+        loop.call_soon(bs._ready, bs.streams[1])
+        await bs.wait_ready(30)
+        assert all(s.ready for s in bs.streams.values())
+
+    async def failed() -> None:
+        bs = _streams(0, 1)
+        asyncio.get_running_loop().call_soon(bs._ready, bs.streams[0])
+        error = SubscriptionBroken("refused", BrokenReason.PERMISSION_DENIED)
+        asyncio.get_running_loop().call_soon(bs._broken, error)
+        with pytest.raises(SubscriptionBroken) as raised:
+            await bs.wait_ready(30)
+        assert raised.value is error
+
+    async def late() -> None:
+        bs = _streams(0, 1)
+        asyncio.get_running_loop().call_soon(bs._ready, bs.streams[0])
+        bs.streams[1].history.append("refused by n2")
+        with pytest.raises(SubscriptionBroken, match=r"bucket 1: no stream within 0.05 s") as e:
+            await bs.wait_ready(0.05)
+        assert e.value.reason is BrokenReason.UNAVAILABLE and "refused by n2" in str(e.value)
+
+    for case in (up, failed, late):
+        asyncio.run(case())
