@@ -112,7 +112,8 @@ class _Session:
     """A raw Session call: requests put in, every item read out in a thread."""
 
     def __init__(self, cluster: LocalCluster) -> None:
-        self.requests: queue.Queue[pb.SessionRequest | None] = queue.Queue()
+        self.requests: queue.Queue[pb.SessionRequest | pb.SessionRequests | None] = queue.Queue()
+        """A request goes in a message of its own; a SessionRequests as it is."""
         self.responses: list[pb.SessionResponse] = []
         self.call = cluster.stub(_holder(cluster)).Session(self._send(), metadata=_auth(cluster))
         self.ended = threading.Event()
@@ -120,7 +121,9 @@ class _Session:
 
     def _send(self) -> Iterator[pb.SessionRequests]:
         while (request := self.requests.get()) is not None:
-            yield pb.SessionRequests(requests=[request])
+            if isinstance(request, pb.SessionRequest):
+                request = pb.SessionRequests(requests=[request])
+            yield request
 
     def _run(self) -> None:
         _drain(self.call, self.responses, self.ended)
@@ -436,3 +439,30 @@ def test_a_session_refuses_an_open_stream_id_by_ending_the_call(cluster: LocalCl
         assert [i.WhichOneof("kind") for i in session.items(1)] == ["message"]
     finally:
         session.close()
+
+
+def test_a_session_message_of_too_many_requests_ends_the_call_and_opens_nothing(
+    cluster: LocalCluster,
+) -> None:
+    """One message may carry at most REQUESTS_PER_MESSAGE_MAX requests: more ends the
+    call INVALID_ARGUMENT before any of them is looked at."""
+    session = _Session(cluster)
+    query = pb.Query(kind=pb.Query.KEY, arg="many/0")
+    subscribe = pb.SubscribeRequest(bucket=BUCKET, query=query, sub_id="many-0")
+    closes = [pb.SessionRequest(stream_id=i, close=True) for i in range(2, 4098)]
+    try:
+        session.requests.put(
+            pb.SessionRequests(
+                requests=[pb.SessionRequest(stream_id=1, subscribe=subscribe), *closes]
+            )
+        )
+        assert session.ended.wait(30), "the call goes on"
+        assert session.call.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "at most 4096 requests, not 4097" in session.call.details()
+        assert session.items(1) == []
+    finally:
+        session.close()
+    listing = pb.ListSubscriptionsRequest(bucket=BUCKET, limit=1000)
+    stub = cluster.stub(_holder(cluster))
+    listed = stub.ListSubscriptions(listing, metadata=_auth(cluster), timeout=10)
+    assert "many-0" not in {s.sub_id for s in listed.subscriptions}

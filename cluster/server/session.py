@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 SESSION_STREAMS_MAX: Final = limits.SUBSCRIPTIONS_PER_BUCKET_MAX
 """Most streams open at once on one Session call."""
+REQUESTS_PER_MESSAGE_MAX: Final = 4096
+"""Most requests in one SessionRequests message (the SDK sends at most 256): a client
+cannot hold the loop with one message of a million requests."""
 SESSION_RESPONSE_BYTES: Final = 1024 * 1024
 """A SessionResponse takes queued items until it is about this large."""
 
@@ -76,9 +79,14 @@ class Sessions:
         loop = asyncio.get_running_loop()
         try:
             async for batch in requests:
+                if len(batch.requests) > REQUESTS_PER_MESSAGE_MAX:
+                    raise Failure.invalid(
+                        f"a SessionRequests message carries at most {REQUESTS_PER_MESSAGE_MAX} "
+                        f"requests, not {len(batch.requests)}"
+                    )
                 for request in batch.requests:
                     self._request(request, principal, streams, out, loop)
-        except Failure as failure:  # a malformed request, or an open stream_id reused
+        except Failure as failure:  # malformed, too many requests, an open stream_id reused
             out.put_nowait(failure)
             return
         while streams:
