@@ -1,6 +1,7 @@
 """The SDK's side of one bucket stream: a session stream's messages reach a handler
 in order once pushing starts, its end reaches `read()`, and the events a message
-released before a gap still reach the application."""
+released before a gap still reach the application. Also the session's requests
+sharing messages, and a subscribe's wait for its streams."""
 
 from __future__ import annotations
 
