@@ -281,17 +281,16 @@ class BucketStreams:
         is always delivered); raises the error that ended the subscription, or
         `SubscriptionBroken` after `timeout_s`."""
         changed = self._changed = self._changed or asyncio.Event()
-        missing = list(self.streams.values())
         try:
             # `asyncio.timeout`, not `wait_for`: no task and no timer per wait.
             async with asyncio.timeout(timeout_s):
-                while missing := [s for s in self.streams.values() if not s.ready]:
+                while not all(s.ready for s in self.streams.values()):
                     if self.failure is not None:
                         raise self.failure
                     changed.clear()
                     await changed.wait()
         except TimeoutError:
-            stream = missing[0]
+            stream = next(s for s in self.streams.values() if not s.ready)
             raise SubscriptionBroken(
                 f"bucket {stream.bucket}: no stream within {timeout_s:g} s "
                 f"(last: {stream.history[-1] if stream.history else 'no answer'})",
