@@ -441,22 +441,27 @@ class BucketNotifier:
                 if self._core is not None:
                     self._core.detach(sub_id)
 
-    def ack(self, sub_id: str, principal: str, up_to: EmitSeq) -> AckOutcome | None:
-        """A cumulative client ack; None if this replica does not hold the lease."""
+    def ack(self, principal: str, acks: Sequence[tuple[str, EmitSeq]]) -> list[AckOutcome] | None:
+        """Cumulative client acks, `(sub_id, up_to)` in the order given, in one lock
+        round (an ack batch's acks of this bucket); None if this replica does not
+        hold the lease."""
         now = self._clock_ms()
         with self._lock:
             core = self._core
             if core is None:
                 return None
             try:
-                outcome = self.replica.read(
-                    lambda sm: core.on_client_ack(sm, sub_id, principal, up_to, now)
+                outcomes = self.replica.read(
+                    lambda sm: [
+                        core.on_client_ack(sm, sub_id, principal, up_to, now)
+                        for sub_id, up_to in acks
+                    ]
                 )
             except ReplicaUnavailable:
                 return None
-        if outcome.status is AckStatus.ACCEPTED:
+        if any(o.status is AckStatus.ACCEPTED for o in outcomes):
             self._runner.wake()
-        return outcome
+        return outcomes
 
     def acks_applied(
         self, principal: str, acks: Sequence[tuple[str, EmitSeq]]

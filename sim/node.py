@@ -195,7 +195,7 @@ class SimNode:
         if isinstance(body, wire.ReconnectReq):
             self._reconnect(body)
         elif isinstance(body, wire.AckReq):
-            self.host.ack(body.sub_id, body.principal, body.up_to)
+            self.host.ack(body.principal, [(body.sub_id, body.up_to)])
         elif isinstance(body, wire.SubscribeReq):
             now = self.sim.now_ms
             entry = Subscribe(

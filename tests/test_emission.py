@@ -526,6 +526,24 @@ def test_bad_acks_are_rejected_and_change_nothing(cluster: LocalCluster, tmp_pat
         future = EmitSeq(last.bucket_uuid, last.epoch_counter, last.commit_index + 1000)
         assert ack(future).status == pb.AckResult.FUTURE
         assert ack(last, "no-such-sub").status == pb.AckResult.SUBSCRIPTION_NOT_FOUND
+        # The same in one batch, with an ack missing its position and one of no bucket:
+        # each is answered in its place, as when alone.
+        elsewhere = EmitSeq("no-such-bucket", 1, 1)
+        acks = [
+            pb.ClientAck(sub_id=sub, up_to_emit_seq=codec.seq_to_pb(seq))
+            for sub, seq in [(sub_id, last), (sub_id, first), (sub_id, future)]
+            + [("no-such-sub", last), (sub_id, elsewhere)]
+        ]
+        acks.insert(3, pb.ClientAck(sub_id=sub_id))
+        results = s.Ack(pb.AckBatch(acks=acks), metadata=md).results
+        assert [(r.sub_id, r.status) for r in results] == [
+            (sub_id, pb.AckResult.DUPLICATE),
+            (sub_id, pb.AckResult.REGRESSIVE),
+            (sub_id, pb.AckResult.FUTURE),
+            (sub_id, pb.AckResult.SUBSCRIPTION_NOT_FOUND),
+            ("no-such-sub", pb.AckResult.SUBSCRIPTION_NOT_FOUND),
+            (sub_id, pb.AckResult.FUTURE),
+        ]
         assert purged()  # and still nothing changed
         with pytest.raises(grpc.RpcError) as bad_query:
             next(

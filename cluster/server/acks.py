@@ -13,9 +13,10 @@ from typing import Final
 
 from sevendb.cluster.server.edge import Call, Edge, now_ms
 from sevendb.cluster.server.errors import Failure
-from sevendb.cluster.server.groups import check_fence
+from sevendb.cluster.server.groups import check_fences
 from sevendb.notifier.host import AckWait, BucketNotifier
 from sevendb.outbox import limits
+from sevendb.outbox.emitseq import EmitSeq
 from sevendb.outbox.entries import Unsubscribe
 from sevendb.outbox.errors import SevenDBError
 from sevendb.outbox.model import AckOutcome, UnsubscribeResult
@@ -40,7 +41,7 @@ class Acks:
             raise Failure.invalid(
                 f"{len(request.acks)} acks in one batch; the limit is {limits.ACKS_PER_PURGE_MAX}"
             )
-        results = [self._ack_one(call.principal, ack) for ack in request.acks]
+        results = self._take(call.principal, request.acks)
         if request.wait_applied:
             await self._wait_applied(call, request.acks, results)
         return pb.AckResponse(results=results)
@@ -113,35 +114,79 @@ class Acks:
                 )
         return still
 
-    def _ack_one(self, principal: str, ack: pb.ClientAck) -> pb.AckResult:
-        if not ack.sub_id or not ack.HasField("up_to_emit_seq"):
-            return pb.AckResult(
-                sub_id=ack.sub_id,
-                status=pb.AckResult.SUBSCRIPTION_NOT_FOUND,
-                message="an ack needs sub_id and up_to_emit_seq",
-            )
-        up_to = codec.seq_from_pb(ack.up_to_emit_seq)
-        bucket = self._edge.bucket_of_uuid.get(up_to.bucket_uuid)
-        if bucket is None:
-            return pb.AckResult(
-                sub_id=ack.sub_id,
-                status=pb.AckResult.FUTURE,
-                message=f"no bucket {up_to.bucket_uuid} in this cluster",
-            )
-        notifier = self._edge.notifiers.get(bucket)
-        if notifier is not None:
-            fence = ack.group if ack.HasField("group") else None
-            fenced = check_fence(self._edge, notifier, principal, ack.sub_id, None, fence)
-            if fenced is not None:  # a consumer group's, from a deposed member
-                return pb.AckResult(
-                    sub_id=ack.sub_id, status=pb.AckResult.GROUP_FENCED, message=fenced
+    def _take(self, principal: str, acks: Sequence[pb.ClientAck]) -> list[pb.AckResult]:
+        """Each ack's answer; those of one bucket are checked and queued together (a
+        lock round per bucket and batch, not per ack)."""
+        results: list[pb.AckResult | None] = [None] * len(acks)
+        by_bucket: dict[int, list[tuple[int, EmitSeq]]] = {}
+        for i, ack in enumerate(acks):
+            if not ack.sub_id or not ack.HasField("up_to_emit_seq"):
+                results[i] = pb.AckResult(
+                    sub_id=ack.sub_id,
+                    status=pb.AckResult.SUBSCRIPTION_NOT_FOUND,
+                    message="an ack needs sub_id and up_to_emit_seq",
                 )
-        outcome = None if notifier is None else notifier.ack(ack.sub_id, principal, up_to)
-        if outcome is None:
-            return self._not_holder(bucket, notifier, ack.sub_id)
-        return pb.AckResult(
-            sub_id=ack.sub_id, status=codec.ACK_STATUS[outcome.status], message=outcome.message
+                continue
+            up_to = codec.seq_from_pb(ack.up_to_emit_seq)
+            bucket = self._edge.bucket_of_uuid.get(up_to.bucket_uuid)
+            if bucket is None:
+                results[i] = pb.AckResult(
+                    sub_id=ack.sub_id,
+                    status=pb.AckResult.FUTURE,
+                    message=f"no bucket {up_to.bucket_uuid} in this cluster",
+                )
+                continue
+            by_bucket.setdefault(bucket, []).append((i, up_to))
+        for bucket, places in by_bucket.items():
+            self._take_bucket(principal, bucket, acks, places, results)
+        assert all(r is not None for r in results)
+        return results  # type: ignore[return-value]
+
+    def _take_bucket(
+        self,
+        principal: str,
+        bucket: int,
+        acks: Sequence[pb.ClientAck],
+        places: list[tuple[int, EmitSeq]],
+        results: list[pb.AckResult | None],
+    ) -> None:
+        """Answer the acks at `places` (all of `bucket`): a consumer group's from a
+        deposed member are fenced, the rest go to the bucket's notifier."""
+        notifier = self._edge.notifiers.get(bucket)
+        if notifier is None:
+            for i, _ in places:
+                results[i] = self._not_holder(bucket, None, acks[i].sub_id)
+            return
+        fenced = check_fences(
+            self._edge,
+            notifier,
+            principal,
+            [
+                (acks[i].sub_id, acks[i].group if acks[i].HasField("group") else None)
+                for i, _ in places
+            ],
         )
+        taken = []
+        for (i, up_to), reason in zip(places, fenced, strict=True):
+            if reason is None:
+                taken.append((i, up_to))
+            else:
+                results[i] = pb.AckResult(
+                    sub_id=acks[i].sub_id, status=pb.AckResult.GROUP_FENCED, message=reason
+                )
+        if not taken:
+            return
+        outcomes = notifier.ack(principal, [(acks[i].sub_id, up_to) for i, up_to in taken])
+        for n, (i, _) in enumerate(taken):
+            if outcomes is None:
+                results[i] = self._not_holder(bucket, notifier, acks[i].sub_id)
+            else:
+                outcome = outcomes[n]
+                results[i] = pb.AckResult(
+                    sub_id=outcome.sub_id,
+                    status=codec.ACK_STATUS[outcome.status],
+                    message=outcome.message,
+                )
 
     def _not_holder(
         self, bucket: int, notifier: BucketNotifier | None, sub_id: str

@@ -6,6 +6,8 @@ node's replica applied them (docs/core.md, "Consumer groups")."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import grpc
 
 from sevendb.cluster.raft.replica import ReplicaUnavailable
@@ -57,6 +59,25 @@ def fence_failure(message: str) -> Failure:
     return Failure(grpc.StatusCode.FAILED_PRECONDITION, message, error=ErrorCode.GROUP_FENCED)
 
 
+def _refusal(
+    sm: BucketStateMachine,
+    principal: str,
+    sub_id: str,
+    name: str | None,
+    fence: pb.GroupFence | None,
+) -> str | None:
+    durable = name
+    if durable is None:
+        sub = sm.subs.get(sub_id)
+        if sub is None or sub.principal != principal:
+            return None  # not found / not the caller's: answered as before
+        durable = sub.durable
+    if not durable:
+        return None if fence is None else "the subscription is no consumer group's"
+    term = None if fence is None else (fence.member, fence.generation)
+    return sm.groups.refuses(principal, durable, term)
+
+
 def check_fence(
     edge: Edge,
     notifier: BucketNotifier,
@@ -68,23 +89,26 @@ def check_fence(
     """Why the use of the subscription `sub_id` (its durable name, read here) or of
     the durable `name` with `fence` is refused here (`GroupTable.refuses`), or None;
     raises UNAVAILABLE if the replica cannot be read."""
-
-    def judge(sm: BucketStateMachine) -> str | None:
-        durable = name
-        if durable is None:
-            sub = sm.subs.get(sub_id)
-            if sub is None or sub.principal != principal:
-                return None  # not found / not the caller's: answered as before
-            durable = sub.durable
-        if not durable:
-            return None if fence is None else "the subscription is no consumer group's"
-        term = None if fence is None else (fence.member, fence.generation)
-        return sm.groups.refuses(principal, durable, term)
-
     try:
-        return notifier.replica.read(judge)
+        return notifier.replica.read(lambda sm: _refusal(sm, principal, sub_id, name, fence))
     except ReplicaUnavailable as exc:
         raise edge.unavailable(notifier.bucket, exc) from None
 
 
-__all__ = ["Groups", "check_fence", "fence_failure"]
+def check_fences(
+    edge: Edge,
+    notifier: BucketNotifier,
+    principal: str,
+    uses: Sequence[tuple[str, pb.GroupFence | None]],
+) -> list[str | None]:
+    """`check_fence` of each `(sub_id, fence)` (its durable name read here), in one
+    read of the replica (an ack batch's)."""
+    try:
+        return notifier.replica.read(
+            lambda sm: [_refusal(sm, principal, sub_id, None, fence) for sub_id, fence in uses]
+        )
+    except ReplicaUnavailable as exc:
+        raise edge.unavailable(notifier.bucket, exc) from None
+
+
+__all__ = ["Groups", "check_fence", "check_fences", "fence_failure"]
