@@ -239,7 +239,10 @@ class _Inbox:
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
             box, future = waiter
-            box.post(_wake, future)
+            if asyncio._get_running_loop() is future.get_loop():
+                _wake(future)  # put on the waiter's own loop (an AsyncClient's): no hop
+            else:
+                box.post(_wake, future)
 
     def get(self, timeout_s: float | None) -> list[Event] | BaseException | None:
         with self._cond:
