@@ -138,6 +138,9 @@ def test_a_subscriber_that_stops_acknowledging_loses_its_stream() -> None:
     core.next_batches(d.sm, 1, t0 + 260)
     assert core.slow_streams(t0 + 559) == ()
     assert core.slow_streams(t0 + 560) == ("s",)
+    # Its subscriber reconnects: the new stream has nothing in flight, so is not slow.
+    core.attach(d.sm, "s", "alice", d.rows("s")[0].emit_seq, t0 + 600)
+    assert core.slow_streams(t0 + 10**6) == ()
 
 
 def test_a_stream_with_nothing_in_flight_is_never_slow() -> None:
