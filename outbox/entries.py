@@ -983,7 +983,10 @@ def _decode_fields(kind: EntryType, f: list[object]) -> Entry:
 def _decode_ack(raw: object) -> Ack:
     item = _as_list(raw, "ack", 3)
     _arity(item, 3, "ack")
-    return Ack(item[0], item[1], _emit_seq(item[2]))  # type: ignore[arg-type]
+    seq = _as_list(item[2], "emit_seq", 3)
+    _arity(seq, 3, "emit_seq")
+    # `Ack` checks its position's fields itself (`_emit_seq` would check them twice).
+    return Ack(item[0], item[1], EmitSeq(*seq))  # type: ignore[arg-type]
 
 
 def _decode_purge(f: list[object]) -> OutboxPurge:
