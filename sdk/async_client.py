@@ -545,6 +545,7 @@ class AsyncClient:
         start: StartAt = None,
         group: None = None,
         session_timeout_s: float = SESSION_TIMEOUT_S_DEFAULT,
+        on_event: Callable[[Event], object] | None = None,
     ) -> Subscription: ...
 
     @overload
@@ -559,6 +560,7 @@ class AsyncClient:
         start: None = None,
         group: str,
         session_timeout_s: float = SESSION_TIMEOUT_S_DEFAULT,
+        on_event: None = None,
     ) -> GroupSubscription: ...
 
     async def subscribe(
@@ -572,6 +574,7 @@ class AsyncClient:
         start: StartAt = None,
         group: str | None = None,
         session_timeout_s: float = SESSION_TIMEOUT_S_DEFAULT,
+        on_event: Callable[[Event], object] | None = None,
     ) -> Subscription | GroupSubscription:
         """Subscribe to `query` (``key:K``, ``prefix:P``, ``all`` or a `Query`) in every
         bucket it spans; read it with ``async for`` (and end it with ``async with``,
@@ -588,7 +591,11 @@ class AsyncClient:
         (sdk/groups.py): the query's buckets are dealt over the group's live members,
         and a `GroupSubscription` delivers those of this member's (no cursor, durable
         or start: the group's position is the server's). A member that has not beaten
-        for `session_timeout_s` loses its buckets to the others."""
+        for `session_timeout_s` loses its buckets to the others.
+
+        With `on_event`, the subscription is not iterated: each event is handed to
+        `on_event(event)` on this client's loop, in order per bucket, and is
+        processed once it returns (`Subscription.wait_closed` says more)."""
         parsed = parse_query(query)
         if group is not None:
             check_group(group, session_timeout_s)
@@ -596,6 +603,8 @@ class AsyncClient:
                 raise InvalidArgument(
                     "a group subscription takes no cursor, name, durable or start"
                 )
+            if on_event is not None:
+                raise InvalidArgument("a group subscription is iterated: it takes no on_event")
         layout = await self.layout()
         buckets = layout.buckets_of(parsed)
         if group is not None:
@@ -627,6 +636,7 @@ class AsyncClient:
             options=options,
             durable=durable,
             starts=starts,
+            on_event=on_event,
         )
         await sub._start(self._retry.deadline_s)
         self._subscriptions.add(sub)

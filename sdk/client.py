@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar, overload
@@ -322,6 +322,7 @@ class Client:
         start: StartAt = None,
         group: None = None,
         session_timeout_s: float = SESSION_TIMEOUT_S_DEFAULT,
+        on_event: Callable[[Event], object] | None = None,
     ) -> Subscription: ...
 
     @overload
@@ -336,6 +337,7 @@ class Client:
         start: None = None,
         group: str,
         session_timeout_s: float = SESSION_TIMEOUT_S_DEFAULT,
+        on_event: None = None,
     ) -> GroupSubscription: ...
 
     def subscribe(
@@ -349,6 +351,7 @@ class Client:
         start: StartAt = None,
         group: str | None = None,
         session_timeout_s: float = SESSION_TIMEOUT_S_DEFAULT,
+        on_event: Callable[[Event], object] | None = None,
     ) -> Subscription | GroupSubscription:
         """Subscribe to `query` (``key:K``, ``prefix:P``, ``all`` or a `Query`) in every
         bucket it spans. With `cursor` (a file or a `CursorStore`), a restarted process
@@ -365,7 +368,12 @@ class Client:
         Returns once every bucket's stream is established: a write made afterwards is
         always delivered. Raises `SubscriptionBroken` if that takes longer than the
         `RetryPolicy` deadline (30 s by default). With `group`: a consumer group
-        member, as `AsyncClient.subscribe` says (a `GroupSubscription`)."""
+        member, as `AsyncClient.subscribe` says (a `GroupSubscription`).
+
+        With `on_event`, the subscription is not iterated: each event is handed to
+        `on_event(event)` on the client's background thread, in order per bucket, and
+        is processed once it returns (`Subscription.wait_closed` says more). Keep it
+        short: every subscription of the client waits while it runs."""
         core: Any = self._core  # one call whatever `group` is (the overloads split it)
         return self._run(
             core.subscribe(
@@ -377,6 +385,7 @@ class Client:
                 start=start,
                 group=group,
                 session_timeout_s=session_timeout_s,
+                on_event=on_event,
             )
         )
 

@@ -14,7 +14,10 @@ called while no exception is being handled. An exception out of the loop body
 through) leaves the event in hand unprocessed: it is redelivered on resume. With
 `AckMode.EXPLICIT` only `ack(event)` processes an event (in any order, from any
 thread), and `nak(event, delay_s)` has this subscription deliver it again after the
-delay; a bucket's acknowledged position never passes an event not acked.
+delay; a bucket's acknowledged position never passes an event not acked. A
+subscription made with ``on_event=f`` is not iterated: the client's loop calls
+``f(event)``, and the event is processed once it returns; an exception from it ends
+the subscription as one out of a loop does (`Subscription.wait_closed` raises it).
 
 Processed positions are persisted to the cursor store (fsync + atomic rename) and
 only then acknowledged, in batches; a restarted process with the same cursor file
@@ -310,7 +313,10 @@ class Subscription:
         durable: str | None = None,
         starts: Mapping[int, Start] | None = None,
         fence: tuple[str, int] | None = None,
+        on_event: Callable[[Event], object] | None = None,
     ) -> None:
+        if on_event is not None and not callable(on_event):
+            raise InvalidArgument(f"on_event must be a callable, not {on_event!r}")
         if durable is not None and (not isinstance(durable, str) or not durable):
             raise InvalidArgument(f"durable must be a non-empty name, not {durable!r}")
         self.query = query
@@ -325,6 +331,17 @@ class Subscription:
         self._keep = store is not None or durable is not None
         """Does closing keep the server's subscription (detach) or end it?"""
         self._inbox = _Inbox()
+        self._on_event = on_event
+        """Called with each event on the client's loop instead of an inbox to iterate."""
+        put = self._inbox.put if on_event is None else self._deliver
+        self._put = put
+        """Where events ready for the application and the error that ends the
+        subscription go: the inbox, or `_deliver` (with `on_event`)."""
+        self._failure: BaseException | None = None
+        """With `on_event`: what ended the subscription (`wait_closed` raises it)."""
+        self._closed_event = threading.Event()
+        """Set once the subscription is closed (no event is handed out after it)."""
+        self._end_waiters: list[asyncio.Future[None]] = []
         streams: dict[int, BucketStream] = {}
         self._flusher = Flusher(
             engine,
@@ -338,7 +355,7 @@ class Subscription:
             ),
             interval_s=opts.ack_interval_s,
             target_of=lambda bucket: self._streams.target_of(bucket),
-            failed=self._inbox.put,
+            failed=put,
         )
         self._closed = False
         self._batch: collections.deque[Event] = collections.deque()
@@ -361,7 +378,7 @@ class Subscription:
                 self._flusher.start(bucket, c.sub_id, c.position, stream.skip)
             streams[bucket] = stream
         self._streams = BucketStreams(
-            engine, sessions, self._flusher, query, opts, streams, self._inbox.put, durable or ""
+            engine, sessions, self._flusher, query, opts, streams, put, durable or ""
         )
         if fence is not None:  # a consumer group member's (sdk/groups.py)
             self._streams.fence = pb.GroupFence(member=fence[0], generation=fence[1])
@@ -378,6 +395,72 @@ class Subscription:
         except BaseException:
             await aclose_subscriptions([self], flush=False)
             raise
+
+    # ---- on_event ------------------------------------------------------------------------
+
+    def _deliver(self, item: list[Event] | BaseException) -> None:
+        """With `on_event`, on the client's loop: each event to the callable, marked
+        processed once it returns (`AckMode.AUTO`). An error it raises, or the one
+        that ends the streams, ends the subscription (`_fail`)."""
+        if self._closed or self._failure is not None:
+            return
+        if isinstance(item, BaseException):
+            self._fail(item)
+            return
+        handler = self._on_event
+        assert handler is not None
+        outstanding = self._outstanding
+        for event in item:
+            if outstanding is not None:
+                with self._ack_lock:
+                    outstanding.handed(event.bucket, event.sub_id, _position(event))
+            try:
+                handler(event)
+            except Exception as exc:
+                self._fail(exc)
+                return
+            if outstanding is None:
+                emit_seq, index, size = _position(event)
+                self._flusher.processed_change(event.bucket, event.sub_id, emit_seq, index, size)
+            if self._closed:  # the callable closed it
+                return
+        if self._flusher.due():
+            self._flusher.flush_soon()
+
+    def _fail(self, error: BaseException) -> None:
+        """With `on_event`: `error` ends the subscription, as an exception out of a
+        loop over it would: what was processed is acknowledged, the event that failed
+        is not, and the subscription is closed (detached with a cursor or a durable
+        name, else ended on the server). `wait_closed` then raises `error`."""
+        self._failure = error
+        if not isinstance(error, SevenDBError):
+            log.error("on_event of subscription %r failed; closing it", self.name, exc_info=error)
+        self._engine.loop.create_task(aclose_subscriptions([self], failed=True))
+
+    def wait_closed(self, timeout_s: float | None = None) -> bool:
+        """Block until the subscription is closed - by `close` (or `detach`,
+        `unsubscribe`) from anywhere, or by an error: then this raises it (what its
+        `on_event` raised, or the `SubscriptionBroken` that ended its streams). True
+        once closed; False if `timeout_s` passed first. Not on the client's loop
+        (`await_closed` there)."""
+        self._blocking("wait for a subscription to close", "`await await_closed()`")
+        closed = self._closed_event.wait(timeout_s)
+        if closed and self._failure is not None:
+            raise self._failure
+        return closed
+
+    async def await_closed(self) -> None:
+        """`wait_closed` as a coroutine (no timeout: wrap it in `asyncio.timeout`)."""
+        if not self._closed_event.is_set():
+            waiter = asyncio.get_running_loop().create_future()
+            self._end_waiters.append(waiter)
+            try:
+                if not self._closed_event.is_set():  # closed meanwhile: no wake-up comes
+                    await waiter
+            finally:
+                self._end_waiters.remove(waiter)
+        if self._failure is not None:
+            raise self._failure
 
     # ---- the application side ----------------------------------------------------------
 
@@ -402,6 +485,7 @@ class Subscription:
 
     def __next__(self) -> Event:
         self._blocking("iterate with `for`", "`async for`")
+        self._iterable()
         self._mark_processed()
         if self._flusher.due():
             self._flusher.flush()
@@ -410,6 +494,13 @@ class Subscription:
                 raise StopIteration
             self._take(self._inbox.get(None))
         return self._hand()
+
+    def _iterable(self) -> None:
+        if self._on_event is not None:
+            raise InvalidArgument(
+                "this subscription hands its events to its on_event callable: it cannot "
+                "also be iterated (subscribe without on_event to iterate)"
+            )
 
     def _blocking(self, what: str, instead: str) -> None:
         """A blocking call on the client's own loop (an `AsyncClient`'s, or a callback
@@ -424,6 +515,7 @@ class Subscription:
         return self
 
     async def __anext__(self) -> Event:
+        self._iterable()
         self._mark_processed()
         if self._flusher.due():
             if self._flusher.store is None:
@@ -444,6 +536,7 @@ class Subscription:
         """The next event if one arrives within `timeout_s`, else None (blocking: not
         on an `AsyncClient`'s loop, where `async for` reads)."""
         self._blocking("poll", "`async for`")
+        self._iterable()
         self._mark_processed()
         if self._flusher.due():
             self._flusher.flush()
@@ -519,7 +612,7 @@ class Subscription:
         if not self._closed:
             with contextlib.suppress(RuntimeError):  # the client's loop is gone
                 loop = self._engine.loop
-                self._engine.mailbox.post(loop.call_later, delay_s, self._inbox.put, [event])
+                self._engine.mailbox.post(loop.call_later, delay_s, self._put, [event])
 
     def _explicit(self, what: str) -> Outstanding[_Position]:
         if self._outstanding is None:
@@ -598,6 +691,13 @@ class Subscription:
             for bucket, sub_id, pos in final.positions
         ]
 
+    def _closed_now(self) -> None:
+        """The close is over (final acks sent, streams stopped): wake `wait_closed`."""
+        self._closed_event.set()
+        for waiter in list(self._end_waiters):
+            with contextlib.suppress(RuntimeError):  # its loop is gone
+                mailbox(waiter.get_loop()).post(_wake, waiter)
+
     def _server_ids(self) -> list[tuple[int, str]]:
         """Every (bucket, sub_id) the server may hold (also one whose Subscribe is
         unanswered)."""
@@ -667,15 +767,19 @@ def close_subscriptions(
     engine = subs[0]._engine
     subs[0]._blocking("close a subscription with a blocking call", "`await aclose()`")
     ends, acks = _begin_close(subs, failed, flush)
-    if engine.loop.is_running():  # not after the Client closed
-        try:
-            engine.submit(_finish_close(subs, ends, acks, ack_timeout_s)).result(
-                2 * ack_timeout_s + 15 + len(subs) / 1000
-            )
-        except Exception:
-            log.exception("closing %d subscriptions failed", len(subs))
-    elif acks:
-        log.warning("the client is closed: %d final acks not sent", len(acks))
+    try:
+        if engine.loop.is_running():  # not after the Client closed
+            try:
+                engine.submit(_finish_close(subs, ends, acks, ack_timeout_s)).result(
+                    2 * ack_timeout_s + 15 + len(subs) / 1000
+                )
+            except Exception:
+                log.exception("closing %d subscriptions failed", len(subs))
+        elif acks:
+            log.warning("the client is closed: %d final acks not sent", len(acks))
+    finally:
+        for sub in subs:
+            sub._closed_now()
 
 
 async def aclose_subscriptions(
@@ -691,10 +795,14 @@ async def aclose_subscriptions(
         return
     engine = subs[0]._engine
     ends, acks = await asyncio.to_thread(_begin_close, subs, failed, flush)
-    if engine.loop.is_running():
-        await engine.run(_finish_close(subs, ends, acks, ack_timeout_s))
-    elif acks:
-        log.warning("the client is closed: %d final acks not sent", len(acks))
+    try:
+        if engine.loop.is_running():
+            await engine.run(_finish_close(subs, ends, acks, ack_timeout_s))
+        elif acks:
+            log.warning("the client is closed: %d final acks not sent", len(acks))
+    finally:
+        for sub in subs:
+            sub._closed_now()
 
 
 def _begin_close(

@@ -145,6 +145,17 @@ class SubscriptionFacade:
     def nak(self, event: Event, delay_s: float = 0.0) -> None:
         self.sub.nak(event, delay_s)
 
+    def wait_closed(self, timeout_s: float | None = None) -> bool:
+        async def wait() -> bool:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await self.sub.await_closed()
+            except TimeoutError:
+                return False
+            return True
+
+        return self._facade.run(wait())
+
     def close(self) -> None:
         failed = sys.exc_info()[1] is not None  # the test's exception, not the loop's
         self._facade.run(aclose_subscriptions([self.sub], failed=failed))

@@ -155,6 +155,58 @@ def test_an_async_handler_that_raised_leaves_its_event_unacked(
     assert resumed(client, key, cursor, 2) == [b"2", b"3"]
 
 
+# ---- on_event: a callable instead of a loop ----------------------------------------------
+
+
+def test_on_event_gets_each_event_in_order_and_processes_it_once_it_returns(
+    client: Client, tmp_path: Path
+) -> None:
+    """The callable is handed 1, 2, 3; closing acks all three, so a resume delivers
+    only what was written after. Such a subscription cannot also be iterated."""
+    key, cursor = "cb-ok", tmp_path / "c.cursor"
+    seen: list[bytes] = []
+    sub = client.subscribe(
+        f"key:{key}", cursor=cursor, on_event=lambda event: seen.extend(values([event]))
+    )
+    write(client, key, 3)
+    wait_for(lambda: len(seen) == 3, 30, "three events")
+    with pytest.raises(InvalidArgument, match="on_event"):
+        next(sub)
+    assert sub.wait_closed(0) is False  # still open
+    sub.close()
+    assert sub.wait_closed(30) is True
+    assert seen == [b"1", b"2", b"3"]
+    client.put(key, b"4")
+    assert resumed(client, key, cursor, 1) == [b"4"]
+
+
+def test_on_event_that_raises_closes_its_subscription_and_leaves_the_event_unacked(
+    client: Client, tmp_path: Path
+) -> None:
+    """Events 1, 2, 3; the callable raises on 2. The subscription closes at once (3
+    is never handed over), `wait_closed` raises the error, and a resume delivers 2
+    and 3: what an exception out of a loop over the subscription does."""
+    key, cursor = "cb-fail", tmp_path / "c.cursor"
+    seen: list[bytes] = []
+
+    def handle(event: Event) -> None:
+        if event.changes[0].value == b"2":
+            raise HandlerFailed
+        seen.extend(values([event]))
+
+    sub = client.subscribe(f"key:{key}", cursor=cursor, on_event=handle)
+    write(client, key, 3)
+    with pytest.raises(HandlerFailed):
+        sub.wait_closed(30)
+    assert seen == [b"1"]
+    assert resumed(client, key, cursor, 2) == [b"2", b"3"]
+
+
+def test_a_group_subscription_takes_no_on_event(client: Client) -> None:
+    with pytest.raises(InvalidArgument, match="on_event"):
+        client.subscribe("prefix:cb/", group="g", on_event=print)  # type: ignore[call-overload]
+
+
 def test_explicit_acks_cover_only_what_was_acked_and_a_nak_redelivers(
     client: Client, tmp_path: Path
 ) -> None:
