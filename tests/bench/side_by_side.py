@@ -145,12 +145,13 @@ METHOD = f"""## Method
   - **NATS:** push consumers with `DeliverPolicy.NEW` and explicit acks, each message
     acked. They are durable (R3) in workloads 2 and 3 and ephemeral in workload 4.
     10,000 R3 consumers would be 10,000 Raft groups.
-  - **sevendb:** SDK subscriptions iterated with `async for`. A process's
-    subscriptions share one `Session` call per node (the SDK's only way to
-    subscribe). The SDK acks what was processed; there is no cursor file, so
+  - **sevendb:** SDK subscriptions, each handing its events to a function
+    (`on_event`, as a NATS push consumer's callback; iterated with `async for` before
+    2026-11-28). A process's subscriptions share one `Session` call per node (the
+    SDK's only way to subscribe). The SDK acks what was processed; there is no cursor file, so
     nothing is fsynced client-side.
   - Each system's subscriber sets up 64 subscriptions at a time (etcd and NATS: 64
-    concurrent creations; sevendb: 64 threads each in a blocking `Client.subscribe`;
+    concurrent creations; sevendb: 64 concurrent `AsyncClient.subscribe` calls;
     before 2026-11-26, 64 for etcd, 32 for NATS and 16 for sevendb).
 
   etcd and NATS subscriber processes connect to a follower (workload 2), or

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import bisect
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -640,14 +641,14 @@ class FloorSubscriber(_Watches):
 
 class SevendbSubscriber:
     """SDK subscriptions of one `AsyncClient` on the worker's loop, or of one `Client`
-    (`sevendb_threaded`: its streams on the SDK's loop thread), each iterated with
-    ``async for`` (processed events are acknowledged by the SDK)."""
+    (`sevendb_threaded`: its streams on the SDK's loop thread), each handing its
+    events to a function (`on_event`, as a NATS subscription's callback; processed
+    events are acknowledged by the SDK)."""
 
     def __init__(self, conf: JsonDict) -> None:
         self.conf = conf
         self.client: Any = None
         self.subs: list[Any] = []
-        self.tasks: list[asyncio.Task[None]] = []
         self.retries = 0
         self.threaded = sevendb_threaded()
 
@@ -663,13 +664,16 @@ class SevendbSubscriber:
         loop = asyncio.get_running_loop()
         # A subscribe returns once its streams are up: make many at once.
         concurrency = int(spec.get("setup_threads", SETUP_CONCURRENCY))
+        handlers = [functools.partial(_handle, i, on_event) for i in range(len(queries))]
         if self.threaded:
             self.client = Client(endpoints, token=token, tls=None)
             with ThreadPoolExecutor(max_workers=concurrency) as pool:
                 self.subs = list(
                     await asyncio.gather(
                         *(
-                            loop.run_in_executor(pool, self._subscribe, q, f"{tag}-{i}")
+                            loop.run_in_executor(
+                                pool, self._subscribe, q, f"{tag}-{i}", handlers[i]
+                            )
                             for i, q in enumerate(queries)
                         )
                     )
@@ -679,56 +683,46 @@ class SevendbSubscriber:
             self.client = AsyncClient(endpoints, token=token, tls=None)
             gate = asyncio.Semaphore(concurrency)
 
-            async def make(query: str, name: str) -> Any:
+            async def make(query: str, name: str, handler: Callable[[Any], None]) -> Any:
                 async with gate:
-                    return await self._asubscribe(query, name)
+                    return await self._asubscribe(query, name, handler)
 
             self.subs = list(
-                await asyncio.gather(*(make(q, f"{tag}-{i}") for i, q in enumerate(queries)))
+                await asyncio.gather(
+                    *(make(q, f"{tag}-{i}", handlers[i]) for i, q in enumerate(queries))
+                )
             )
             layout = await self.client.layout()
-        for i, sub in enumerate(self.subs):
-            self.tasks.append(loop.create_task(self._consume(i, sub, on_event)))
         return {"buckets": layout.buckets, "retries": self.retries}
 
-    async def _asubscribe(self, query: str, name: str) -> Any:
+    async def _asubscribe(self, query: str, name: str, handler: Callable[[Any], None]) -> Any:
         """`AsyncClient.subscribe`, retried as `_subscribe` is."""
         from sevendb.sdk import SubscriptionBroken
 
         for attempt in range(SUBSCRIBE_ATTEMPTS):
             try:
-                return await self.client.subscribe(query, name=name)
+                return await self.client.subscribe(query, name=name, on_event=handler)
             except SubscriptionBroken:
                 if attempt + 1 == SUBSCRIBE_ATTEMPTS:
                     raise
                 self.retries += 1
         raise AssertionError("unreachable")
 
-    def _subscribe(self, query: str, name: str) -> Any:
+    def _subscribe(self, query: str, name: str, handler: Callable[[Any], None]) -> Any:
         """`Client.subscribe`, retried (and counted) when a stream is not up within the
         SDK's 30 s: seen with thousands of subscriptions on a starved host."""
         from sevendb.sdk import SubscriptionBroken
 
         for attempt in range(SUBSCRIBE_ATTEMPTS):
             try:
-                return self.client.subscribe(query, name=name)
+                return self.client.subscribe(query, name=name, on_event=handler)
             except SubscriptionBroken:
                 if attempt + 1 == SUBSCRIBE_ATTEMPTS:
                     raise
                 self.retries += 1
         raise AssertionError("unreachable")
 
-    async def _consume(self, index: int, sub: Any, on_event: OnEvent) -> None:
-        with contextlib.suppress(asyncio.CancelledError):
-            async for event in sub:
-                now = time.time_ns()
-                for change in event.changes:
-                    on_event(index, seq_of(change.value), now)
-
     async def close(self, unsubscribe: bool) -> None:
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
         if self.client is None:
             return
         if not self.threaded:
@@ -750,6 +744,13 @@ class SevendbSubscriber:
                 *(asyncio.get_running_loop().run_in_executor(pool, finish, s) for s in self.subs)
             )
         await asyncio.to_thread(self.client.close)
+
+
+def _handle(index: int, on_event: OnEvent, event: Any) -> None:
+    """A sevendb subscription's `on_event`: each change's sequence, at its arrival."""
+    now = time.time_ns()
+    for change in event.changes:
+        on_event(index, seq_of(change.value), now)
 
 
 class Received:
