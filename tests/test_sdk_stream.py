@@ -18,6 +18,7 @@ from sevendb.outbox.query import Query, QueryKind
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.sdk.cursor import StreamCursor
 from sevendb.sdk.errors import BrokenReason, SubscriptionBroken
+from sevendb.sdk.flusher import FLUSH_TICK_S, flush_clock, slot_of
 from sevendb.sdk.sessions import Sessions, SessionStream
 from sevendb.sdk.streams import BucketStream, BucketStreams
 from sevendb.sdk.subscription import Event, SubscribeOptions, offer_events
@@ -247,3 +248,44 @@ def test_waiting_for_the_streams_ends_when_all_are_up_or_the_subscription_fails(
 
     for case in (up, failed, late):
         asyncio.run(case())
+
+
+def test_flushes_due_in_one_slot_share_one_loop_timer() -> None:
+    """A loop's time-based flushes run on one `FlushClock`: those due in one slot are
+    one loop timer (a timer per subscription filled the loop's heap), called in the
+    order they were taken."""
+    timers: list[float] = []
+
+    class CountingLoop(asyncio.SelectorEventLoop):
+        def call_at(self, when: float, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:  # type: ignore[override]
+            if getattr(args[0], "__name__", "") == "_fire":  # the clock's (not sleep's)
+                timers.append(when)
+            return super().call_at(when, *args, **kwargs)
+
+    loop = CountingLoop()
+    fired: list[tuple[str, int]] = []
+
+    class Taker:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def _fire(self, slot: int) -> None:
+            fired.append((self.name, slot))
+
+    async def run() -> None:
+        clock = flush_clock(loop)
+        assert flush_clock(loop) is clock
+        now = loop.time()
+        first, later = slot_of(now + 0.01), slot_of(now + 0.01 + 3 * FLUSH_TICK_S)
+        for name in ("a", "b", "c"):
+            clock.at(first, Taker(name))  # type: ignore[arg-type]
+        clock.at(later, Taker("d"))  # type: ignore[arg-type]
+        await asyncio.sleep(later * FLUSH_TICK_S - now + 0.01)
+
+    try:
+        loop.run_until_complete(run())
+    finally:
+        loop.close()
+    assert len(timers) == 2
+    assert [name for name, _ in fired] == ["a", "b", "c", "d"]
+    assert fired[0][1] == fired[2][1] < fired[3][1]
