@@ -531,8 +531,13 @@ def test_bad_acks_are_rejected_and_change_nothing(cluster: LocalCluster, tmp_pat
         elsewhere = EmitSeq("no-such-bucket", 1, 1)
         acks = [
             pb.ClientAck(sub_id=sub, up_to_emit_seq=codec.seq_to_pb(seq))
-            for sub, seq in [(sub_id, last), (sub_id, first), (sub_id, future)]
-            + [("no-such-sub", last), (sub_id, elsewhere)]
+            for sub, seq in [
+                (sub_id, last),
+                (sub_id, first),
+                (sub_id, future),
+                ("no-such-sub", last),
+                (sub_id, elsewhere),
+            ]
         ]
         acks.insert(3, pb.ClientAck(sub_id=sub_id))
         results = s.Ack(pb.AckBatch(acks=acks), metadata=md).results
