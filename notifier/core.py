@@ -369,11 +369,15 @@ class NotifierCore:
         stream = self._streams.get(sub_id)
         return 0 if stream is None else len(stream.in_flight)
 
-    def closed_streams(self, sm: BucketStateMachine) -> tuple[str, ...]:
-        """Attached streams whose subscription is gone or was dropped for stalling:
-        the adapter ends them (the client's reconnect then learns why)."""
+    def closed_streams(
+        self, sm: BucketStateMachine, among: Iterable[str] | None = None
+    ) -> tuple[str, ...]:
+        """Attached streams whose subscription is gone or was dropped for stalling
+        (of those named `among`, if given, else of all): the adapter ends them (the
+        client's reconnect then learns why)."""
         gone = []
-        for sub_id in self._order:
+        candidates = self._order if among is None else sorted(set(among) & self._streams.keys())
+        for sub_id in candidates:
             sub = sm.subs.get(sub_id)
             if sub is None or sub.principal != self._streams[sub_id].principal:
                 gone.append(sub_id)

@@ -94,7 +94,13 @@ sets, 16 MiB, one hour, whichever is reached first."""
 _NOWHERE: Final = EmitSeq("", 0, 0)
 """The position `resume` reports when it attached nothing and read no state."""
 HOUSEKEEPING_MS: Final = 1000
-"""How often a notifier scans every stream (resends, closures, stalls, gauges)."""
+"""How often a notifier looks at the streams waiting for acks (resends, stalls) and
+judges lifecycles."""
+SWEEP_MS: Final = 5000
+"""How often a notifier scans every stream and subscription: the outbox gauges, and
+streams whose subscription is gone that no applied closure named (a closure ends
+its stream at once). Every second, with 10,000 streams, the scans were a third of
+the notifier thread's CPU (docs/performance.md)."""
 
 
 class EventSink(Protocol):
@@ -312,10 +318,13 @@ class BucketNotifier:
         self._trim: _InFlight | None = None
         self._last_purge_ms = 0
         self._last_housekeeping_ms = 0
+        self._last_sweep_ms = 0
         self._dirty: set[str] = set()
         """Subscriptions with newly outboxed rows (from the tick thread)."""
         self._dirty_lock = threading.Lock()
-        self._closed_seen = False
+        self._closed: set[str] = set()
+        """Subscriptions an applied entry closed (from the tick thread, under
+        `_dirty_lock`): their streams end on the next pass."""
         self._rows_seen = False
         """Rows were computed or outboxed since `after_applies` last ran."""
 
@@ -346,7 +355,8 @@ class BucketNotifier:
                 with self._dirty_lock:
                     self._dirty.update(row.sub_id for row in effect.rows)
             elif isinstance(effect, SubscriptionClosed):
-                self._closed_seen = True
+                with self._dirty_lock:
+                    self._closed.add(effect.sub_id)
             elif isinstance(effect, RowsPurged) and self._metrics is not None:
                 self._metrics.rows_purged(self.bucket, len(effect.rows))
             if fast and isinstance(effect, (RowsOutboxed, RowsPending)):
@@ -550,18 +560,22 @@ class BucketNotifier:
         core = self._core
         if core is None:
             return False
-        # Scanning every stream (closed subscriptions, stalls, gauges) and the resend
-        # timers of the streams with events in flight are housekeeping, done once a
-        # second; the pass that sends looks only at ready streams.
+        # The resend timers and stalls of the streams with events in flight, and the
+        # lifecycles, are housekeeping, done once a second; a scan of every stream
+        # (`SWEEP_MS`) less often; the pass that sends looks only at ready streams.
         housekeeping = now - self._last_housekeeping_ms >= HOUSEKEEPING_MS
         if housekeeping:
             self._last_housekeeping_ms = now
+        sweep = now - self._last_sweep_ms >= SWEEP_MS
+        if sweep:
+            self._last_sweep_ms = now
         self._take_dirty(core)
         self._propose_outbox(core, sm, now)
         self._propose_purge(core, sm, now, expire=housekeeping)
-        if housekeeping or self._closed_seen:
-            self._closed_seen = False
-            for sub_id in core.closed_streams(sm):
+        with self._dirty_lock:
+            closed, self._closed = self._closed, set()
+        if sweep or closed:
+            for sub_id in core.closed_streams(sm, None if sweep else closed):
                 sink = self._sinks.pop(sub_id, None)
                 core.detach(sub_id)
                 if sink is not None:
@@ -572,7 +586,7 @@ class BucketNotifier:
         if housekeeping:
             core.mark_in_flight_ready()  # their resend timers; an idle stream is not looked at
         sent = self._send(core, sm, now, SEND_EVENTS_MAX, full=False)
-        if self._metrics is not None and housekeeping:
+        if self._metrics is not None and sweep:
             self._metrics.gauges(self.bucket, sm.subs.outbox_size(), max_ack_lag(sm))
         return sent >= SEND_EVENTS_MAX
 

@@ -355,6 +355,10 @@ def test_closed_streams_lists_dropped_subscriptions() -> None:
     assert core.closed_streams(d.sm) == ()
     d.unsubscribe("s")
     assert core.closed_streams(d.sm) == ("s",)
+    # Looking only among the closures an applied entry named: unattached or live
+    # names are not streams to end.
+    assert core.closed_streams(d.sm, ["s", "never-attached"]) == ("s",)
+    assert core.closed_streams(d.sm, ["never-attached"]) == ()
     core.detach("s")
     assert core.streams() == ()
 
