@@ -207,7 +207,12 @@ class Flusher:
         """Any thread, never blocking: the loop looks for due flushes now (and does
         the fsync, if any, off the loop)."""
         with contextlib.suppress(RuntimeError):  # the client's loop is gone
-            self._engine.mailbox.post(self._arm, 0.0)
+            self._engine.mailbox.post(self._now)
+
+    def _now(self) -> None:
+        """On the loop: look for due flushes at once, not at the next clock slot."""
+        if not self._closed:
+            self._on_due()
 
     def flush(self, early_s: float = 0.0) -> None:
         """Persist, then acknowledge, whatever is due `early_s` from now (any thread;
