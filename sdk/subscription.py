@@ -342,6 +342,9 @@ class Subscription:
         self._closed_event = threading.Event()
         """Set once the subscription is closed (no event is handed out after it)."""
         self._end_waiters: list[asyncio.Future[None]] = []
+        self._ending: asyncio.Task[None] | None = None
+        """With `on_event`: the close an error started (kept: a task nobody holds
+        may be collected before it ends)."""
         streams: dict[int, BucketStream] = {}
         self._flusher = Flusher(
             engine,
@@ -435,7 +438,7 @@ class Subscription:
         self._failure = error
         if not isinstance(error, SevenDBError):
             log.error("on_event of subscription %r failed; closing it", self.name, exc_info=error)
-        self._engine.loop.create_task(aclose_subscriptions([self], failed=True))
+        self._ending = self._engine.loop.create_task(aclose_subscriptions([self], failed=True))
 
     def wait_closed(self, timeout_s: float | None = None) -> bool:
         """Block until the subscription is closed - by `close` (or `detach`,
