@@ -18,7 +18,6 @@ from typing import Final
 from grpc import aio
 
 from sevendb.outbox.emitseq import EmitSeq
-from sevendb.proto import codec
 from sevendb.proto import sevendb_pb2 as pb
 from sevendb.sdk.engine import Engine, leader_hint
 
@@ -71,8 +70,9 @@ class AckPipeline:
                 batch = list(waiting.items())[:ACKS_PER_CALL_MAX]
                 for sub_id, _ in batch:
                     del waiting[sub_id]
-                acks = [self._client_ack(s, p.position) for s, p in batch]
-                request = pb.AckBatch(acks=acks)
+                request = pb.AckBatch()
+                for sub_id, pending in batch:
+                    self._client_ack(request, sub_id, pending.position)
                 self.calls += 1
                 try:
                     response = await self._engine.stub(target).Ack(
@@ -88,12 +88,18 @@ class AckPipeline:
         finally:
             self._busy.discard(target)
 
-    def _client_ack(self, sub_id: str, position: EmitSeq) -> pb.ClientAck:
-        return pb.ClientAck(
-            sub_id=sub_id,
-            up_to_emit_seq=codec.seq_to_pb(position),
-            group=self.fences.get(sub_id),
-        )
+    def _client_ack(self, request: pb.AckBatch, sub_id: str, position: EmitSeq) -> None:
+        """Append the ack of `sub_id` to `request`, built in place (a `ClientAck` and
+        its position made apart and then copied in cost three times as much)."""
+        ack = request.acks.add(sub_id=sub_id)
+        seq = ack.up_to_emit_seq
+        seq.commit_index = position.commit_index
+        epoch = seq.epoch_id
+        epoch.bucket_uuid = position.bucket_uuid
+        epoch.epoch_counter = position.epoch_counter
+        fence = self.fences.get(sub_id)
+        if fence is not None:
+            ack.group.CopyFrom(fence)
 
     async def ack_applied(
         self,
@@ -109,10 +115,9 @@ class AckPipeline:
         pending = {sub_id: (target, pos, done) for target, sub_id, pos, done in acks}
 
         async def call(target: str, sub_ids: list[str], timeout: float) -> None:
-            request = pb.AckBatch(
-                acks=[self._client_ack(s, pending[s][1]) for s in sub_ids],
-                wait_applied=True,
-            )
+            request = pb.AckBatch(wait_applied=True)
+            for s in sub_ids:
+                self._client_ack(request, s, pending[s][1])
             try:
                 response = await self._engine.stub(target).Ack(
                     request, metadata=self._metadata, timeout=timeout
