@@ -296,6 +296,8 @@ class BucketStreams:
                 f"(last: {stream.history[-1] if stream.history else 'no answer'})",
                 BrokenReason.UNAVAILABLE,
             ) from None
+        finally:
+            self._changed = None  # not kept for the subscription's life
 
     def _ready(self, stream: BucketStream) -> None:
         stream.ready = True

@@ -247,6 +247,18 @@ class _Inbox:
             else:
                 box.post(_wake, future)
 
+    def wait_for(self, predicate: Callable[[], bool], timeout_s: float | None) -> bool:
+        """Block until `predicate()` holds (checked under the inbox's lock, after each
+        `wake_all`), or `timeout_s` passes; whether it holds."""
+        with self._cond:
+            return self._cond.wait_for(predicate, timeout_s)
+
+    def wake_all(self, change: Callable[[], None]) -> None:
+        """Run `change` under the inbox's lock, then wake every waiter (`wait_for`)."""
+        with self._cond:
+            change()
+            self._cond.notify_all()
+
     def get(self, timeout_s: float | None) -> list[Event] | BaseException | None:
         with self._cond:
             if not self._items and (timeout_s is None or timeout_s > 0):
@@ -339,9 +351,10 @@ class Subscription:
         subscription go: the inbox, or `_deliver` (with `on_event`)."""
         self._failure: BaseException | None = None
         """With `on_event`: what ended the subscription (`wait_closed` raises it)."""
-        self._closed_event = threading.Event()
-        """Set once the subscription is closed (no event is handed out after it)."""
-        self._end_waiters: list[asyncio.Future[None]] = []
+        self._closed_done = False
+        """Set (under the inbox's lock) once the close is over (`_closed_now`)."""
+        self._end_waiters: list[asyncio.Future[None]] | None = None
+        """`await_closed`'s (made on first use: a subscription holds few objects)."""
         self._ending: asyncio.Task[None] | None = None
         """With `on_event`: the close an error started (kept: a task nobody holds
         may be collected before it ends)."""
@@ -447,21 +460,22 @@ class Subscription:
         once closed; False if `timeout_s` passed first. Not on the client's loop
         (`await_closed` there)."""
         self._blocking("wait for a subscription to close", "`await await_closed()`")
-        closed = self._closed_event.wait(timeout_s)
+        closed = self._inbox.wait_for(lambda: self._closed_done, timeout_s)
         if closed and self._failure is not None:
             raise self._failure
         return closed
 
     async def await_closed(self) -> None:
         """`wait_closed` as a coroutine (no timeout: wrap it in `asyncio.timeout`)."""
-        if not self._closed_event.is_set():
+        if not self._closed_done:
             waiter = asyncio.get_running_loop().create_future()
-            self._end_waiters.append(waiter)
+            waiters = self._end_waiters = self._end_waiters or []
+            waiters.append(waiter)
             try:
-                if not self._closed_event.is_set():  # closed meanwhile: no wake-up comes
+                if not self._closed_done:  # closed meanwhile: no wake-up comes
                     await waiter
             finally:
-                self._end_waiters.remove(waiter)
+                waiters.remove(waiter)
         if self._failure is not None:
             raise self._failure
 
@@ -696,10 +710,13 @@ class Subscription:
 
     def _closed_now(self) -> None:
         """The close is over (final acks sent, streams stopped): wake `wait_closed`."""
-        self._closed_event.set()
-        for waiter in list(self._end_waiters):
+        self._inbox.wake_all(self._set_closed_done)
+        for waiter in list(self._end_waiters or ()):
             with contextlib.suppress(RuntimeError):  # its loop is gone
                 mailbox(waiter.get_loop()).post(_wake, waiter)
+
+    def _set_closed_done(self) -> None:
+        self._closed_done = True
 
     def _server_ids(self) -> list[tuple[int, str]]:
         """Every (bucket, sub_id) the server may hold (also one whose Subscribe is
