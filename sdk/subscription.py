@@ -231,7 +231,7 @@ class _Inbox:
     """Batches of events from the loop to the application, sync or async."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())  # not reentered: no RLock
         self._items: collections.deque[list[Event] | BaseException] = collections.deque()
         self._waiter: tuple[Mailbox, asyncio.Future[None]] | None = None
 
